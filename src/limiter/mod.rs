@@ -1,0 +1,2 @@
+//! The limiter: window arithmetic, the in-memory pre-check and the decision.
+pub mod window;

@@ -1,8 +1,17 @@
 //! quotad: a multi-tenant quota and rate-limit service.
 //!
 //! The binary (`src/main.rs`) only parses the command line; everything lives here so tests and
-//! benchmarks drive the same code.
+//! benchmarks drive the same code. A check travels: `api` (parse at the edge) -> `policy`
+//! (cached policies) -> `limiter` (in-memory decision) -> answer; `sync` writes admitted hits to
+//! the `store` in the background.
 
+pub mod api;
+pub mod clock;
+pub mod config;
 pub mod domain;
 pub mod limiter;
+pub mod metrics;
+pub mod policy;
+pub mod startup;
 pub mod store;
+pub mod sync;

@@ -1,1 +1,99 @@
-fn main() {}
+//! quotad: parses the command line, loads configuration, starts logging and runs.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use quotad::config::Settings;
+use quotad::startup::Application;
+
+#[derive(Parser)]
+#[command(
+    name = "quotad",
+    version,
+    about = "Multi-tenant quota and rate-limit service"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the HTTP service (the default).
+    Serve {
+        /// A TOML file layered over config/default.toml and under QUOTAD__* variables.
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// Apply pending CQL migrations to the configured Cassandra/ScyllaDB keyspace.
+    Migrate {
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Print what would be applied, change nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+}
+
+fn init_logging(level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_new(level)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false)
+        .init();
+}
+
+fn load(config: Option<PathBuf>) -> Result<Settings, ExitCode> {
+    Settings::load(config.as_deref()).map_err(|e| {
+        eprintln!("quotad: {e}");
+        ExitCode::from(2)
+    })
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command.unwrap_or(Command::Serve { config: None }) {
+        Command::Serve { config } => {
+            let settings = match load(config) {
+                Ok(s) => s,
+                Err(code) => return code,
+            };
+            init_logging(&settings.log.level);
+            let app = match Application::build(settings).await {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::error!("cannot start: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match app.run_until_stopped().await {
+                Ok(0) => ExitCode::SUCCESS,
+                Ok(n) => {
+                    tracing::error!(hits = n, "exiting with admitted hits not written");
+                    ExitCode::FAILURE
+                }
+                Err(e) => {
+                    tracing::error!("server error: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Migrate { config, dry_run } => {
+            let settings = match load(config) {
+                Ok(s) => s,
+                Err(code) => return code,
+            };
+            init_logging(&settings.log.level);
+            match quotad::store::scylla::migrate(&settings, dry_run).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("quotad migrate: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}

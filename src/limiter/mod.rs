@@ -1,2 +1,905 @@
-//! The limiter: window arithmetic, the in-memory pre-check and the decision.
+//! The limiter: the in-memory pre-check and the decision.
+//!
+//! State is one [`Entry`] per (tenant, subject), where the subject is a client or `*` for the
+//! tenant's shared limits. An entry holds a [`LimitState`] per limit: the limit's buckets, each
+//! with the count last read from the store and the hits this instance admitted since (pending).
+//! The estimate of a limit is over `stored + pending`, so this instance's own hits count at once
+//! and other instances' hits count from the next sync.
+//!
+//! Invariants:
+//! - A check sees and updates every counter it touches in one step: the client's entry and, when
+//!   a tenant-scoped limit applies, the tenant's entry are locked together (shards in index
+//!   order), so two racing checks can never both take the last unit, and a denial consumes
+//!   nothing anywhere.
+//! - Locks are `std::sync::Mutex` over a sharded map, held only for in-memory arithmetic: no
+//!   `.await` ever happens under one.
+//! - A counter not in memory is read from the store before its first decision; it is never
+//!   assumed to be zero (unless the store fails and the policy says to carry on locally).
+//! - Pending hits only leave memory by being written: buckets with pending hits are never pruned,
+//!   and entries with pending hits are never evicted.
+//! - In steady state a check allocates nothing: lookups borrow the request's strings, and bucket
+//!   vectors keep their capacity as buckets roll.
+
 pub mod window;
+
+use std::hash::{BuildHasher, Hash, Hasher};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use hashbrown::{DefaultHashBuilder, Equivalent, HashMap};
+use smallvec::SmallVec;
+
+use crate::clock::Clock;
+use crate::domain::{
+    ClientId, Consistency, Limit, LimitId, LimitKind, Mode, OnStoreFailure, Policy, Scope,
+    TenantId, TENANT_SUBJECT,
+};
+use crate::metrics::Metrics;
+use crate::store::{BucketTotal, CounterKey, CounterRange, Delta, DynStore, StoreError};
+use window::Bucket;
+
+/// Tuning of the in-memory state.
+#[derive(Clone, Debug)]
+pub struct LimiterConfig {
+    /// Number of lock shards; more shards, less contention.
+    pub shards: usize,
+    /// An entry untouched this long, with nothing pending, leaves memory (re-read on next use).
+    pub idle_ms: i64,
+    /// Deadline of a store call made on the check path (first touch, strict mode).
+    pub store_timeout: Duration,
+}
+
+impl Default for LimiterConfig {
+    fn default() -> Self {
+        Self {
+            shards: 64,
+            idle_ms: 60_000,
+            store_timeout: Duration::from_millis(50),
+        }
+    }
+}
+
+/// The owned key of an entry.
+#[derive(Clone, PartialEq, Eq, Debug)]
+struct EntryKey {
+    tenant: Arc<str>,
+    subject: Arc<str>,
+}
+
+impl Hash for EntryKey {
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        EntryRef {
+            tenant: &self.tenant,
+            subject: &self.subject,
+        }
+        .hash(h)
+    }
+}
+
+/// A borrowed key, so lookups on the check path do not allocate.
+#[derive(Hash, Clone, Copy)]
+struct EntryRef<'a> {
+    tenant: &'a str,
+    subject: &'a str,
+}
+
+impl Equivalent<EntryKey> for EntryRef<'_> {
+    fn equivalent(&self, k: &EntryKey) -> bool {
+        *k.tenant == *self.tenant && *k.subject == *self.subject
+    }
+}
+
+#[derive(Debug)]
+struct LimitState {
+    id: Arc<str>,
+    kind: LimitKind,
+    /// Sorted by start.
+    buckets: Vec<Bucket>,
+}
+
+impl LimitState {
+    fn is(&self, l: &Limit) -> bool {
+        *self.id == *l.id.as_str() && self.kind.grain() == l.kind.grain()
+    }
+
+    fn pending(&self) -> u64 {
+        self.buckets.iter().map(|b| b.pending).sum()
+    }
+
+    /// Drops buckets that no longer count and hold nothing to write.
+    fn prune(&mut self, now: i64) {
+        let oldest = window::oldest_needed(self.kind, now);
+        if self
+            .buckets
+            .first()
+            .is_some_and(|b| b.start < oldest && b.pending == 0)
+        {
+            self.buckets.retain(|b| b.start >= oldest || b.pending > 0);
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Entry {
+    states: SmallVec<[LimitState; 3]>,
+    last_used: i64,
+    /// Used since the last sync: its totals are read back then.
+    touched: bool,
+}
+
+type Shard = HashMap<EntryKey, Entry, DefaultHashBuilder>;
+
+/// The limit that binds an answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Binding {
+    pub limit_id: LimitId,
+    pub limit: u64,
+    pub remaining: u64,
+    pub reset_after_ms: i64,
+}
+
+/// What a check decided.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Decision {
+    pub allowed: bool,
+    /// In `dry_run` mode: enforcement would have denied this check.
+    pub dry_run_denied: bool,
+    /// None when no limit applies.
+    pub binding: Option<Binding>,
+    /// 0 when allowed; on a denial the wait until the same request could pass; None if never.
+    pub retry_after_ms: Option<i64>,
+    /// Set when the store failed and the policy's `on_store_failure` rule decided.
+    pub store_failure: Option<OnStoreFailure>,
+}
+
+impl Decision {
+    fn no_limit() -> Self {
+        Decision {
+            allowed: true,
+            dry_run_denied: false,
+            binding: None,
+            retry_after_ms: Some(0),
+            store_failure: None,
+        }
+    }
+}
+
+/// A check as the limiter sees it.
+#[derive(Clone, Copy, Debug)]
+pub struct CheckInput<'a> {
+    pub tenant: &'a TenantId,
+    pub client: &'a ClientId,
+    pub resource: Option<&'a str>,
+    pub cost: u64,
+}
+
+/// One limit's usage, for `/v1/usage`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Usage {
+    pub limit_id: LimitId,
+    pub count: u64,
+    pub limit: u64,
+    pub remaining: u64,
+    pub reset_after_ms: i64,
+}
+
+/// Most limits one check can touch without a heap allocation.
+type Applicable<'p> = SmallVec<[&'p Limit; 16]>;
+
+/// The outcome of one evaluation under the locks.
+enum Locked {
+    Decided(Decision),
+    /// These applicable limits (indices) have no state in memory yet.
+    Missing(SmallVec<[usize; 16]>),
+}
+
+pub struct Limiter {
+    shards: Box<[Mutex<Shard>]>,
+    hasher: DefaultHashBuilder,
+    store: DynStore,
+    clock: Arc<dyn Clock>,
+    metrics: Arc<Metrics>,
+    cfg: LimiterConfig,
+}
+
+fn subject_of<'a>(l: &Limit, client: &'a str) -> &'a str {
+    match l.scope {
+        Scope::Client => client,
+        Scope::Tenant => TENANT_SUBJECT,
+    }
+}
+
+fn lock(m: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+    // A panic while holding a shard cannot leave it half-updated in a way that matters more
+    // than losing the whole service, so keep serving.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Per-limit verdict before anything is consumed.
+#[derive(Clone, Copy)]
+struct Verdict {
+    est: u64,
+    admit: bool,
+    retry: Option<i64>,
+}
+
+fn judge(l: &Limit, buckets: &[Bucket], now: i64, cost: u64) -> Verdict {
+    let est = window::estimate(l.kind, buckets, now);
+    if cost > l.max {
+        Verdict {
+            est,
+            admit: false,
+            retry: None,
+        }
+    } else if est.saturating_add(cost) > l.max {
+        Verdict {
+            est,
+            admit: false,
+            retry: Some(window::time_until_at_most(
+                l.kind,
+                buckets,
+                now,
+                l.max - cost,
+            )),
+        }
+    } else {
+        Verdict {
+            est,
+            admit: true,
+            retry: Some(0),
+        }
+    }
+}
+
+/// The binding limit: on a denial the denying one with the longest wait (never = longest);
+/// otherwise the one with the least remaining. Ties go to the first in policy order.
+fn binding_index(verdicts: &[Verdict], limits: &[&Limit], cost: u64, denied: bool) -> usize {
+    let mut best = 0;
+    for i in 1..verdicts.len() {
+        let (v, b) = (&verdicts[i], &verdicts[best]);
+        let better = if denied {
+            if v.admit {
+                false
+            } else if b.admit {
+                true
+            } else {
+                match (v.retry, b.retry) {
+                    (None, Some(_)) => true,
+                    (Some(x), Some(y)) => x > y,
+                    _ => false,
+                }
+            }
+        } else {
+            let rem = |i: usize| limits[i].max.saturating_sub(verdicts[i].est + cost);
+            rem(i) < rem(best)
+        };
+        if better {
+            best = i;
+        }
+    }
+    best
+}
+
+/// Decides over the states of the applicable limits; consumes `cost` on admission (or when
+/// `force_admit`, the `allow` store-failure rule).
+fn decide(
+    policy: &Policy,
+    limits: &[&Limit],
+    states: &mut [&mut LimitState],
+    now: i64,
+    cost: u64,
+    force_admit: bool,
+) -> Decision {
+    let mut verdicts: SmallVec<[Verdict; 16]> = SmallVec::new();
+    for (l, s) in limits.iter().zip(states.iter_mut()) {
+        s.kind = l.kind;
+        s.prune(now);
+        verdicts.push(judge(l, &s.buckets, now, cost));
+    }
+    let denied = !force_admit && verdicts.iter().any(|v| !v.admit);
+    if !denied && cost > 0 {
+        for (l, s) in limits.iter().zip(states.iter_mut()) {
+            window::add_pending(l.kind, &mut s.buckets, now, cost);
+        }
+    }
+    let b = binding_index(&verdicts, limits, cost, denied);
+    let (l, v) = (limits[b], verdicts[b]);
+    let binding = Binding {
+        limit_id: l.id.clone(),
+        limit: l.max,
+        remaining: if denied {
+            l.max.saturating_sub(v.est)
+        } else {
+            l.max.saturating_sub(v.est.saturating_add(cost))
+        },
+        reset_after_ms: window::reset_after(l.kind, &states[b].buckets, now),
+    };
+    let dry_run = policy.mode == Mode::DryRun;
+    Decision {
+        allowed: !denied || dry_run,
+        dry_run_denied: denied && dry_run,
+        binding: Some(binding),
+        retry_after_ms: if denied && !dry_run { v.retry } else { Some(0) },
+        store_failure: None,
+    }
+}
+
+fn buckets_from(totals: &[BucketTotal]) -> Vec<Bucket> {
+    totals
+        .iter()
+        .map(|t| Bucket {
+            start: t.start,
+            stored: t.total.max(0) as u64,
+            pending: 0,
+        })
+        .collect()
+}
+
+/// The pending hits the sync task took, and the counters it will read back.
+#[derive(Debug, Default)]
+pub struct SyncBatch {
+    pub deltas: Vec<Delta>,
+    pub ranges: Vec<CounterRange>,
+}
+
+impl SyncBatch {
+    pub fn hits(&self) -> u64 {
+        self.deltas.iter().map(|d| d.delta.max(0) as u64).sum()
+    }
+}
+
+impl Limiter {
+    pub fn new(
+        store: DynStore,
+        clock: Arc<dyn Clock>,
+        metrics: Arc<Metrics>,
+        cfg: LimiterConfig,
+    ) -> Self {
+        let shards = (0..cfg.shards.max(1))
+            .map(|_| Mutex::new(Shard::default()))
+            .collect();
+        Self {
+            shards,
+            hasher: DefaultHashBuilder::default(),
+            store,
+            clock,
+            metrics,
+            cfg,
+        }
+    }
+
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+
+    pub fn store(&self) -> &DynStore {
+        &self.store
+    }
+
+    fn shard_of(&self, k: EntryRef<'_>) -> usize {
+        (self.hasher.hash_one(k) % self.shards.len() as u64) as usize
+    }
+
+    /// Decides one check. Never fails: store trouble is decided by the policy's
+    /// `on_store_failure` rule, and the decision says so.
+    pub async fn check(&self, policy: &Policy, input: CheckInput<'_>) -> Decision {
+        let limits: Applicable<'_> = policy
+            .limits
+            .iter()
+            .filter(|l| l.applies_to(input.resource))
+            .collect();
+        if limits.is_empty() {
+            return Decision::no_limit();
+        }
+        let now = self.clock.now_ms();
+        if policy.consistency == Consistency::Strict {
+            return self.check_strict(policy, &limits, input, now).await;
+        }
+        for _ in 0..4 {
+            match self.locked(policy, &limits, input, now, false) {
+                Locked::Decided(d) => return d,
+                Locked::Missing(missing) => {
+                    let want: Applicable<'_> = missing.iter().map(|&i| limits[i]).collect();
+                    if let Err(e) = self.load(input, &want, now).await {
+                        return self.on_failure(policy, &limits, input, now, &e);
+                    }
+                }
+            }
+        }
+        // Only reachable if entries are evicted as fast as they are loaded.
+        let e = StoreError::Unavailable("counter state kept being evicted".into());
+        self.on_failure(policy, &limits, input, now, &e)
+    }
+
+    /// Locks the entries the limits need (tenant entry and client entry, shards in index
+    /// order) and decides, or says which states are missing.
+    fn locked(
+        &self,
+        policy: &Policy,
+        limits: &[&Limit],
+        input: CheckInput<'_>,
+        now: i64,
+        force_admit: bool,
+    ) -> Locked {
+        let tenant = input.tenant.as_str();
+        let client = input.client.as_str();
+        let kc = EntryRef {
+            tenant,
+            subject: client,
+        };
+        let kt = EntryRef {
+            tenant,
+            subject: TENANT_SUBJECT,
+        };
+        let need_c = limits.iter().any(|l| l.scope == Scope::Client);
+        let need_t = limits.iter().any(|l| l.scope == Scope::Tenant);
+        let (sc, st) = (self.shard_of(kc), self.shard_of(kt));
+        match (need_t, need_c) {
+            (true, true) if sc == st => {
+                let mut g = lock(&self.shards[sc]);
+                let [t, c] = g.get_disjoint_mut([&kt, &kc]);
+                Self::decide_in(policy, limits, t, c, now, input.cost, force_admit)
+            }
+            (true, true) => {
+                let (first, second) = if st < sc { (st, sc) } else { (sc, st) };
+                let mut g1 = lock(&self.shards[first]);
+                let mut g2 = lock(&self.shards[second]);
+                let (gt, gc) = if st < sc {
+                    (&mut g1, &mut g2)
+                } else {
+                    (&mut g2, &mut g1)
+                };
+                let t = gt.get_mut(&kt);
+                let c = gc.get_mut(&kc);
+                Self::decide_in(policy, limits, t, c, now, input.cost, force_admit)
+            }
+            (true, false) => {
+                let mut g = lock(&self.shards[st]);
+                let t = g.get_mut(&kt);
+                Self::decide_in(policy, limits, t, None, now, input.cost, force_admit)
+            }
+            _ => {
+                let mut g = lock(&self.shards[sc]);
+                let c = g.get_mut(&kc);
+                Self::decide_in(policy, limits, None, c, now, input.cost, force_admit)
+            }
+        }
+    }
+
+    fn decide_in(
+        policy: &Policy,
+        limits: &[&Limit],
+        t: Option<&mut Entry>,
+        c: Option<&mut Entry>,
+        now: i64,
+        cost: u64,
+        force_admit: bool,
+    ) -> Locked {
+        let mut slots: SmallVec<[Option<&mut LimitState>; 16]> =
+            (0..limits.len()).map(|_| None).collect();
+        for (entry, scope) in [(t, Scope::Tenant), (c, Scope::Client)] {
+            if let Some(e) = entry {
+                e.last_used = now;
+                e.touched = true;
+                for s in e.states.iter_mut() {
+                    if let Some(i) = limits.iter().position(|l| l.scope == scope && s.is(l)) {
+                        slots[i] = Some(s);
+                    }
+                }
+            }
+        }
+        if slots.iter().any(Option::is_none) {
+            return Locked::Missing(
+                slots
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, s)| s.is_none())
+                    .map(|(i, _)| i)
+                    .collect(),
+            );
+        }
+        let mut states: SmallVec<[&mut LimitState; 16]> = slots.into_iter().flatten().collect();
+        Locked::Decided(decide(policy, limits, &mut states, now, cost, force_admit))
+    }
+
+    fn counter_key(tenant: &TenantId, client: &ClientId, l: &Limit) -> CounterKey {
+        CounterKey {
+            tenant: tenant.as_arc().clone(),
+            subject: match l.scope {
+                Scope::Client => client.as_arc().clone(),
+                Scope::Tenant => Arc::from(TENANT_SUBJECT),
+            },
+            limit: l.id.as_arc().clone(),
+            grain: l.kind.grain(),
+        }
+    }
+
+    fn range_of(tenant: &TenantId, client: &ClientId, l: &Limit, now: i64) -> CounterRange {
+        CounterRange {
+            key: Self::counter_key(tenant, client, l),
+            from: window::oldest_needed(l.kind, now),
+            to: i64::MAX,
+        }
+    }
+
+    async fn with_deadline<T>(
+        &self,
+        fut: impl std::future::Future<Output = Result<T, StoreError>>,
+        uncertain: bool,
+    ) -> Result<T, StoreError> {
+        match tokio::time::timeout(self.cfg.store_timeout, fut).await {
+            Ok(r) => r,
+            Err(_) if uncertain => Err(StoreError::Uncertain(format!(
+                "no answer within {:?}",
+                self.cfg.store_timeout
+            ))),
+            Err(_) => Err(StoreError::Unavailable(format!(
+                "no answer within {:?}",
+                self.cfg.store_timeout
+            ))),
+        }
+    }
+
+    /// Reads the missing counters from the store and installs them (unless a racing check
+    /// installed them first, whose state then wins).
+    async fn load(
+        &self,
+        input: CheckInput<'_>,
+        limits: &[&Limit],
+        now: i64,
+    ) -> Result<(), StoreError> {
+        let ranges: Vec<CounterRange> = limits
+            .iter()
+            .map(|l| Self::range_of(input.tenant, input.client, l, now))
+            .collect();
+        let totals = self.with_deadline(self.store.read(&ranges), false).await?;
+        for (l, t) in limits.iter().zip(totals) {
+            self.install(input, l, buckets_from(&t), now);
+        }
+        Ok(())
+    }
+
+    fn install(&self, input: CheckInput<'_>, l: &Limit, buckets: Vec<Bucket>, now: i64) {
+        let subject = subject_of(l, input.client.as_str());
+        let r = EntryRef {
+            tenant: input.tenant.as_str(),
+            subject,
+        };
+        let mut g = lock(&self.shards[self.shard_of(r)]);
+        let entry = match g.get_mut(&r) {
+            Some(e) => e,
+            None => g
+                .entry(EntryKey {
+                    tenant: input.tenant.as_arc().clone(),
+                    subject: match l.scope {
+                        Scope::Client => input.client.as_arc().clone(),
+                        Scope::Tenant => Arc::from(TENANT_SUBJECT),
+                    },
+                })
+                .or_default(),
+        };
+        entry.last_used = now;
+        if !entry.states.iter().any(|s| s.is(l)) {
+            entry.states.push(LimitState {
+                id: l.id.as_arc().clone(),
+                kind: l.kind,
+                buckets,
+            });
+        }
+    }
+
+    /// The store failed on the check path: apply the policy's rule.
+    fn on_failure(
+        &self,
+        policy: &Policy,
+        limits: &[&Limit],
+        input: CheckInput<'_>,
+        now: i64,
+        e: &StoreError,
+    ) -> Decision {
+        tracing::warn!(error = %e, rule = ?policy.on_store_failure, "store failed on the check path");
+        let rule = policy.on_store_failure;
+        self.metrics.store_failure_decision(match rule {
+            OnStoreFailure::Local => "local",
+            OnStoreFailure::Allow => "allow",
+            OnStoreFailure::Deny => "deny",
+        });
+        let mut d = match rule {
+            OnStoreFailure::Deny => {
+                let l = limits[0];
+                let dry_run = policy.mode == Mode::DryRun;
+                Decision {
+                    allowed: dry_run,
+                    dry_run_denied: dry_run,
+                    binding: Some(Binding {
+                        limit_id: l.id.clone(),
+                        limit: l.max,
+                        remaining: 0,
+                        reset_after_ms: 1_000,
+                    }),
+                    retry_after_ms: Some(if dry_run { 0 } else { 1_000 }),
+                    store_failure: None,
+                }
+            }
+            OnStoreFailure::Local | OnStoreFailure::Allow => {
+                // Carry on with what this instance knows: install empty states for counters it
+                // has never seen (the next sync reads their real totals back), and decide on
+                // them. Admitted hits are pending and reach the store when it returns.
+                for l in limits {
+                    self.install(input, l, Vec::new(), now);
+                }
+                match self.locked(policy, limits, input, now, rule == OnStoreFailure::Allow) {
+                    Locked::Decided(d) => d,
+                    Locked::Missing(_) => Decision::no_limit(),
+                }
+            }
+        };
+        d.store_failure = Some(rule);
+        d
+    }
+
+    /// Strict consistency: the store counts the hit before the answer; a denial compensates.
+    async fn check_strict(
+        &self,
+        policy: &Policy,
+        limits: &[&Limit],
+        input: CheckInput<'_>,
+        now: i64,
+    ) -> Decision {
+        let deltas: Vec<Delta> = if input.cost > 0 {
+            limits
+                .iter()
+                .map(|l| Delta {
+                    key: Self::counter_key(input.tenant, input.client, l),
+                    start: l.kind.grain().bucket_start(now),
+                    delta: input.cost as i64,
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let ranges: Vec<CounterRange> = limits
+            .iter()
+            .map(|l| Self::range_of(input.tenant, input.client, l, now))
+            .collect();
+        let totals = match self
+            .with_deadline(
+                self.store.increment_and_read(&deltas, &ranges),
+                !deltas.is_empty(),
+            )
+            .await
+        {
+            Ok(t) => t,
+            Err(e) => {
+                if matches!(e, StoreError::Uncertain(_)) {
+                    self.metrics.uncertain_hits(input.cost);
+                }
+                return self.on_failure(policy, limits, input, now, &e);
+            }
+        };
+        // Judge the counts as they were before this hit, which the store already holds.
+        let mut states: Vec<LimitState> = limits
+            .iter()
+            .zip(&totals)
+            .map(|(l, t)| {
+                let mut buckets = buckets_from(t);
+                let start = l.kind.grain().bucket_start(now);
+                if let Some(b) = buckets.iter_mut().find(|b| b.start == start) {
+                    b.stored = b.stored.saturating_sub(input.cost);
+                }
+                LimitState {
+                    id: l.id.as_arc().clone(),
+                    kind: l.kind,
+                    buckets,
+                }
+            })
+            .collect();
+        let mut refs: Vec<&mut LimitState> = states.iter_mut().collect();
+        let d = decide(policy, limits, &mut refs, now, input.cost, false);
+        let consumed = d.allowed && !d.dry_run_denied;
+        if !consumed && !deltas.is_empty() {
+            let undo: Vec<Delta> = deltas
+                .into_iter()
+                .map(|mut d| {
+                    d.delta = -d.delta;
+                    d
+                })
+                .collect();
+            if let Err(e) = self.store.increment(&undo).await {
+                // The denied hit stays counted: the count errs high (towards denial).
+                self.metrics.compensation_failed();
+                tracing::warn!(error = %e, "strict mode: compensating a denied hit failed");
+            }
+        }
+        d
+    }
+
+    /// `/v1/usage`: the store's totals plus this instance's unwritten hits. Consumes nothing.
+    pub async fn usage(
+        &self,
+        policy: &Policy,
+        tenant: &TenantId,
+        client: &ClientId,
+        resource: Option<&str>,
+    ) -> Result<Vec<Usage>, StoreError> {
+        let now = self.clock.now_ms();
+        let limits: Vec<&Limit> = policy
+            .limits
+            .iter()
+            .filter(|l| l.applies_to(resource))
+            .collect();
+        let ranges: Vec<CounterRange> = limits
+            .iter()
+            .map(|l| Self::range_of(tenant, client, l, now))
+            .collect();
+        let totals = self.with_deadline(self.store.read(&ranges), false).await?;
+        let mut out = Vec::with_capacity(limits.len());
+        for (l, t) in limits.iter().zip(totals) {
+            let mut buckets = buckets_from(&t);
+            let r = EntryRef {
+                tenant: tenant.as_str(),
+                subject: subject_of(l, client.as_str()),
+            };
+            {
+                let g = lock(&self.shards[self.shard_of(r)]);
+                if let Some(s) = g.get(&r).and_then(|e| e.states.iter().find(|s| s.is(l))) {
+                    for b in s.buckets.iter().filter(|b| b.pending > 0) {
+                        match buckets.binary_search_by_key(&b.start, |x| x.start) {
+                            Ok(i) => buckets[i].pending += b.pending,
+                            Err(i) => buckets.insert(
+                                i,
+                                Bucket {
+                                    start: b.start,
+                                    stored: 0,
+                                    pending: b.pending,
+                                },
+                            ),
+                        }
+                    }
+                }
+            }
+            let count = window::estimate(l.kind, &buckets, now);
+            out.push(Usage {
+                limit_id: l.id.clone(),
+                count,
+                limit: l.max,
+                remaining: l.max.saturating_sub(count),
+                reset_after_ms: window::reset_after(l.kind, &buckets, now),
+            });
+        }
+        Ok(out)
+    }
+
+    // ---- The sync task's side -------------------------------------------------------------
+
+    /// Takes a snapshot of every pending hit (as increments) and lists the counters used since
+    /// the last sync (to read back). Clears the "used" marks.
+    pub fn collect(&self, now: i64) -> SyncBatch {
+        let mut batch = SyncBatch::default();
+        for shard in self.shards.iter() {
+            let mut g = lock(shard);
+            for (k, e) in g.iter_mut() {
+                for s in &e.states {
+                    let key = || CounterKey {
+                        tenant: k.tenant.clone(),
+                        subject: k.subject.clone(),
+                        limit: s.id.clone(),
+                        grain: s.kind.grain(),
+                    };
+                    for b in s.buckets.iter().filter(|b| b.pending > 0) {
+                        batch.deltas.push(Delta {
+                            key: key(),
+                            start: b.start,
+                            delta: b.pending.min(i64::MAX as u64) as i64,
+                        });
+                    }
+                    if e.touched {
+                        batch.ranges.push(CounterRange {
+                            key: key(),
+                            from: window::oldest_needed(s.kind, now),
+                            to: i64::MAX,
+                        });
+                    }
+                }
+                e.touched = false;
+            }
+        }
+        batch
+    }
+
+    fn with_state<R>(&self, key: &CounterKey, f: impl FnOnce(&mut LimitState) -> R) -> Option<R> {
+        let r = EntryRef {
+            tenant: &key.tenant,
+            subject: &key.subject,
+        };
+        let mut g = lock(&self.shards[self.shard_of(r)]);
+        let s = g
+            .get_mut(&r)?
+            .states
+            .iter_mut()
+            .find(|s| s.id == key.limit && s.kind.grain() == key.grain)?;
+        Some(f(s))
+    }
+
+    /// The snapshot's increments reached the store: move them from pending to stored. Hits
+    /// admitted since the snapshot stay pending.
+    pub fn written(&self, deltas: &[Delta]) {
+        for d in deltas {
+            self.with_state(&d.key, |s| {
+                if let Ok(i) = s.buckets.binary_search_by_key(&d.start, |b| b.start) {
+                    let b = &mut s.buckets[i];
+                    let n = (d.delta.max(0) as u64).min(b.pending);
+                    b.pending -= n;
+                    b.stored += n;
+                }
+            });
+        }
+    }
+
+    /// Installs totals read back from the store: they include every instance's writes.
+    pub fn refreshed(&self, ranges: &[CounterRange], totals: Vec<Vec<BucketTotal>>) {
+        for (r, t) in ranges.iter().zip(totals) {
+            self.with_state(&r.key, |s| {
+                for b in s.buckets.iter_mut().filter(|b| b.start >= r.from) {
+                    b.stored = 0;
+                }
+                for bt in t {
+                    let total = bt.total.max(0) as u64;
+                    match s.buckets.binary_search_by_key(&bt.start, |b| b.start) {
+                        Ok(i) => s.buckets[i].stored = total,
+                        Err(i) => s.buckets.insert(
+                            i,
+                            Bucket {
+                                start: bt.start,
+                                stored: total,
+                                pending: 0,
+                            },
+                        ),
+                    }
+                }
+            });
+        }
+    }
+
+    /// Drops what no longer counts: old buckets, empty states, and entries idle for
+    /// `idle_ms` with nothing pending. Returns (counters in memory, pending hits).
+    pub fn evict(&self, now: i64) -> (usize, u64) {
+        let (mut counters, mut pending) = (0usize, 0u64);
+        for shard in self.shards.iter() {
+            let mut g = lock(shard);
+            g.retain(|_, e| {
+                for s in e.states.iter_mut() {
+                    s.prune(now);
+                }
+                e.states.retain(|s| !s.buckets.is_empty());
+                let p: u64 = e.states.iter().map(LimitState::pending).sum();
+                let keep = p > 0 || (!e.states.is_empty() && now - e.last_used < self.cfg.idle_ms);
+                if keep {
+                    counters += e.states.len();
+                    pending += p;
+                }
+                keep
+            });
+        }
+        self.metrics.set_active_counters(counters);
+        self.metrics.set_pending(pending);
+        (counters, pending)
+    }
+
+    /// Hits admitted and not yet written.
+    pub fn pending_hits(&self) -> u64 {
+        self.shards
+            .iter()
+            .map(|s| {
+                lock(s)
+                    .values()
+                    .flat_map(|e| e.states.iter())
+                    .map(LimitState::pending)
+                    .sum::<u64>()
+            })
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests;

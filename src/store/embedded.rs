@@ -1,1 +1,501 @@
-//! Embedded store (placeholder).
+//! The embedded store: redb, in one file under `store.path`.
+//!
+//! Why redb: pure Rust (nothing to install, quick to build), ACID with copy-on-write B-trees
+//! (crash-safe: a commit is all or nothing, and `Durability::Immediate` fsyncs it), ordered keys
+//! for range reads of a counter's buckets, and one writer at a time, which makes strict-mode
+//! "increment then read" a single serialisable step. It holds one process; a fleet uses the
+//! scylla store.
+//!
+//! Layout:
+//! - `counters`: key = tenant \0 subject \0 limit \0 grain(8) start(8), value = count (i64).
+//!   Ids cannot contain \0, and the integers are big-endian with the sign bit flipped, so byte
+//!   order is (counter, start) order and a counter's buckets are one range.
+//! - `expiry`: key = expire_at(8) ++ counter key, written when a bucket is first created; the
+//!   janitor walks it from the oldest, so deleting old buckets costs what it deletes.
+//! - `tenant_policies` / `client_policies` (tenant \0 client): JSON of the record.
+//! - `meta`: the policies generation.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use serde::{Deserialize, Serialize};
+
+use super::{
+    BucketTotal, CounterKey, CounterRange, Delta, PolicyKey, PolicyRecord, Store, StoreError,
+    StoreResult,
+};
+use crate::domain::{ClientId, Grain, TenantId};
+
+const COUNTERS: TableDefinition<&[u8], i64> = TableDefinition::new("counters");
+const EXPIRY: TableDefinition<&[u8], ()> = TableDefinition::new("expiry");
+const TENANT_POLICIES: TableDefinition<&str, &[u8]> = TableDefinition::new("tenant_policies");
+const CLIENT_POLICIES: TableDefinition<&str, &[u8]> = TableDefinition::new("client_policies");
+const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+const GENERATION: &str = "policies_generation";
+
+/// The file inside `store.path`.
+pub const DB_FILE: &str = "quotad.redb";
+
+pub struct EmbeddedStore {
+    db: Arc<Database>,
+    path: PathBuf,
+}
+
+fn err<E: Into<redb::Error>>(e: E) -> StoreError {
+    match e.into() {
+        redb::Error::Io(io) => StoreError::Unavailable(io.to_string()),
+        other => StoreError::Internal(other.to_string()),
+    }
+}
+
+/// Orders signed integers as bytes.
+fn enc_i64(v: i64) -> [u8; 8] {
+    ((v as u64) ^ (1 << 63)).to_be_bytes()
+}
+
+fn dec_i64(b: &[u8]) -> i64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(b);
+    (u64::from_be_bytes(a) ^ (1 << 63)) as i64
+}
+
+/// The part of a counter key shared by all its buckets.
+fn counter_prefix(k: &CounterKey) -> Vec<u8> {
+    let mut v = Vec::with_capacity(k.tenant.len() + k.subject.len() + k.limit.len() + 19);
+    v.extend_from_slice(k.tenant.as_bytes());
+    v.push(0);
+    v.extend_from_slice(k.subject.as_bytes());
+    v.push(0);
+    v.extend_from_slice(k.limit.as_bytes());
+    v.push(0);
+    v.extend_from_slice(&enc_i64(k.grain.code()));
+    v
+}
+
+fn bucket_key(k: &CounterKey, start: i64) -> Vec<u8> {
+    let mut v = counter_prefix(k);
+    v.extend_from_slice(&enc_i64(start));
+    v
+}
+
+/// Recovers the grain and start from a bucket key (the last 16 bytes).
+fn grain_and_start(key: &[u8]) -> Option<(Grain, i64)> {
+    let n = key.len();
+    if n < 16 {
+        return None;
+    }
+    Some((
+        Grain::from_code(dec_i64(&key[n - 16..n - 8]))?,
+        dec_i64(&key[n - 8..]),
+    ))
+}
+
+#[derive(Serialize, Deserialize)]
+struct StoredRecord {
+    body: String,
+    version: u64,
+    updated_at: DateTime<Utc>,
+}
+
+fn client_key(tenant: &str, client: &str) -> String {
+    format!("{tenant}\0{client}")
+}
+
+fn decode_record(key: PolicyKey, bytes: &[u8]) -> StoreResult<PolicyRecord> {
+    let r: StoredRecord = serde_json::from_slice(bytes)
+        .map_err(|e| StoreError::Internal(format!("corrupt policy record: {e}")))?;
+    Ok(PolicyRecord {
+        key,
+        body: r.body,
+        version: r.version,
+        updated_at: r.updated_at,
+    })
+}
+
+fn split_client_key(k: &str) -> StoreResult<PolicyKey> {
+    let (t, c) = k
+        .split_once('\0')
+        .ok_or_else(|| StoreError::Internal("corrupt client policy key".into()))?;
+    let bad = |e: crate::domain::FieldError| StoreError::Internal(e.to_string());
+    Ok(PolicyKey {
+        tenant: TenantId::parse(t).map_err(bad)?,
+        client: Some(ClientId::parse(c).map_err(bad)?),
+    })
+}
+
+impl EmbeddedStore {
+    /// Opens (creating if needed) the store in directory `dir`.
+    pub fn open(dir: &Path) -> StoreResult<Self> {
+        std::fs::create_dir_all(dir).map_err(|e| {
+            StoreError::Internal(format!(
+                "cannot create store directory {}: {e}",
+                dir.display()
+            ))
+        })?;
+        let path = dir.join(DB_FILE);
+        let db = Database::create(&path)
+            .map_err(|e| StoreError::Internal(format!("cannot open {}: {e}", path.display())))?;
+        // Create every table up front so read transactions never meet a missing one.
+        let tx = db.begin_write().map_err(err)?;
+        {
+            tx.open_table(COUNTERS).map_err(err)?;
+            tx.open_table(EXPIRY).map_err(err)?;
+            tx.open_table(TENANT_POLICIES).map_err(err)?;
+            tx.open_table(CLIENT_POLICIES).map_err(err)?;
+            tx.open_table(META).map_err(err)?;
+        }
+        tx.commit().map_err(err)?;
+        Ok(Self {
+            db: Arc::new(db),
+            path,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Runs blocking redb work off the async executor.
+    async fn blocking<T, F>(&self, f: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Database) -> StoreResult<T> + Send + 'static,
+    {
+        let db = self.db.clone();
+        tokio::task::spawn_blocking(move || f(&db))
+            .await
+            .map_err(|e| StoreError::Internal(format!("store task failed: {e}")))?
+    }
+}
+
+fn apply_deltas(tx: &redb::WriteTransaction, deltas: &[Delta]) -> StoreResult<()> {
+    let mut counters = tx.open_table(COUNTERS).map_err(err)?;
+    let mut expiry = tx.open_table(EXPIRY).map_err(err)?;
+    for d in deltas {
+        let key = bucket_key(&d.key, d.start);
+        let current = counters
+            .get(key.as_slice())
+            .map_err(err)?
+            .map(|v| v.value());
+        if current.is_none() {
+            let expire_at = d.start.saturating_add(d.key.grain.retention_ms());
+            let mut ek = Vec::with_capacity(8 + key.len());
+            ek.extend_from_slice(&enc_i64(expire_at));
+            ek.extend_from_slice(&key);
+            expiry.insert(ek.as_slice(), ()).map_err(err)?;
+        }
+        let next = current.unwrap_or(0).saturating_add(d.delta);
+        counters.insert(key.as_slice(), next).map_err(err)?;
+    }
+    Ok(())
+}
+
+fn read_ranges<T: ReadableTable<&'static [u8], i64>>(
+    counters: &T,
+    ranges: &[CounterRange],
+) -> StoreResult<Vec<Vec<BucketTotal>>> {
+    let mut out = Vec::with_capacity(ranges.len());
+    for r in ranges {
+        let lo = bucket_key(&r.key, r.from);
+        let hi = bucket_key(&r.key, r.to);
+        let mut buckets = Vec::new();
+        for item in counters.range(lo.as_slice()..=hi.as_slice()).map_err(err)? {
+            let (k, v) = item.map_err(err)?;
+            let start = dec_i64(&k.value()[k.value().len() - 8..]);
+            let total = v.value();
+            buckets.push(BucketTotal {
+                start,
+                total,
+                mine: total,
+            });
+        }
+        out.push(buckets);
+    }
+    Ok(out)
+}
+
+fn bump_generation(tx: &redb::WriteTransaction) -> StoreResult<()> {
+    let mut meta = tx.open_table(META).map_err(err)?;
+    let g = meta.get(GENERATION).map_err(err)?.map(|v| v.value());
+    meta.insert(GENERATION, g.unwrap_or(0) + 1).map_err(err)?;
+    Ok(())
+}
+
+#[async_trait]
+impl Store for EmbeddedStore {
+    fn kind(&self) -> &'static str {
+        "embedded"
+    }
+
+    async fn increment(&self, deltas: &[Delta]) -> StoreResult<()> {
+        if deltas.is_empty() {
+            return Ok(());
+        }
+        let deltas = deltas.to_vec();
+        self.blocking(move |db| {
+            let tx = db.begin_write().map_err(err)?;
+            apply_deltas(&tx, &deltas)?;
+            tx.commit().map_err(err)
+        })
+        .await
+    }
+
+    async fn read(&self, ranges: &[CounterRange]) -> StoreResult<Vec<Vec<BucketTotal>>> {
+        let ranges = ranges.to_vec();
+        self.blocking(move |db| {
+            let tx = db.begin_read().map_err(err)?;
+            let counters = tx.open_table(COUNTERS).map_err(err)?;
+            read_ranges(&counters, &ranges)
+        })
+        .await
+    }
+
+    /// One write transaction: redb has a single writer, so no other increment can land between
+    /// this one and the read, and strict mode is exact on one machine.
+    async fn increment_and_read(
+        &self,
+        deltas: &[Delta],
+        ranges: &[CounterRange],
+    ) -> StoreResult<Vec<Vec<BucketTotal>>> {
+        let deltas = deltas.to_vec();
+        let ranges = ranges.to_vec();
+        self.blocking(move |db| {
+            let tx = db.begin_write().map_err(err)?;
+            apply_deltas(&tx, &deltas)?;
+            let out = {
+                let counters = tx.open_table(COUNTERS).map_err(err)?;
+                read_ranges(&counters, &ranges)?
+            };
+            tx.commit().map_err(err)?;
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn delete_expired(&self, now_ms: i64, budget: usize) -> StoreResult<u64> {
+        self.blocking(move |db| {
+            let tx = db.begin_write().map_err(err)?;
+            let mut removed = 0u64;
+            {
+                let mut expiry = tx.open_table(EXPIRY).map_err(err)?;
+                let mut counters = tx.open_table(COUNTERS).map_err(err)?;
+                let hi = enc_i64(now_ms);
+                let due: Vec<Vec<u8>> = expiry
+                    .range(..hi.as_slice())
+                    .map_err(err)?
+                    .take(budget)
+                    .map(|item| item.map(|(k, _)| k.value().to_vec()).map_err(err))
+                    .collect::<StoreResult<_>>()?;
+                for ek in due {
+                    let key = &ek[8..];
+                    // Only delete what is truly past its retention: the expiry row was written
+                    // with the bucket's grain, and re-deriving it guards against a corrupt row.
+                    if let Some((grain, start)) = grain_and_start(key) {
+                        if start.saturating_add(grain.retention_ms()) <= now_ms {
+                            counters.remove(key).map_err(err)?;
+                            removed += 1;
+                        }
+                    }
+                    expiry.remove(ek.as_slice()).map_err(err)?;
+                }
+            }
+            tx.commit().map_err(err)?;
+            Ok(removed)
+        })
+        .await
+    }
+
+    async fn put_policy(
+        &self,
+        key: &PolicyKey,
+        body: &str,
+        now: DateTime<Utc>,
+    ) -> StoreResult<PolicyRecord> {
+        let key = key.clone();
+        let body = body.to_owned();
+        self.blocking(move |db| {
+            let tx = db.begin_write().map_err(err)?;
+            let record = {
+                let def = if key.client.is_some() {
+                    CLIENT_POLICIES
+                } else {
+                    TENANT_POLICIES
+                };
+                let name = match &key.client {
+                    Some(c) => client_key(key.tenant.as_str(), c.as_str()),
+                    None => key.tenant.to_string(),
+                };
+                let mut table = tx.open_table(def).map_err(err)?;
+                let prev = table
+                    .get(name.as_str())
+                    .map_err(err)?
+                    .map(|v| decode_record(key.clone(), v.value()))
+                    .transpose()?;
+                let stored = StoredRecord {
+                    body,
+                    version: prev.map(|p| p.version + 1).unwrap_or(1),
+                    updated_at: now,
+                };
+                let bytes =
+                    serde_json::to_vec(&stored).map_err(|e| StoreError::Internal(e.to_string()))?;
+                table.insert(name.as_str(), bytes.as_slice()).map_err(err)?;
+                PolicyRecord {
+                    key,
+                    body: stored.body,
+                    version: stored.version,
+                    updated_at: stored.updated_at,
+                }
+            };
+            bump_generation(&tx)?;
+            tx.commit().map_err(err)?;
+            Ok(record)
+        })
+        .await
+    }
+
+    async fn get_policy(&self, key: &PolicyKey) -> StoreResult<Option<PolicyRecord>> {
+        let key = key.clone();
+        self.blocking(move |db| {
+            let tx = db.begin_read().map_err(err)?;
+            let (def, name) = match &key.client {
+                Some(c) => (CLIENT_POLICIES, client_key(key.tenant.as_str(), c.as_str())),
+                None => (TENANT_POLICIES, key.tenant.to_string()),
+            };
+            let table = tx.open_table(def).map_err(err)?;
+            let got = table.get(name.as_str()).map_err(err)?;
+            got.map(|v| decode_record(key.clone(), v.value()))
+                .transpose()
+        })
+        .await
+    }
+
+    async fn delete_policy(&self, key: &PolicyKey) -> StoreResult<bool> {
+        let key = key.clone();
+        self.blocking(move |db| {
+            let tx = db.begin_write().map_err(err)?;
+            let existed = {
+                let (def, name) = match &key.client {
+                    Some(c) => (CLIENT_POLICIES, client_key(key.tenant.as_str(), c.as_str())),
+                    None => (TENANT_POLICIES, key.tenant.to_string()),
+                };
+                let mut table = tx.open_table(def).map_err(err)?;
+                let removed = table.remove(name.as_str()).map_err(err)?.is_some();
+                removed
+            };
+            if existed {
+                bump_generation(&tx)?;
+            }
+            tx.commit().map_err(err)?;
+            Ok(existed)
+        })
+        .await
+    }
+
+    async fn list_policies(
+        &self,
+        after: Option<&TenantId>,
+        limit: usize,
+    ) -> StoreResult<Vec<PolicyRecord>> {
+        let after = after.map(|a| a.to_string());
+        self.blocking(move |db| {
+            let tx = db.begin_read().map_err(err)?;
+            let table = tx.open_table(TENANT_POLICIES).map_err(err)?;
+            let iter = match &after {
+                Some(a) => table.range::<&str>((
+                    std::ops::Bound::Excluded(a.as_str()),
+                    std::ops::Bound::Unbounded,
+                )),
+                None => table.range::<&str>(..),
+            }
+            .map_err(err)?;
+            let mut out = Vec::new();
+            for item in iter.take(limit) {
+                let (k, v) = item.map_err(err)?;
+                let tenant =
+                    TenantId::parse(k.value()).map_err(|e| StoreError::Internal(e.to_string()))?;
+                out.push(decode_record(
+                    PolicyKey {
+                        tenant,
+                        client: None,
+                    },
+                    v.value(),
+                )?);
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn load_policies(&self) -> StoreResult<Vec<PolicyRecord>> {
+        self.blocking(move |db| {
+            let tx = db.begin_read().map_err(err)?;
+            let mut out = Vec::new();
+            let tenants = tx.open_table(TENANT_POLICIES).map_err(err)?;
+            for item in tenants.iter().map_err(err)? {
+                let (k, v) = item.map_err(err)?;
+                let tenant =
+                    TenantId::parse(k.value()).map_err(|e| StoreError::Internal(e.to_string()))?;
+                out.push(decode_record(
+                    PolicyKey {
+                        tenant,
+                        client: None,
+                    },
+                    v.value(),
+                )?);
+            }
+            let clients = tx.open_table(CLIENT_POLICIES).map_err(err)?;
+            for item in clients.iter().map_err(err)? {
+                let (k, v) = item.map_err(err)?;
+                out.push(decode_record(split_client_key(k.value())?, v.value())?);
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn policies_generation(&self) -> StoreResult<u64> {
+        self.blocking(move |db| {
+            let tx = db.begin_read().map_err(err)?;
+            let meta = tx.open_table(META).map_err(err)?;
+            let g = meta.get(GENERATION).map_err(err)?.map(|v| v.value());
+            Ok(g.unwrap_or(0))
+        })
+        .await
+    }
+
+    async fn ping(&self) -> StoreResult<()> {
+        self.blocking(move |db| db.begin_read().map(|_| ()).map_err(err))
+            .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn integer_encoding_sorts_like_the_integers() {
+        let vals = [i64::MIN, -5, -1, 0, 1, 7, 1 << 40, i64::MAX];
+        for w in vals.windows(2) {
+            assert!(enc_i64(w[0]) < enc_i64(w[1]));
+            assert_eq!(dec_i64(&enc_i64(w[0])), w[0]);
+        }
+    }
+
+    #[test]
+    fn bucket_keys_recover_grain_and_start() {
+        let k = CounterKey {
+            tenant: "t".into(),
+            subject: "*".into(),
+            limit: "l".into(),
+            grain: Grain::Month,
+        };
+        assert_eq!(
+            grain_and_start(&bucket_key(&k, 1_700_000_000_000)),
+            Some((Grain::Month, 1_700_000_000_000))
+        );
+    }
+}

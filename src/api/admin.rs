@@ -1,0 +1,223 @@
+//! The admin API: `/v1/quotas` (tenant policies and client overrides) and `/v1/usage`.
+
+use actix_web::{web, HttpRequest, HttpResponse};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::error::{json_error, ApiError};
+use super::{json_body, AppState};
+use crate::domain::{validate_resource, ClientId, Policy, PolicyDoc, TenantId};
+use crate::store::{PolicyKey, PolicyRecord};
+
+fn path_ids(req: &HttpRequest) -> Result<(TenantId, Option<ClientId>), ApiError> {
+    let tenant = TenantId::parse(req.match_info().get("tenant").unwrap_or_default())?;
+    let client = req
+        .match_info()
+        .get("client")
+        .map(ClientId::parse)
+        .transpose()?;
+    Ok((tenant, client))
+}
+
+/// A record as the API shows it: the policy document plus its bookkeeping.
+fn render(r: &PolicyRecord) -> Result<Value, ApiError> {
+    let mut v: Value = serde_json::from_str(&r.body)
+        .map_err(|e| ApiError::Internal(format!("stored policy is not JSON: {e}")))?;
+    let obj = v
+        .as_object_mut()
+        .ok_or_else(|| ApiError::Internal("stored policy is not an object".into()))?;
+    obj.insert("tenant".into(), json!(r.key.tenant));
+    if let Some(c) = &r.key.client {
+        obj.insert("client".into(), json!(c));
+    }
+    obj.insert("version".into(), json!(r.version));
+    obj.insert("updated_at".into(), json!(r.updated_at.to_rfc3339()));
+    Ok(v)
+}
+
+async fn put(
+    req: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    state.auth.require_admin(&req)?;
+    let (tenant, client) = path_ids(&req)?;
+    let body = json_body(&req, payload).await?;
+    let de = &mut serde_json::Deserializer::from_slice(&body);
+    let doc: PolicyDoc = serde_path_to_error::deserialize(de).map_err(|e| json_error(e, ""))?;
+    let policy = Policy::from_doc(&doc, client.is_some())?;
+    let canonical =
+        serde_json::to_string(&policy.to_doc()).map_err(|e| ApiError::Internal(e.to_string()))?;
+    let key = PolicyKey { tenant, client };
+    let record = state
+        .store
+        .put_policy(&key, &canonical, chrono::Utc::now())
+        .await?;
+    // This instance enforces the change at once; the others within quotas.refresh_ms.
+    if let Err(e) = state.policies.reload(true).await {
+        tracing::warn!(error = %e, "policy saved but the local cache could not reload yet");
+    }
+    let mut res = if record.version == 1 {
+        HttpResponse::Created()
+    } else {
+        HttpResponse::Ok()
+    };
+    Ok(res.json(render(&record)?))
+}
+
+async fn get(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    state.auth.require_admin(&req)?;
+    let (tenant, client) = path_ids(&req)?;
+    let key = PolicyKey { tenant, client };
+    match state.store.get_policy(&key).await? {
+        Some(r) => Ok(HttpResponse::Ok().json(render(&r)?)),
+        None => Err(not_found(&key)),
+    }
+}
+
+async fn delete(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    state.auth.require_admin(&req)?;
+    let (tenant, client) = path_ids(&req)?;
+    let key = PolicyKey { tenant, client };
+    if !state.store.delete_policy(&key).await? {
+        return Err(not_found(&key));
+    }
+    if let Err(e) = state.policies.reload(true).await {
+        tracing::warn!(error = %e, "policy deleted but the local cache could not reload yet");
+    }
+    Ok(HttpResponse::NoContent().finish())
+}
+
+fn not_found(key: &PolicyKey) -> ApiError {
+    match &key.client {
+        None => ApiError::NotFound(format!("tenant {} has no quota", key.tenant)),
+        Some(c) => ApiError::NotFound(format!(
+            "tenant {} has no override for client {c}",
+            key.tenant
+        )),
+    }
+}
+
+pub async fn put_tenant(
+    req: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    put(req, payload, state).await
+}
+pub async fn get_tenant(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    get(req, state).await
+}
+pub async fn delete_tenant(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    delete(req, state).await
+}
+pub async fn put_client(
+    req: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    put(req, payload, state).await
+}
+pub async fn get_client(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    get(req, state).await
+}
+pub async fn delete_client(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    delete(req, state).await
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListQuery {
+    limit: Option<String>,
+    after: Option<String>,
+}
+
+/// Default and largest page of `GET /v1/quotas`.
+const PAGE_DEFAULT: usize = 100;
+const PAGE_MAX: usize = 1000;
+
+fn query<T: for<'de> Deserialize<'de>>(req: &HttpRequest) -> Result<T, ApiError> {
+    web::Query::<T>::from_query(req.query_string())
+        .map(web::Query::into_inner)
+        .map_err(|e| {
+            let msg = e.to_string();
+            ApiError::invalid("query", msg)
+        })
+}
+
+pub async fn list(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    state.auth.require_admin(&req)?;
+    let q: ListQuery = query(&req)?;
+    let limit = match q.limit.as_deref() {
+        None => PAGE_DEFAULT,
+        Some(s) => s
+            .parse::<usize>()
+            .ok()
+            .filter(|n| (1..=PAGE_MAX).contains(n))
+            .ok_or_else(|| ApiError::invalid("limit", format!("limit must be 1..={PAGE_MAX}")))?,
+    };
+    let after = q
+        .after
+        .as_deref()
+        .map(|a| TenantId::parse_field(a, "after"))
+        .transpose()?;
+    let mut records = state.store.list_policies(after.as_ref(), limit + 1).await?;
+    let more = records.len() > limit;
+    records.truncate(limit);
+    let next = if more {
+        records.last().map(|r| r.key.tenant.to_string())
+    } else {
+        None
+    };
+    let quotas = records.iter().map(render).collect::<Result<Vec<_>, _>>()?;
+    Ok(HttpResponse::Ok().json(json!({ "quotas": quotas, "next": next })))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UsageQuery {
+    resource: Option<String>,
+}
+
+pub async fn usage(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    state.auth.require_admin(&req)?;
+    let (tenant, client) = path_ids(&req)?;
+    let client = client.ok_or_else(|| ApiError::invalid("client", "client is required"))?;
+    let q: UsageQuery = query(&req)?;
+    if let Some(r) = &q.resource {
+        validate_resource("resource", r)?;
+    }
+    let policy = state
+        .policies
+        .resolve(tenant.as_str(), client.as_str())
+        .ok_or_else(|| ApiError::NotFound(format!("tenant {tenant} has no quota")))?;
+    let usage = state
+        .limiter
+        .usage(&policy, &tenant, &client, q.resource.as_deref())
+        .await?;
+    let limits: Vec<Value> = usage
+        .iter()
+        .map(|u| {
+            json!({
+                "limit_id": u.limit_id,
+                "count": u.count,
+                "limit": u.limit,
+                "remaining": u.remaining,
+                "reset_after_ms": u.reset_after_ms,
+            })
+        })
+        .collect();
+    Ok(HttpResponse::Ok().json(json!({ "tenant": tenant, "client": client, "limits": limits })))
+}

@@ -1,0 +1,170 @@
+//! The one error type of the HTTP edge. Every failure, including the framework's own
+//! rejections (unknown route, wrong method, oversized body), becomes the contract's shape:
+//! `{"error": {"code": "...", "message": "...", "field": "..."}}`. Internal details are logged,
+//! never sent.
+
+use actix_web::http::{header, StatusCode};
+use actix_web::{HttpResponse, ResponseError};
+use serde::Serialize;
+
+use crate::domain::FieldError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("{message}")]
+    InvalidArgument {
+        message: String,
+        field: Option<String>,
+    },
+    #[error("{0}")]
+    Unauthenticated(&'static str),
+    #[error("{0}")]
+    PermissionDenied(&'static str),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("method not allowed")]
+    MethodNotAllowed,
+    #[error("request body is larger than {0} bytes")]
+    PayloadTooLarge(usize),
+    #[error("{0}")]
+    UnsupportedMediaType(&'static str),
+    #[error("{0}")]
+    Unavailable(String),
+    /// The message is logged; the caller sees a generic one.
+    #[error("internal error")]
+    Internal(String),
+}
+
+impl ApiError {
+    pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
+        ApiError::InvalidArgument {
+            message: message.into(),
+            field: Some(field.into()),
+        }
+    }
+
+    pub fn code(&self) -> &'static str {
+        match self {
+            ApiError::InvalidArgument { .. } => "invalid_argument",
+            ApiError::Unauthenticated(_) => "unauthenticated",
+            ApiError::PermissionDenied(_) => "permission_denied",
+            ApiError::NotFound(_) => "not_found",
+            ApiError::MethodNotAllowed => "method_not_allowed",
+            ApiError::PayloadTooLarge(_) => "payload_too_large",
+            ApiError::UnsupportedMediaType(_) => "unsupported_media_type",
+            ApiError::Unavailable(_) => "unavailable",
+            ApiError::Internal(_) => "internal",
+        }
+    }
+
+    /// The JSON body (also used for per-item errors in a batch).
+    pub fn body(&self) -> ErrorBody<'_> {
+        ErrorBody {
+            error: ErrorDetail {
+                code: self.code(),
+                message: self.to_string(),
+                field: match self {
+                    ApiError::InvalidArgument { field, .. } => field.as_deref(),
+                    _ => None,
+                },
+            },
+        }
+    }
+}
+
+#[derive(Serialize)]
+pub struct ErrorBody<'a> {
+    pub error: ErrorDetail<'a>,
+}
+
+#[derive(Serialize)]
+pub struct ErrorDetail<'a> {
+    pub code: &'static str,
+    pub message: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub field: Option<&'a str>,
+}
+
+impl From<FieldError> for ApiError {
+    fn from(e: FieldError) -> Self {
+        ApiError::InvalidArgument {
+            message: e.message,
+            field: Some(e.field),
+        }
+    }
+}
+
+impl From<crate::store::StoreError> for ApiError {
+    fn from(e: crate::store::StoreError) -> Self {
+        if e.is_transient() {
+            ApiError::Unavailable("the store is unavailable; try again".into())
+        } else {
+            ApiError::Internal(e.to_string())
+        }
+    }
+}
+
+impl ResponseError for ApiError {
+    fn status_code(&self) -> StatusCode {
+        match self {
+            ApiError::InvalidArgument { .. } => StatusCode::BAD_REQUEST,
+            ApiError::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
+            ApiError::PermissionDenied(_) => StatusCode::FORBIDDEN,
+            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        if let ApiError::Internal(detail) = self {
+            tracing::error!(%detail, "internal error");
+        }
+        let mut res = HttpResponse::build(self.status_code());
+        if matches!(self, ApiError::Unauthenticated(_)) {
+            res.insert_header((header::WWW_AUTHENTICATE, "Bearer"));
+        }
+        res.json(self.body())
+    }
+}
+
+/// Turns a JSON parse failure into a 400 naming the field where serde could tell it.
+pub fn json_error(e: serde_path_to_error::Error<serde_json::Error>, prefix: &str) -> ApiError {
+    let path = e.path().to_string();
+    let inner = e.into_inner();
+    let mut message = inner.to_string();
+    // serde_json appends " at line L column C"; keep it only for syntax errors, where the
+    // position is the useful part.
+    if !inner.is_syntax() && !inner.is_eof() {
+        if let Some(i) = message.rfind(" at line ") {
+            message.truncate(i);
+        }
+    }
+    let field = if path == "." || path.is_empty() {
+        // A missing or unknown field is reported at the parent: name it from the message.
+        message
+            .split('`')
+            .nth(1)
+            .filter(|_| {
+                message.starts_with("unknown field") || message.starts_with("missing field")
+            })
+            .map(|f| join(prefix, f))
+            .or_else(|| (!prefix.is_empty()).then(|| prefix.to_owned()))
+    } else {
+        Some(join(prefix, &path))
+    };
+    ApiError::InvalidArgument { message, field }
+}
+
+fn join(prefix: &str, path: &str) -> String {
+    if prefix.is_empty() {
+        path.to_owned()
+    } else if path.starts_with('[') {
+        format!("{prefix}{path}")
+    } else {
+        format!("{prefix}.{path}")
+    }
+}

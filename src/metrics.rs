@@ -1,0 +1,213 @@
+//! Prometheus metrics. `Metrics` owns its registry (no global state, so tests can run many
+//! instances in one process) and has one method per event.
+//!
+//! Tenant and client ids never become labels unless `metrics.tenant_labels` is on: label
+//! cardinality would otherwise grow with every id a caller invents.
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
+    Registry, TextEncoder,
+};
+
+pub struct Metrics {
+    registry: Registry,
+    checks: IntCounterVec,
+    tenant_checks: Option<IntCounterVec>,
+    check_duration: Histogram,
+    store_ops: IntCounterVec,
+    store_duration: HistogramVec,
+    sync_pending: IntGauge,
+    active_counters: IntGauge,
+    store_failure_decisions: IntCounterVec,
+    uncertain_hits: IntCounter,
+    unsynced_hits_at_exit: IntGauge,
+    compensation_failures: IntCounter,
+}
+
+/// What a check decided, as a label.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecisionLabel {
+    Allowed,
+    Denied,
+    DryRunDenied,
+    NoLimit,
+}
+
+impl DecisionLabel {
+    fn as_str(self) -> &'static str {
+        match self {
+            DecisionLabel::Allowed => "allowed",
+            DecisionLabel::Denied => "denied",
+            DecisionLabel::DryRunDenied => "dry_run_denied",
+            DecisionLabel::NoLimit => "no_limit",
+        }
+    }
+}
+
+impl Metrics {
+    pub fn new(tenant_labels: bool) -> Self {
+        let registry = Registry::new();
+        let checks = IntCounterVec::new(
+            Opts::new("quotad_checks_total", "Checks decided, by decision."),
+            &["decision"],
+        )
+        .expect("valid metric");
+        let tenant_checks = tenant_labels.then(|| {
+            IntCounterVec::new(
+                Opts::new(
+                    "quotad_tenant_checks_total",
+                    "Checks decided, by tenant and decision (metrics.tenant_labels = true).",
+                ),
+                &["tenant", "decision"],
+            )
+            .expect("valid metric")
+        });
+        let check_duration = Histogram::with_opts(
+            HistogramOpts::new(
+                "quotad_check_duration_seconds",
+                "Time to decide one check, from parsed request to answer.",
+            )
+            .buckets(vec![
+                0.000_005, 0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001,
+                0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+            ]),
+        )
+        .expect("valid metric");
+        let store_ops = IntCounterVec::new(
+            Opts::new(
+                "quotad_store_operations_total",
+                "Store operations, by operation and outcome (ok, unavailable, uncertain, error, timeout).",
+            ),
+            &["op", "outcome"],
+        )
+        .expect("valid metric");
+        let store_duration = HistogramVec::new(
+            HistogramOpts::new(
+                "quotad_store_operation_duration_seconds",
+                "Store operation latency.",
+            )
+            .buckets(vec![
+                0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                0.5, 1.0, 2.5,
+            ]),
+            &["op"],
+        )
+        .expect("valid metric");
+        let sync_pending = IntGauge::new(
+            "quotad_sync_pending_hits",
+            "Admitted hits held in memory, not yet written to the store.",
+        )
+        .expect("valid metric");
+        let active_counters = IntGauge::new(
+            "quotad_active_counters",
+            "Counters (key x limit) held in memory.",
+        )
+        .expect("valid metric");
+        let store_failure_decisions = IntCounterVec::new(
+            Opts::new(
+                "quotad_store_failure_decisions_total",
+                "Checks decided while the store failed, by the policy's on_store_failure rule.",
+            ),
+            &["rule"],
+        )
+        .expect("valid metric");
+        let uncertain_hits = IntCounter::new(
+            "quotad_store_uncertain_hits_total",
+            "Hits in increments whose outcome is unknown (timed out after sending); never resent.",
+        )
+        .expect("valid metric");
+        let unsynced_hits_at_exit = IntGauge::new(
+            "quotad_unsynced_hits_at_exit",
+            "Admitted hits that could not be written before shutdown gave up.",
+        )
+        .expect("valid metric");
+        let compensation_failures = IntCounter::new(
+            "quotad_strict_compensation_failures_total",
+            "Strict-mode denials whose compensating decrement failed (the count errs high).",
+        )
+        .expect("valid metric");
+        for c in [
+            Box::new(checks.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(check_duration.clone()),
+            Box::new(store_ops.clone()),
+            Box::new(store_duration.clone()),
+            Box::new(sync_pending.clone()),
+            Box::new(active_counters.clone()),
+            Box::new(store_failure_decisions.clone()),
+            Box::new(uncertain_hits.clone()),
+            Box::new(unsynced_hits_at_exit.clone()),
+            Box::new(compensation_failures.clone()),
+        ] {
+            registry.register(c).expect("unique metric");
+        }
+        if let Some(t) = &tenant_checks {
+            registry
+                .register(Box::new(t.clone()))
+                .expect("unique metric");
+        }
+        Self {
+            registry,
+            checks,
+            tenant_checks,
+            check_duration,
+            store_ops,
+            store_duration,
+            sync_pending,
+            active_counters,
+            store_failure_decisions,
+            uncertain_hits,
+            unsynced_hits_at_exit,
+            compensation_failures,
+        }
+    }
+
+    pub fn check_decided(&self, tenant: &str, decision: DecisionLabel, seconds: f64) {
+        self.checks.with_label_values(&[decision.as_str()]).inc();
+        if let Some(t) = &self.tenant_checks {
+            t.with_label_values(&[tenant, decision.as_str()]).inc();
+        }
+        self.check_duration.observe(seconds);
+    }
+
+    pub fn store_op(&self, op: &str, outcome: &str, seconds: f64) {
+        self.store_ops.with_label_values(&[op, outcome]).inc();
+        self.store_duration
+            .with_label_values(&[op])
+            .observe(seconds);
+    }
+
+    pub fn set_pending(&self, hits: u64) {
+        self.sync_pending.set(hits.min(i64::MAX as u64) as i64);
+    }
+
+    pub fn set_active_counters(&self, n: usize) {
+        self.active_counters.set(n as i64);
+    }
+
+    pub fn store_failure_decision(&self, rule: &str) {
+        self.store_failure_decisions
+            .with_label_values(&[rule])
+            .inc();
+    }
+
+    pub fn uncertain_hits(&self, hits: u64) {
+        self.uncertain_hits.inc_by(hits);
+    }
+
+    pub fn unsynced_at_exit(&self, hits: u64) {
+        self.unsynced_hits_at_exit.set(hits as i64);
+    }
+
+    pub fn compensation_failed(&self) {
+        self.compensation_failures.inc();
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        TextEncoder::new()
+            .encode(&self.registry.gather(), &mut buf)
+            .expect("text encoding cannot fail");
+        String::from_utf8(buf).unwrap_or_default()
+    }
+}

@@ -1,0 +1,197 @@
+//! Wiring: builds the store, the limiter, the policy cache, the background tasks and the HTTP
+//! server from `Settings`. Tests use the same path with `server.bind = 127.0.0.1:0`.
+
+use std::net::TcpListener;
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix_web::dev::{Server, ServerHandle};
+use actix_web::{web, App, HttpServer};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::api::{self, AppState, Auth};
+use crate::clock::{Clock, SystemClock};
+use crate::config::{Settings, StoreKind};
+use crate::limiter::{Limiter, LimiterConfig};
+use crate::metrics::Metrics;
+use crate::policy::PolicyCache;
+use crate::store::embedded::EmbeddedStore;
+use crate::store::DynStore;
+use crate::sync::{SyncConfig, Syncer};
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct StartError(pub String);
+
+/// Opens the store the settings name.
+pub async fn open_store(settings: &Settings) -> Result<DynStore, StartError> {
+    match settings.store.kind {
+        StoreKind::Embedded => {
+            let s = EmbeddedStore::open(&settings.store.path)
+                .map_err(|e| StartError(format!("embedded store: {e}")))?;
+            tracing::info!(path = %s.path().display(), "embedded store open");
+            Ok(Arc::new(s))
+        }
+        StoreKind::Scylla => crate::store::scylla::open(settings)
+            .await
+            .map_err(|e| StartError(format!("scylla store: {e}"))),
+    }
+}
+
+pub struct Application {
+    port: u16,
+    server: Server,
+    admin_token: String,
+    limiter: Arc<Limiter>,
+    shutdown: watch::Sender<bool>,
+    sync: JoinHandle<u64>,
+    refresh: JoinHandle<()>,
+}
+
+impl Application {
+    /// Builds everything with the system clock and the configured store.
+    pub async fn build(settings: Settings) -> Result<Self, StartError> {
+        let store = open_store(&settings).await?;
+        Self::build_with(settings, store, Arc::new(SystemClock)).await
+    }
+
+    /// Builds with a given store and clock (tests: failing stores, shared stores).
+    pub async fn build_with(
+        settings: Settings,
+        store: DynStore,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, StartError> {
+        let metrics = Arc::new(Metrics::new(settings.metrics.tenant_labels));
+        let limiter = Arc::new(Limiter::new(
+            store.clone(),
+            clock,
+            metrics.clone(),
+            LimiterConfig {
+                shards: settings.limiter.shards,
+                idle_ms: settings.limiter.idle_ms.0 as i64,
+                store_timeout: settings.store.timeout_ms.get(),
+            },
+        ));
+        let default_policy = settings
+            .default_policy()
+            .map_err(|e| StartError(e.to_string()))?;
+        let policies = Arc::new(PolicyCache::new(store.clone(), default_policy));
+        policies
+            .reload(true)
+            .await
+            .map_err(|e| StartError(format!("loading policies: {e}")))?;
+
+        let admin_token = if settings.auth.admin_token.is_empty() {
+            let token = random_token();
+            // Logged once, on purpose: the admin API is never open by accident, and the
+            // operator who started the process can still use it.
+            tracing::warn!(
+                admin_token = %token,
+                "no auth.admin_token configured; generated one for this run"
+            );
+            token
+        } else {
+            settings.auth.admin_token.expose().to_owned()
+        };
+        let check_token = Some(settings.auth.check_token.expose()).filter(|t| !t.is_empty());
+        let state = AppState {
+            limiter: limiter.clone(),
+            policies: policies.clone(),
+            store: store.clone(),
+            metrics: metrics.clone(),
+            auth: Arc::new(Auth::new(&admin_token, check_token)),
+            store_timeout: settings.store.timeout_ms.get(),
+        };
+
+        let listener = TcpListener::bind(&settings.server.bind)
+            .map_err(|e| StartError(format!("cannot listen on {}: {e}", settings.server.bind)))?;
+        let port = listener
+            .local_addr()
+            .map_err(|e| StartError(e.to_string()))?
+            .port();
+        let data = web::Data::new(state);
+        let mut server = HttpServer::new(move || {
+            App::new()
+                .app_data(data.clone())
+                .app_data(api::query_config())
+                .configure(api::routes)
+        })
+        .keep_alive(settings.server.keep_alive_ms.get())
+        .client_request_timeout(settings.server.request_timeout_ms.get())
+        .max_connections(settings.server.max_connections)
+        .shutdown_timeout(settings.server.shutdown_timeout_ms.get().as_secs().max(1));
+        if settings.server.workers > 0 {
+            server = server.workers(settings.server.workers);
+        }
+        let server = server
+            .listen(listener)
+            .map_err(|e| StartError(format!("cannot serve: {e}")))?
+            .run();
+
+        let (shutdown, rx) = watch::channel(false);
+        let syncer = Syncer::new(
+            limiter.clone(),
+            metrics,
+            SyncConfig {
+                interval: settings.sync.interval_ms.get(),
+                timeout: settings.sync.timeout_ms.get(),
+                janitor_interval: settings.sync.janitor_interval_ms.get(),
+                janitor_budget: 10_000,
+                drain_timeout: settings.sync.drain_timeout_ms.get(),
+            },
+        );
+        let sync = tokio::spawn(syncer.run(rx.clone()));
+        let refresh = tokio::spawn(policies.run(settings.quotas.refresh_ms.get(), rx));
+        tracing::info!(port, store = store.kind(), "quotad listening");
+        Ok(Self {
+            port,
+            server,
+            admin_token,
+            limiter,
+            shutdown,
+            sync,
+            refresh,
+        })
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn admin_token(&self) -> &str {
+        &self.admin_token
+    }
+
+    pub fn limiter(&self) -> &Arc<Limiter> {
+        &self.limiter
+    }
+
+    /// Stops the server gracefully (what SIGTERM does).
+    pub fn handle(&self) -> ServerHandle {
+        self.server.handle()
+    }
+
+    /// Serves until SIGTERM/SIGINT (or `handle().stop`), then finishes requests in flight,
+    /// writes every pending hit and returns the number it could not write (0 normally).
+    pub async fn run_until_stopped(self) -> std::io::Result<u64> {
+        let served = self.server.await;
+        tracing::info!("HTTP server stopped; writing pending hits");
+        let _ = self.shutdown.send(true);
+        let _ = self.refresh.await;
+        let unsynced = self.sync.await.unwrap_or_else(|e| {
+            tracing::error!(error = %e, "sync task failed");
+            u64::MAX
+        });
+        served.map(|_| unsynced)
+    }
+}
+
+/// A 256-bit random token, hex.
+fn random_token() -> String {
+    let bytes: [u8; 32] = rand::random();
+    hex::encode(bytes)
+}
+
+/// How long the process waits for the drain before giving up: exposed for main's exit code.
+pub const DRAIN_GRACE: Duration = Duration::from_secs(30);

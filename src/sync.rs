@@ -1,0 +1,230 @@
+//! The sync task: writes admitted hits to the store and reads fresh totals back.
+//!
+//! Every `sync.interval`: take a snapshot of the pending hits (as increments, one per bucket),
+//! write them in one batch, then move exactly the snapshot from pending to stored (hits admitted
+//! meanwhile stay pending), then read back the totals of every counter used since the last sync
+//! (they include other instances' hits). Store write load therefore follows the number of
+//! active counters per interval, not the request rate.
+//!
+//! When a write fails with nothing written, the hits stay pending and are tried again with
+//! back-off; they never leave memory unwritten (entries holding pending hits are never evicted).
+//! When a write's outcome is unknown (a timeout after sending), it is NOT resent, because
+//! counter increments are not idempotent: the hits are counted in
+//! `quotad_store_uncertain_hits_total`, and the stored count may err low by at most those.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::limiter::Limiter;
+use crate::metrics::Metrics;
+use crate::store::StoreError;
+
+#[derive(Clone, Debug)]
+pub struct SyncConfig {
+    pub interval: Duration,
+    /// Deadline of one batch write or read.
+    pub timeout: Duration,
+    /// How often old buckets are deleted from the store, and how many at most each time.
+    pub janitor_interval: Duration,
+    pub janitor_budget: usize,
+    /// How long shutdown keeps trying to write pending hits.
+    pub drain_timeout: Duration,
+}
+
+impl Default for SyncConfig {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_millis(250),
+            timeout: Duration::from_secs(5),
+            janitor_interval: Duration::from_secs(60),
+            janitor_budget: 10_000,
+            drain_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// What one round did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Round {
+    pub written_hits: u64,
+    pub increments: usize,
+    pub refreshed: usize,
+    pub pending_after: u64,
+}
+
+pub struct Syncer {
+    limiter: Arc<Limiter>,
+    metrics: Arc<Metrics>,
+    cfg: SyncConfig,
+}
+
+impl Syncer {
+    pub fn new(limiter: Arc<Limiter>, metrics: Arc<Metrics>, cfg: SyncConfig) -> Self {
+        Self {
+            limiter,
+            metrics,
+            cfg,
+        }
+    }
+
+    /// One sync round. On a failed write the hits stay pending and the error is returned.
+    pub async fn round(&self) -> Result<Round, StoreError> {
+        let store = self.limiter.store();
+        let now = self.limiter.clock().now_ms();
+        let batch = self.limiter.collect(now);
+        let hits = batch.hits();
+        if !batch.deltas.is_empty() {
+            let started = std::time::Instant::now();
+            let res = tokio::time::timeout(self.cfg.timeout, store.increment(&batch.deltas)).await;
+            let secs = started.elapsed().as_secs_f64();
+            match res {
+                Ok(Ok(())) => {
+                    self.metrics.store_op("increment", "ok", secs);
+                    self.limiter.written(&batch.deltas);
+                }
+                Ok(Err(StoreError::Uncertain(e))) => {
+                    self.metrics.store_op("increment", "uncertain", secs);
+                    self.uncertain(hits, &e);
+                    self.limiter.written(&batch.deltas);
+                }
+                Err(_) => {
+                    self.metrics.store_op("increment", "timeout", secs);
+                    self.uncertain(hits, "timed out");
+                    self.limiter.written(&batch.deltas);
+                }
+                Ok(Err(e)) => {
+                    let outcome = if e.is_transient() {
+                        "unavailable"
+                    } else {
+                        "error"
+                    };
+                    self.metrics.store_op("increment", outcome, secs);
+                    self.limiter.evict(now);
+                    return Err(e);
+                }
+            }
+        }
+        let mut refreshed = 0;
+        if !batch.ranges.is_empty() {
+            let started = std::time::Instant::now();
+            let res = tokio::time::timeout(self.cfg.timeout, store.read(&batch.ranges)).await;
+            let secs = started.elapsed().as_secs_f64();
+            match res {
+                Ok(Ok(totals)) => {
+                    self.metrics.store_op("read", "ok", secs);
+                    refreshed = batch.ranges.len();
+                    self.limiter.refreshed(&batch.ranges, totals);
+                }
+                Ok(Err(e)) => {
+                    self.metrics.store_op("read", "error", secs);
+                    tracing::warn!(error = %e, "sync: reading totals back failed");
+                }
+                Err(_) => {
+                    self.metrics.store_op("read", "timeout", secs);
+                    tracing::warn!("sync: reading totals back timed out");
+                }
+            }
+        }
+        let (_, pending_after) = self.limiter.evict(now);
+        Ok(Round {
+            written_hits: hits,
+            increments: batch.deltas.len(),
+            refreshed,
+            pending_after,
+        })
+    }
+
+    fn uncertain(&self, hits: u64, why: &str) {
+        self.metrics.uncertain_hits(hits);
+        tracing::warn!(
+            hits,
+            why,
+            "sync: increment outcome unknown; not resent (count may err low)"
+        );
+    }
+
+    async fn janitor(&self) {
+        let now = self.limiter.clock().now_ms();
+        let started = std::time::Instant::now();
+        let res = tokio::time::timeout(
+            self.cfg.timeout,
+            self.limiter
+                .store()
+                .delete_expired(now, self.cfg.janitor_budget),
+        )
+        .await;
+        let secs = started.elapsed().as_secs_f64();
+        match res {
+            Ok(Ok(n)) => {
+                self.metrics.store_op("delete_expired", "ok", secs);
+                if n > 0 {
+                    tracing::debug!(deleted = n, "janitor: deleted expired buckets");
+                }
+            }
+            Ok(Err(e)) => {
+                self.metrics.store_op("delete_expired", "error", secs);
+                tracing::warn!(error = %e, "janitor failed");
+            }
+            Err(_) => self.metrics.store_op("delete_expired", "timeout", secs),
+        }
+    }
+
+    /// Runs rounds every interval (backing off while the store fails) until `shutdown` turns
+    /// true, then drains.
+    pub async fn run(self, mut shutdown: watch::Receiver<bool>) -> u64 {
+        let mut failures: u32 = 0;
+        let mut next_janitor = tokio::time::Instant::now() + self.cfg.janitor_interval;
+        loop {
+            let wait = if failures == 0 {
+                self.cfg.interval
+            } else {
+                (self.cfg.interval * 2u32.saturating_pow(failures.min(6)))
+                    .min(Duration::from_secs(10))
+            };
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = shutdown.wait_for(|stop| *stop) => break,
+            }
+            match self.round().await {
+                Ok(_) => failures = 0,
+                Err(e) => {
+                    failures += 1;
+                    tracing::warn!(error = %e, failures, "sync: write failed; hits stay pending");
+                }
+            }
+            if tokio::time::Instant::now() >= next_janitor {
+                self.janitor().await;
+                next_janitor = tokio::time::Instant::now() + self.cfg.janitor_interval;
+            }
+        }
+        self.drain().await
+    }
+
+    /// Writes every pending hit, retrying until the drain deadline. Returns the hits that
+    /// could not be written (0 on success), which are also logged and exported.
+    pub async fn drain(&self) -> u64 {
+        let deadline = tokio::time::Instant::now() + self.cfg.drain_timeout;
+        loop {
+            match self.round().await {
+                Ok(r) if r.pending_after == 0 => {
+                    if let Err(e) = self.limiter.store().flush().await {
+                        tracing::error!(error = %e, "flushing the store at shutdown failed");
+                    }
+                    tracing::info!("sync: every admitted hit written");
+                    return 0;
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "sync: drain write failed; retrying"),
+            }
+            if tokio::time::Instant::now() >= deadline {
+                let left = self.limiter.pending_hits();
+                self.metrics.unsynced_at_exit(left);
+                tracing::error!(hits = left, "shutdown: could not write these admitted hits");
+                return left;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}

@@ -9,6 +9,7 @@
 //! never retry one that may have landed: [`StoreError::Uncertain`] says so.
 
 pub mod embedded;
+pub mod faulty;
 pub mod scylla;
 
 use std::sync::Arc;

@@ -1,0 +1,129 @@
+//! A store wrapper whose calls can be made to fail or hang, for tests of outages.
+//!
+//! It wraps a real store (the embedded one in tests): while healthy every call goes through;
+//! while `Failing` every call returns `Unavailable` before touching the inner store (so nothing
+//! is written); while `Hanging` every call waits forever (callers' deadlines must save them).
+
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+
+use super::{
+    BucketTotal, CounterRange, Delta, DynStore, PolicyKey, PolicyRecord, Store, StoreError,
+    StoreResult,
+};
+use crate::domain::TenantId;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Fault {
+    Healthy = 0,
+    Failing = 1,
+    Hanging = 2,
+}
+
+pub struct FaultyStore {
+    inner: DynStore,
+    fault: AtomicU8,
+    /// Calls refused or hung while faulty.
+    pub refused: AtomicU64,
+}
+
+impl FaultyStore {
+    pub fn new(inner: DynStore) -> Arc<Self> {
+        Arc::new(Self {
+            inner,
+            fault: AtomicU8::new(Fault::Healthy as u8),
+            refused: AtomicU64::new(0),
+        })
+    }
+
+    pub fn set(&self, f: Fault) {
+        self.fault.store(f as u8, Ordering::SeqCst);
+    }
+
+    async fn gate(&self) -> StoreResult<()> {
+        match self.fault.load(Ordering::SeqCst) {
+            0 => Ok(()),
+            1 => {
+                self.refused.fetch_add(1, Ordering::Relaxed);
+                Err(StoreError::Unavailable("injected failure".into()))
+            }
+            _ => {
+                self.refused.fetch_add(1, Ordering::Relaxed);
+                futures::future::pending::<()>().await;
+                unreachable!()
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Store for FaultyStore {
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
+    async fn increment(&self, deltas: &[Delta]) -> StoreResult<()> {
+        self.gate().await?;
+        self.inner.increment(deltas).await
+    }
+    async fn read(&self, ranges: &[CounterRange]) -> StoreResult<Vec<Vec<BucketTotal>>> {
+        self.gate().await?;
+        self.inner.read(ranges).await
+    }
+    async fn increment_and_read(
+        &self,
+        deltas: &[Delta],
+        ranges: &[CounterRange],
+    ) -> StoreResult<Vec<Vec<BucketTotal>>> {
+        self.gate().await?;
+        self.inner.increment_and_read(deltas, ranges).await
+    }
+    async fn delete_expired(&self, now_ms: i64, budget: usize) -> StoreResult<u64> {
+        self.gate().await?;
+        self.inner.delete_expired(now_ms, budget).await
+    }
+    async fn put_policy(
+        &self,
+        key: &PolicyKey,
+        body: &str,
+        now: DateTime<Utc>,
+    ) -> StoreResult<PolicyRecord> {
+        self.gate().await?;
+        self.inner.put_policy(key, body, now).await
+    }
+    async fn get_policy(&self, key: &PolicyKey) -> StoreResult<Option<PolicyRecord>> {
+        self.gate().await?;
+        self.inner.get_policy(key).await
+    }
+    async fn delete_policy(&self, key: &PolicyKey) -> StoreResult<bool> {
+        self.gate().await?;
+        self.inner.delete_policy(key).await
+    }
+    async fn list_policies(
+        &self,
+        after: Option<&TenantId>,
+        limit: usize,
+    ) -> StoreResult<Vec<PolicyRecord>> {
+        self.gate().await?;
+        self.inner.list_policies(after, limit).await
+    }
+    async fn load_policies(&self) -> StoreResult<Vec<PolicyRecord>> {
+        self.gate().await?;
+        self.inner.load_policies().await
+    }
+    async fn policies_generation(&self) -> StoreResult<u64> {
+        self.gate().await?;
+        self.inner.policies_generation().await
+    }
+    async fn ping(&self) -> StoreResult<()> {
+        self.gate().await?;
+        self.inner.ping().await
+    }
+    async fn flush(&self) -> StoreResult<()> {
+        self.gate().await?;
+        self.inner.flush().await
+    }
+}

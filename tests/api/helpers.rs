@@ -1,0 +1,134 @@
+//! `spawn_app`: a real quotad on port 0 with an embedded store in a temp directory.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use quotad::clock::SystemClock;
+use quotad::config::{DurationMs, Secret, Settings};
+use quotad::startup::Application;
+use quotad::store::DynStore;
+use serde_json::{json, Value};
+
+pub const ADMIN: &str = "test-admin-token";
+
+pub struct TestApp {
+    pub base: String,
+    pub http: reqwest::Client,
+    pub handle: actix_web::dev::ServerHandle,
+    pub done: tokio::task::JoinHandle<std::io::Result<u64>>,
+    pub dir: Arc<tempfile::TempDir>,
+}
+
+pub fn settings(dir: &std::path::Path) -> Settings {
+    let mut s = Settings::default();
+    s.server.bind = "127.0.0.1:0".into();
+    s.server.workers = 2;
+    s.store.path = PathBuf::from(dir);
+    s.auth.admin_token = Secret::new(ADMIN);
+    s.sync.interval_ms = DurationMs(50);
+    s.quotas.refresh_ms = DurationMs(100);
+    s
+}
+
+pub async fn spawn_app() -> TestApp {
+    spawn_with(|_| {}).await
+}
+
+pub async fn spawn_with(tweak: impl FnOnce(&mut Settings)) -> TestApp {
+    let dir = Arc::new(tempfile::tempdir().unwrap());
+    spawn_in(dir, tweak).await
+}
+
+/// Starts an app on an existing data directory (restart tests).
+pub async fn spawn_in(dir: Arc<tempfile::TempDir>, tweak: impl FnOnce(&mut Settings)) -> TestApp {
+    let mut s = settings(dir.path());
+    tweak(&mut s);
+    let app = Application::build(s).await.expect("app starts");
+    launch(app, dir)
+}
+
+/// Starts an app on a given store (several instances on one store).
+pub async fn spawn_on_store(store: DynStore, tweak: impl FnOnce(&mut Settings)) -> TestApp {
+    let dir = Arc::new(tempfile::tempdir().unwrap());
+    let mut s = settings(dir.path());
+    tweak(&mut s);
+    let app = Application::build_with(s, store, Arc::new(SystemClock))
+        .await
+        .expect("app starts");
+    launch(app, dir)
+}
+
+fn launch(app: Application, dir: Arc<tempfile::TempDir>) -> TestApp {
+    let base = format!("http://127.0.0.1:{}", app.port());
+    let handle = app.handle();
+    let done = tokio::spawn(app.run_until_stopped());
+    TestApp {
+        base,
+        http: reqwest::Client::new(),
+        handle,
+        done,
+        dir,
+    }
+}
+
+impl TestApp {
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+
+    /// Stops like SIGTERM does; returns the hits that could not be written.
+    pub async fn stop(self) -> (u64, Arc<tempfile::TempDir>) {
+        self.handle.stop(true).await;
+        let unsynced = self.done.await.unwrap().unwrap();
+        (unsynced, self.dir)
+    }
+
+    pub async fn put_quota(&self, tenant: &str, policy: Value) -> reqwest::Response {
+        self.http
+            .put(self.url(&format!("/v1/quotas/{tenant}")))
+            .bearer_auth(ADMIN)
+            .json(&policy)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    pub async fn check(&self, body: Value) -> reqwest::Response {
+        self.http
+            .post(self.url("/v1/check"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    pub async fn check_json(&self, tenant: &str, client: &str) -> (u16, Value) {
+        let r = self.check(json!({"tenant": tenant, "client": client})).await;
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap())
+    }
+
+    pub async fn admin_get(&self, path: &str) -> reqwest::Response {
+        self.http
+            .get(self.url(path))
+            .bearer_auth(ADMIN)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    pub async fn usage(&self, tenant: &str, client: &str) -> Value {
+        let r = self.admin_get(&format!("/v1/usage/{tenant}/{client}")).await;
+        assert_eq!(r.status(), 200);
+        r.json().await.unwrap()
+    }
+}
+
+/// Asserts the contract's error shape and returns the body.
+pub async fn assert_error(r: reqwest::Response, status: u16, code: &str) -> Value {
+    assert_eq!(r.status().as_u16(), status, "status");
+    let body: Value = r.json().await.expect("JSON error body");
+    assert_eq!(body["error"]["code"], code, "{body}");
+    assert!(body["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{body}");
+    body
+}

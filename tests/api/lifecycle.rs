@@ -1,0 +1,159 @@
+//! Start, stop, restart: counts survive, SIGTERM drains, operations endpoints answer.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::helpers::*;
+
+#[tokio::test]
+async fn a_restart_on_the_same_data_directory_keeps_every_count() {
+    let app = spawn_with(|s| s.sync.interval_ms = quotad::config::DurationMs(60_000)).await;
+    app.put_quota(
+        "acme",
+        json!({"limits": [
+            {"id": "daily", "max": 10, "period": "day"},
+            {"id": "sliding", "max": 10, "window": "1h"},
+            {"id": "shared", "max": 50, "period": "day", "scope": "tenant"}]}),
+    )
+    .await;
+    for _ in 0..7 {
+        assert_eq!(app.check_json("acme", "k1").await.0, 200);
+    }
+    // The sync interval is a minute: only the shutdown drain can have written these.
+    let (unsynced, dir) = app.stop().await;
+    assert_eq!(unsynced, 0);
+
+    let app = spawn_in(dir, |_| {}).await;
+    let u = app.usage("acme", "k1").await;
+    let counts: Vec<_> = u["limits"].as_array().unwrap().iter().map(|l| l["count"].clone()).collect();
+    assert_eq!(counts, [json!(7), json!(7), json!(7)], "{u}");
+    for _ in 0..3 {
+        assert_eq!(app.check_json("acme", "k1").await.0, 200);
+    }
+    let (s, b) = app.check_json("acme", "k1").await;
+    assert_eq!(s, 429, "{b}");
+}
+
+#[tokio::test]
+async fn health_readiness_and_metrics_answer() {
+    let app = spawn_app().await;
+    let r = app.http.get(app.url("/healthz")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let r = app.http.get(app.url("/readyz")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    app.put_quota("acme", json!({"limits": [{"id": "d", "max": 1, "period": "day"}]}))
+        .await;
+    app.check_json("acme", "secret-client").await;
+    app.check_json("acme", "secret-client").await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let text = app.http.get(app.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    for name in [
+        "quotad_checks_total{decision=\"allowed\"} 1",
+        "quotad_checks_total{decision=\"denied\"} 1",
+        "quotad_check_duration_seconds_bucket",
+        "quotad_store_operations_total{op=\"increment\",outcome=\"ok\"}",
+        "quotad_store_operation_duration_seconds_bucket{op=\"increment\"",
+        "quotad_sync_pending_hits 0",
+        "quotad_active_counters 1",
+    ] {
+        assert!(text.contains(name), "missing {name} in\n{text}");
+    }
+    assert!(!text.contains("secret-client") && !text.contains("acme"), "ids became labels");
+}
+
+#[tokio::test]
+async fn readyz_is_503_while_the_store_fails() {
+    use quotad::store::faulty::{Fault, FaultyStore};
+    let dir = tempfile::tempdir().unwrap();
+    let inner: quotad::store::DynStore =
+        std::sync::Arc::new(quotad::store::embedded::EmbeddedStore::open(dir.path()).unwrap());
+    let faulty = FaultyStore::new(inner);
+    let app = spawn_on_store(faulty.clone(), |_| {}).await;
+    app.put_quota("acme", json!({"limits": [{"id": "d", "max": 2, "period": "day"}]}))
+        .await;
+    faulty.set(Fault::Failing);
+    let r = app.http.get(app.url("/readyz")).send().await.unwrap();
+    assert_error(r, 503, "unavailable").await;
+    // Checks keep answering (the default rule: enforce locally).
+    assert_eq!(app.check_json("acme", "k").await.0, 200);
+    assert_eq!(app.check_json("acme", "k").await.0, 200);
+    assert_eq!(app.check_json("acme", "k").await.0, 429);
+    faulty.set(Fault::Healthy);
+    assert_eq!(app.http.get(app.url("/readyz")).send().await.unwrap().status(), 200);
+    let (unsynced, _dir) = app.stop().await;
+    assert_eq!(unsynced, 0);
+}
+
+/// The real binary: serves with nothing set up but a data directory, drains on SIGTERM and
+/// exits 0, and a second run sees every count.
+#[test]
+fn the_binary_drains_on_sigterm_and_a_second_run_sees_the_counts() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = || {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_quotad"))
+            .current_dir(dir.path())
+            .env("QUOTAD__SERVER__BIND", "127.0.0.1:0")
+            .env("QUOTAD__AUTH__ADMIN_TOKEN", ADMIN)
+            .env("QUOTAD__SYNC__INTERVAL_MS", "10m")
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = child.stdout.take().unwrap();
+        let mut lines = BufReader::new(out).lines();
+        let port = loop {
+            let line = lines.next().expect("quotad exited before listening").unwrap();
+            if let Some(i) = line.find("port=") {
+                let p: String = line[i + 5..].chars().take_while(|c| c.is_ascii_digit()).collect();
+                break p.parse::<u16>().unwrap();
+            }
+        };
+        std::thread::spawn(move || for _ in lines {});
+        (child, format!("http://127.0.0.1:{port}"))
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let http = reqwest::Client::new();
+
+    let (mut child, base) = run();
+    assert!(dir.path().join("data").join("quotad.redb").exists(), "store under ./data");
+    rt.block_on(async {
+        let r = http
+            .put(format!("{base}/v1/quotas/acme"))
+            .bearer_auth(ADMIN)
+            .json(&json!({"limits": [{"id": "d", "max": 5, "period": "day"}]}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 201);
+        for _ in 0..4 {
+            let r = http
+                .post(format!("{base}/v1/check"))
+                .json(&json!({"tenant": "acme", "client": "k"}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+        }
+    });
+    let killed = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert!(killed.success());
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(0), "exit 0 after draining");
+
+    let (mut child, base) = run();
+    rt.block_on(async {
+        let check = || {
+            http.post(format!("{base}/v1/check"))
+                .json(&json!({"tenant": "acme", "client": "k"}))
+                .send()
+        };
+        assert_eq!(check().await.unwrap().status(), 200, "the 5th");
+        assert_eq!(check().await.unwrap().status(), 429, "4 survived the restart");
+    });
+    Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+}

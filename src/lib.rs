@@ -5,4 +5,5 @@
 
 pub mod domain;
 pub mod limiter;
+pub mod migrate;
 pub mod store;

@@ -791,6 +791,26 @@ mod tests {
     }
 
     #[test]
+    fn bookkeeping_statements_match_their_table() {
+        use crate::store::scylla::schema_check::{check, names, parse_tables};
+        let tables = parse_tables(&split_statements(SCHEMA_MIGRATIONS_CQL));
+        check(
+            &tables,
+            RECORD_CQL,
+            &names::<(i32, &str, &str, CqlTimestamp)>(),
+            None,
+        )
+        .unwrap();
+        check(
+            &tables,
+            SELECT_APPLIED_CQL.trim_end(),
+            &[],
+            Some(&names::<(i32, String, String)>()),
+        )
+        .unwrap();
+    }
+
+    #[test]
     fn keyspace_names_are_plain_lowercase_identifiers() {
         assert!(validate_keyspace("quota").is_ok());
         assert!(validate_keyspace("quota_test_123").is_ok());

@@ -1097,3 +1097,790 @@ impl Store for ScyllaStore {
         self.policies_generation().await.map(|_| ())
     }
 }
+
+/// Checks CQL text against the migrations' schema without a server: the tables and columns a
+/// statement names exist, every partition-key column is bound, and the Rust types the code
+/// binds and reads are the columns' CQL types. A wrong column or type would otherwise only
+/// show up as a failed `prepare` or a type-check error against a live cluster.
+#[cfg(test)]
+pub(crate) mod schema_check {
+    use scylla::value::{Counter, CqlTimestamp};
+
+    #[derive(Debug, Clone)]
+    pub struct Table {
+        pub name: String,
+        pub columns: Vec<(String, String)>,
+        pub partition_key: Vec<String>,
+        pub clustering: Vec<String>,
+    }
+
+    impl Table {
+        pub fn column_type(&self, c: &str) -> Option<&str> {
+            self.columns
+                .iter()
+                .find(|(n, _)| n == c)
+                .map(|(_, t)| t.as_str())
+        }
+    }
+
+    /// The CQL type a Rust value binds or reads as.
+    pub trait CqlName {
+        const NAME: &'static str;
+    }
+    macro_rules! cql_name {
+        ($($t:ty => $n:literal),* $(,)?) => { $(impl CqlName for $t { const NAME: &'static str = $n; })* };
+    }
+    cql_name!(i8 => "tinyint", i16 => "smallint", i32 => "int", i64 => "bigint",
+        &str => "text", String => "text", Counter => "counter", CqlTimestamp => "timestamp",
+        bool => "boolean");
+    impl<T: CqlName> CqlName for Option<T> {
+        const NAME: &'static str = T::NAME;
+    }
+
+    /// The CQL types of a tuple of bind values or a row type, in order.
+    pub trait CqlNames {
+        fn names() -> Vec<&'static str>;
+    }
+    macro_rules! cql_names {
+        ($($t:ident),+) => {
+            impl<$($t: CqlName),+> CqlNames for ($($t,)+) {
+                fn names() -> Vec<&'static str> { vec![$($t::NAME),+] }
+            }
+        };
+    }
+    cql_names!(A);
+    cql_names!(A, B);
+    cql_names!(A, B, C);
+    cql_names!(A, B, C, D);
+    cql_names!(A, B, C, D, E);
+    cql_names!(A, B, C, D, E, F);
+    cql_names!(A, B, C, D, E, F, G);
+    cql_names!(A, B, C, D, E, F, G, H);
+
+    pub fn names<T: CqlNames>() -> Vec<&'static str> {
+        T::names()
+    }
+
+    /// Splits CQL into words, `?`, quoted strings and punctuation (`>=`, `<=` kept whole).
+    pub fn tokens(cql: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        let cs: Vec<char> = cql.chars().collect();
+        let mut i = 0;
+        while i < cs.len() {
+            let c = cs[i];
+            if c.is_whitespace() {
+                i += 1;
+            } else if c.is_ascii_alphanumeric() || c == '_' {
+                let j = (i..cs.len())
+                    .find(|&j| !(cs[j].is_ascii_alphanumeric() || cs[j] == '_'))
+                    .unwrap_or(cs.len());
+                out.push(cs[i..j].iter().collect());
+                i = j;
+            } else if c == '\'' {
+                let j = (i + 1..cs.len())
+                    .find(|&j| cs[j] == '\'')
+                    .unwrap_or(cs.len() - 1);
+                out.push(cs[i..=j].iter().collect());
+                i = j + 1;
+            } else if (c == '>' || c == '<') && cs.get(i + 1) == Some(&'=') {
+                out.push(format!("{c}="));
+                i += 2;
+            } else {
+                out.push(c.to_string());
+                i += 1;
+            }
+        }
+        out
+    }
+
+    fn is_ident(t: &str) -> bool {
+        t.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+    }
+
+    /// The tables created by a set of CQL statements.
+    pub fn parse_tables(statements: &[String]) -> Vec<Table> {
+        let mut out = Vec::new();
+        for s in statements {
+            let t = tokens(s);
+            let upper: Vec<String> = t.iter().map(|w| w.to_ascii_uppercase()).collect();
+            if upper.len() < 3 || upper[0] != "CREATE" || upper[1] != "TABLE" {
+                continue;
+            }
+            let open = t.iter().position(|w| w == "(").expect("a table body");
+            let name = t[open - 1].clone();
+            // Split the body at top-level commas.
+            let mut items: Vec<Vec<String>> = vec![Vec::new()];
+            let mut depth = 0;
+            for w in &t[open + 1..] {
+                match w.as_str() {
+                    "(" => depth += 1,
+                    ")" if depth == 0 => break,
+                    ")" => depth -= 1,
+                    "," if depth == 0 => {
+                        items.push(Vec::new());
+                        continue;
+                    }
+                    _ => {}
+                }
+                items.last_mut().unwrap().push(w.clone());
+            }
+            let mut table = Table {
+                name,
+                columns: Vec::new(),
+                partition_key: Vec::new(),
+                clustering: Vec::new(),
+            };
+            for item in items {
+                if item.len() >= 2
+                    && item[0].eq_ignore_ascii_case("PRIMARY")
+                    && item[1].eq_ignore_ascii_case("KEY")
+                {
+                    // PRIMARY KEY ((a, b), c, d) or PRIMARY KEY (a, c)
+                    let inner = &item[3..item.len() - 1];
+                    if inner[0] == "(" {
+                        let close = inner.iter().position(|w| w == ")").unwrap();
+                        table.partition_key = inner[1..close]
+                            .iter()
+                            .filter(|w| *w != ",")
+                            .cloned()
+                            .collect();
+                        table.clustering = inner[close + 1..]
+                            .iter()
+                            .filter(|w| *w != ",")
+                            .cloned()
+                            .collect();
+                    } else {
+                        let cols: Vec<String> =
+                            inner.iter().filter(|w| *w != ",").cloned().collect();
+                        table.partition_key = vec![cols[0].clone()];
+                        table.clustering = cols[1..].to_vec();
+                    }
+                } else {
+                    table
+                        .columns
+                        .push((item[0].clone(), item[1].to_ascii_lowercase()));
+                    if item.len() >= 4 && item[2].eq_ignore_ascii_case("PRIMARY") {
+                        table.partition_key = vec![item[0].clone()];
+                    }
+                }
+            }
+            out.push(table);
+        }
+        out
+    }
+
+    const KEYWORDS: &[&str] = &[
+        "SELECT", "DISTINCT", "FROM", "WHERE", "AND", "UPDATE", "SET", "INSERT", "INTO", "VALUES",
+        "DELETE", "IF", "NOT", "EXISTS", "LIMIT", "TOKEN",
+    ];
+
+    /// Checks one statement; returns a description of the first problem.
+    pub fn check(
+        tables: &[Table],
+        cql: &str,
+        binds: &[&str],
+        row: Option<&[&str]>,
+    ) -> Result<(), String> {
+        let t = tokens(cql);
+        let upper: Vec<String> = t.iter().map(|w| w.to_ascii_uppercase()).collect();
+        let kw = |i: usize, k: &str| upper.get(i).is_some_and(|w| w == k);
+        let table_at = match upper[0].as_str() {
+            "SELECT" | "DELETE" => upper.iter().position(|w| w == "FROM").map(|i| i + 1),
+            "UPDATE" => Some(1),
+            "INSERT" => Some(2),
+            _ => None,
+        }
+        .ok_or("unknown statement kind")?;
+        let table = tables
+            .iter()
+            .find(|tb| tb.name == t[table_at])
+            .ok_or_else(|| format!("no table {}", t[table_at]))?;
+        if upper.iter().any(|w| w == "USING") {
+            return Err("USING (TTL/TIMESTAMP) is refused on counter tables".into());
+        }
+        let is_counter_table = table.columns.iter().any(|(_, ty)| ty == "counter");
+        if is_counter_table && upper[0] == "INSERT" {
+            return Err("INSERT is refused on counter tables".into());
+        }
+        // Every identifier is a keyword, the table, or one of its columns.
+        for (i, w) in t.iter().enumerate() {
+            if i == table_at || !is_ident(w) || KEYWORDS.contains(&upper[i].as_str()) {
+                continue;
+            }
+            if table.column_type(w).is_none() {
+                return Err(format!("no column {w} in {}", table.name));
+            }
+        }
+        // What each marker binds.
+        let mut bound: Vec<String> = Vec::new();
+        if upper[0] == "INSERT" {
+            let cols: Vec<&String> = t[table_at + 2..]
+                .iter()
+                .take_while(|w| *w != ")")
+                .filter(|w| *w != ",")
+                .collect();
+            let markers = t.iter().filter(|w| *w == "?").count();
+            if markers != cols.len() {
+                return Err(format!("{} columns, {markers} markers", cols.len()));
+            }
+            for c in &cols {
+                bound.push(table.column_type(c).unwrap().to_owned());
+            }
+            for pk in table.partition_key.iter().chain(&table.clustering) {
+                if !cols.contains(&pk) {
+                    return Err(format!("key column {pk} not inserted"));
+                }
+            }
+        } else {
+            for (i, w) in t.iter().enumerate() {
+                if w != "?" {
+                    continue;
+                }
+                let prev = upper[i - 1].as_str();
+                let ty = if prev == "LIMIT" {
+                    "int".to_owned()
+                } else if prev == "+" {
+                    table.column_type(&t[i - 2]).unwrap().to_owned()
+                } else if ["=", ">", "<", ">=", "<="].contains(&prev) {
+                    if t[i - 2] == ")" {
+                        // token(...) > ?: Murmur3 tokens are bigints.
+                        "bigint".to_owned()
+                    } else {
+                        table
+                            .column_type(&t[i - 2])
+                            .ok_or_else(|| format!("marker after {}", t[i - 2]))?
+                            .to_owned()
+                    }
+                } else {
+                    return Err(format!("cannot tell what marker {i} binds"));
+                };
+                bound.push(ty);
+            }
+            // Every partition-key column bound by equality (or all of them inside token()).
+            // A SELECT without WHERE is a deliberate full scan (tiny bookkeeping tables only).
+            let where_at = match upper.iter().position(|w| w == "WHERE") {
+                Some(i) => i,
+                None if upper[0] == "SELECT" => t.len() - 1,
+                None => return Err("no WHERE".into()),
+            };
+            let end = upper
+                .iter()
+                .rposition(|w| w == "IF")
+                .filter(|&i| i > where_at);
+            let clause = &t[where_at + 1..end.unwrap_or(t.len())];
+            let eq: Vec<&String> = clause
+                .windows(3)
+                .filter(|w| w[1] == "=" && w[2] == "?")
+                .map(|w| &w[0])
+                .collect();
+            if where_at == t.len() - 1 {
+                // Full scan: nothing to bind.
+            } else if kw(where_at + 1, "TOKEN") {
+                let args: Vec<&String> = clause[2..]
+                    .iter()
+                    .take_while(|w| *w != ")")
+                    .filter(|w| *w != ",")
+                    .collect();
+                if args
+                    .iter()
+                    .map(|s| s.as_str())
+                    .ne(table.partition_key.iter().map(|s| s.as_str()))
+                {
+                    return Err(format!(
+                        "token() over {args:?}, key is {:?}",
+                        table.partition_key
+                    ));
+                }
+            } else {
+                for pk in &table.partition_key {
+                    if !eq.contains(&pk) {
+                        return Err(format!("partition-key column {pk} not bound by ="));
+                    }
+                }
+            }
+        }
+        if bound != binds {
+            return Err(format!("markers bind {bound:?}, the code binds {binds:?}"));
+        }
+        if let Some(row) = row {
+            let from = upper
+                .iter()
+                .position(|w| w == "FROM")
+                .ok_or("SELECT without FROM")?;
+            let start = if kw(1, "DISTINCT") { 2 } else { 1 };
+            let selected: Vec<&str> = t[start..from]
+                .iter()
+                .filter(|w| *w != ",")
+                .map(|w| table.column_type(w).unwrap_or("?"))
+                .collect();
+            if selected != row {
+                return Err(format!("selects {selected:?}, the code reads {row:?}"));
+            }
+        } else if upper[0] == "SELECT" {
+            return Err("a SELECT without a row type".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::schema_check::{check, names, parse_tables, Table};
+    use super::*;
+    use crate::migrate;
+    use proptest::prelude::*;
+
+    fn schema() -> Vec<Table> {
+        let statements: Vec<String> = migrate::migrations()
+            .unwrap()
+            .iter()
+            .flat_map(|m| migrate::split_statements(m.text))
+            .collect();
+        parse_tables(&statements)
+    }
+
+    /// Every statement the store prepares, with the Rust types bound to it and read from it.
+    /// (constant name, CQL, bound types, row types)
+    type Entry = (
+        &'static str,
+        &'static str,
+        Vec<&'static str>,
+        Option<Vec<&'static str>>,
+    );
+
+    fn catalog() -> Vec<Entry> {
+        vec![
+            (
+                "INCREMENT_CQL",
+                INCREMENT_CQL,
+                names::<IncrementValues<'static>>(),
+                None,
+            ),
+            (
+                "READ_BUCKETS_CQL",
+                READ_BUCKETS_CQL,
+                names::<ReadBucketsValues<'static>>(),
+                Some(names::<BucketRow>()),
+            ),
+            (
+                "SCAN_PARTITIONS_CQL",
+                SCAN_PARTITIONS_CQL,
+                names::<ScanValues>(),
+                Some(names::<PartitionRow>()),
+            ),
+            (
+                "DELETE_PARTITION_CQL",
+                DELETE_PARTITION_CQL,
+                names::<PartitionValues<'static>>(),
+                None,
+            ),
+            (
+                "GET_POLICY_CQL",
+                GET_POLICY_CQL,
+                names::<PolicyKeyValues<'static>>(),
+                Some(names::<PolicyRow>()),
+            ),
+            (
+                "INSERT_POLICY_CQL",
+                INSERT_POLICY_CQL,
+                names::<InsertPolicyValues<'static>>(),
+                None,
+            ),
+            (
+                "UPDATE_POLICY_CQL",
+                UPDATE_POLICY_CQL,
+                names::<UpdatePolicyValues<'static>>(),
+                None,
+            ),
+            (
+                "DELETE_POLICY_CQL",
+                DELETE_POLICY_CQL,
+                names::<PolicyKeyValues<'static>>(),
+                None,
+            ),
+            (
+                "LIST_POLICIES_CQL",
+                LIST_POLICIES_CQL,
+                names::<ListPoliciesValues<'static>>(),
+                Some(names::<PolicyRow>()),
+            ),
+            (
+                "LOAD_POLICIES_CQL",
+                LOAD_POLICIES_CQL,
+                names::<LoadPoliciesValues>(),
+                Some(names::<PolicyRow>()),
+            ),
+            (
+                "BUMP_GENERATION_CQL",
+                BUMP_GENERATION_CQL,
+                names::<BumpGenerationValues<'static>>(),
+                None,
+            ),
+            (
+                "READ_GENERATION_CQL",
+                READ_GENERATION_CQL,
+                names::<ReadGenerationValues<'static>>(),
+                Some(names::<GenerationRow>()),
+            ),
+        ]
+    }
+
+    #[test]
+    fn the_schema_parser_reads_the_migrations() {
+        let tables = schema();
+        let counters = tables.iter().find(|t| t.name == "counters").unwrap();
+        assert_eq!(
+            counters.partition_key,
+            ["tenant", "subject", "limit_id", "grain", "epoch", "shard"]
+        );
+        assert_eq!(counters.clustering, ["bucket_start"]);
+        assert_eq!(counters.column_type("hits"), Some("counter"));
+        let gen = tables
+            .iter()
+            .find(|t| t.name == "policy_generation")
+            .unwrap();
+        assert_eq!(gen.partition_key, ["id"]);
+        let pol = tables.iter().find(|t| t.name == "policies").unwrap();
+        assert_eq!(pol.partition_key, ["part"]);
+        assert_eq!(pol.clustering, ["kind", "tenant", "client"]);
+    }
+
+    #[test]
+    fn every_statement_matches_the_schema_and_the_bound_types() {
+        let tables = schema();
+        for (name, cql, binds, row) in catalog() {
+            if let Err(e) = check(&tables, cql, &binds, row.as_deref()) {
+                panic!("{name}: {e}\n{cql}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_checker_catches_wrong_statements() {
+        let tables = schema();
+        let inc = names::<IncrementValues<'static>>();
+        // A missing partition-key column (no routing, and the server refuses it).
+        let no_shard = INCREMENT_CQL.replace(" AND shard = ?", "");
+        let e = check(&tables, &no_shard, &inc[..7], None).unwrap_err();
+        assert!(e.contains("partition-key column shard"), "{e}");
+        // A misspelt column.
+        let typo = INCREMENT_CQL.replace("limit_id", "limitid");
+        let e = check(&tables, &typo, &inc, None).unwrap_err();
+        assert!(e.contains("no column limitid"), "{e}");
+        // Binding an i64 where the schema has a smallint.
+        let mut wrong = inc.clone();
+        wrong[6] = "bigint";
+        let e = check(&tables, INCREMENT_CQL, &wrong, None).unwrap_err();
+        assert!(e.contains("markers bind"), "{e}");
+        // Counter tables refuse TTLs and INSERT.
+        let ttl = INCREMENT_CQL.replace("SET", "USING TTL 60 SET");
+        assert!(check(&tables, &ttl, &inc, None).is_err());
+        // A row type that does not match the selection.
+        assert!(check(
+            &tables,
+            READ_BUCKETS_CQL,
+            &names::<ReadBucketsValues<'static>>(),
+            Some(&["bigint", "bigint"])
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn the_catalog_covers_every_statement_in_this_file() {
+        let src = include_str!("scylla.rs");
+        let mut consts: Vec<&str> = src
+            .lines()
+            .filter_map(|l| l.strip_prefix("pub const "))
+            .filter_map(|l| l.split(':').next())
+            .filter(|n| n.ends_with("_CQL"))
+            .collect();
+        consts.sort();
+        let mut covered: Vec<&str> = catalog().iter().map(|c| c.0).collect();
+        covered.sort();
+        assert_eq!(consts, covered);
+    }
+
+    #[test]
+    fn fixed_epochs_hold_64_buckets_and_a_window_spans_at_most_two() {
+        for g in [100, 1_000, 60_000, 3_600_000, 86_400_000] {
+            let grain = Grain::Fixed(g);
+            assert_eq!(epoch_of(grain, 0).unwrap(), 0);
+            assert_eq!(epoch_of(grain, 64 * g - 1).unwrap(), 0);
+            assert_eq!(epoch_of(grain, 64 * g).unwrap(), 1);
+            assert_eq!(epoch_of(grain, -1).unwrap(), -1);
+            assert_eq!(epoch_end(grain, 0), Some(64 * g));
+            // The longest window: 32 buckets plus the partial one.
+            let t = 63 * g;
+            let r = epochs_of_range(grain, t - 32 * g, t).unwrap();
+            assert!(r.end() - r.start() <= 1);
+        }
+        assert!(epoch_of(Grain::Fixed(0), 5).is_err());
+        assert!(epochs_of_range(Grain::Fixed(1_000), 0, 1_000 * 64 * 100).is_err());
+    }
+
+    #[test]
+    fn monthly_buckets_are_grouped_by_year() {
+        let t = |s: &str| DateTime::parse_from_rfc3339(s).unwrap().timestamp_millis();
+        assert_eq!(
+            epoch_of(Grain::Month, t("2024-02-01T00:00:00Z")).unwrap(),
+            2024
+        );
+        assert_eq!(
+            epoch_of(Grain::Month, t("2024-12-01T00:00:00Z")).unwrap(),
+            2024
+        );
+        assert_eq!(
+            epoch_end(Grain::Month, 2024),
+            Some(t("2025-01-01T00:00:00Z"))
+        );
+        let dec = t("2024-12-01T00:00:00Z");
+        let needed_until = dec + Grain::Month.retention_ms();
+        assert!(!partition_expired(Grain::Month, 2024, needed_until - 1));
+        assert!(partition_expired(
+            Grain::Month,
+            2024,
+            t("2025-01-01T00:00:00Z") + Grain::Month.retention_ms()
+        ));
+    }
+
+    #[test]
+    fn a_partition_expires_only_after_its_last_bucket_did() {
+        let g = Grain::Fixed(1_000);
+        let last_start = 64_000 - 1_000;
+        assert!(!partition_expired(g, 0, last_start + g.retention_ms() - 1));
+        assert!(!partition_expired(g, 0, 64_000 + g.retention_ms() - 1));
+        assert!(partition_expired(g, 0, 64_000 + g.retention_ms()));
+        // Out-of-range arithmetic never expires anything.
+        assert!(!partition_expired(g, i64::MAX / 2, i64::MAX));
+        assert!(!partition_expired(Grain::Month, i64::MAX, i64::MAX));
+    }
+
+    proptest! {
+        #[test]
+        fn no_needed_bucket_is_ever_in_an_expired_partition(
+            start in -4_000_000_000_000i64..4_000_000_000_000,
+            gi in 0usize..6,
+            age in 0i64..10_000_000_000,
+        ) {
+            let grain = [Grain::Fixed(100), Grain::Fixed(1_000), Grain::Fixed(60_000),
+                Grain::Fixed(3_600_000), Grain::Fixed(86_400_000), Grain::Month][gi];
+            let start = grain.bucket_start(start);
+            let epoch = epoch_of(grain, start).unwrap();
+            let now = start + age;
+            if partition_expired(grain, epoch, now) {
+                prop_assert!(now >= start + grain.retention_ms());
+            }
+            // And the bucket is inside its epoch.
+            prop_assert!(start < epoch_end(grain, epoch).unwrap());
+            prop_assert!(epoch == i64::MIN || start >= epoch_end(grain, epoch - 1).unwrap());
+        }
+    }
+
+    fn key(tenant: &str, limit: &str, grain: Grain) -> CounterKey {
+        CounterKey {
+            tenant: tenant.into(),
+            subject: "k1".into(),
+            limit: limit.into(),
+            grain,
+        }
+    }
+
+    #[test]
+    fn increments_are_grouped_per_partition_and_summed() {
+        let a = key("acme", "l1", Grain::Fixed(1_000));
+        let b = key("acme", "l2", Grain::Fixed(1_000));
+        let d = |k: &CounterKey, start, delta| Delta {
+            key: k.clone(),
+            start,
+            delta,
+        };
+        let parts = group_increments(&[
+            d(&a, 1_000, 2),
+            d(&a, 1_000, 3),
+            d(&a, 2_000, 1),
+            d(&a, 64_000, 7), // next epoch
+            d(&b, 1_000, 1),
+            d(&b, 2_000, 4),
+            d(&b, 2_000, -4), // sums to nothing: not sent
+        ])
+        .unwrap();
+        type Got<'a> = (&'a str, i64, Vec<(i64, i64)>);
+        let got: Vec<Got<'_>> = parts
+            .iter()
+            .map(|p| (&*p.key.limit, p.epoch, p.rows.clone()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("l1", 0, vec![(1_000, 5), (2_000, 1)]),
+                ("l1", 1, vec![(64_000, 7)]),
+                ("l2", 0, vec![(1_000, 1)]),
+            ]
+        );
+        assert!(group_increments(&[d(&a, 0, 1), d(&b, 0, -1)])
+            .unwrap()
+            .iter()
+            .all(|p| p.rows.len() == 1));
+        assert!(group_increments(&[]).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_partly_landed_write_is_uncertain_never_retryable() {
+        let un = || Err(StoreError::Unavailable("down".into()));
+        assert!(combine_write_outcomes(vec![Ok(()), Ok(())]).is_ok());
+        assert!(combine_write_outcomes(vec![]).is_ok());
+        assert!(matches!(
+            combine_write_outcomes(vec![un(), un()]),
+            Err(StoreError::Unavailable(_))
+        ));
+        assert!(matches!(
+            combine_write_outcomes(vec![Ok(()), un()]),
+            Err(StoreError::Uncertain(_))
+        ));
+        assert!(matches!(
+            combine_write_outcomes(vec![un(), Err(StoreError::Uncertain("t".into()))]),
+            Err(StoreError::Uncertain(_))
+        ));
+        assert!(matches!(
+            combine_write_outcomes(vec![un(), Err(StoreError::Internal("bug".into()))]),
+            Err(StoreError::Internal(_))
+        ));
+    }
+
+    #[test]
+    fn driver_errors_map_to_what_a_caller_may_do() {
+        let wt = DbError::WriteTimeout {
+            consistency: Consistency::LocalQuorum,
+            received: 1,
+            required: 2,
+            write_type: scylla::errors::WriteType::Counter,
+        };
+        assert!(matches!(
+            map_db(&wt, "", Op::Write),
+            StoreError::Uncertain(_)
+        ));
+        let unavailable = DbError::Unavailable {
+            consistency: Consistency::LocalQuorum,
+            required: 2,
+            alive: 1,
+        };
+        assert!(matches!(
+            map_db(&unavailable, "", Op::Write),
+            StoreError::Unavailable(_)
+        ));
+        assert!(matches!(
+            map_db(&DbError::Overloaded, "", Op::Write),
+            StoreError::Unavailable(_)
+        ));
+        assert!(matches!(
+            map_db(&DbError::Invalid, "unconfigured table", Op::Read),
+            StoreError::Internal(_)
+        ));
+        assert!(matches!(
+            map_db(&DbError::ServerError, "", Op::Write),
+            StoreError::Uncertain(_)
+        ));
+        assert!(matches!(
+            map_db(&DbError::ServerError, "", Op::Read),
+            StoreError::Unavailable(_)
+        ));
+        let rl = |by_coordinator| DbError::RateLimitReached {
+            op_type: scylla::errors::OperationType::Write,
+            rejected_by_coordinator: by_coordinator,
+        };
+        assert!(matches!(
+            map_db(&rl(true), "", Op::Write),
+            StoreError::Unavailable(_)
+        ));
+        assert!(matches!(
+            map_db(&rl(false), "", Op::Write),
+            StoreError::Uncertain(_)
+        ));
+        let timeout = || ExecutionError::RequestTimeout(Duration::from_millis(5));
+        assert!(matches!(
+            map_exec(timeout(), Op::Write),
+            StoreError::Uncertain(_)
+        ));
+        assert!(matches!(
+            map_exec(timeout(), Op::Read),
+            StoreError::Unavailable(_)
+        ));
+        assert!(matches!(
+            map_exec(ExecutionError::EmptyPlan, Op::Write),
+            StoreError::Unavailable(_)
+        ));
+        let db =
+            |e| ExecutionError::LastAttemptError(RequestAttemptError::DbError(e, String::new()));
+        assert!(matches!(
+            map_exec(db(wt.clone()), Op::Write),
+            StoreError::Uncertain(_)
+        ));
+    }
+
+    #[test]
+    fn options_are_validated_and_the_password_never_printed() {
+        let ok = ScyllaOptions::default();
+        assert!(ok.validate().is_ok());
+        let with = |f: fn(&mut ScyllaOptions)| {
+            let mut o = ScyllaOptions::default();
+            f(&mut o);
+            o.validate()
+        };
+        assert!(with(|o| o.shards = 0).unwrap_err().starts_with("shards"));
+        assert!(with(|o| o.shards = MAX_SHARDS + 1).is_err());
+        assert!(with(|o| {
+            o.shards = 2;
+            o.shard = 2
+        })
+        .unwrap_err()
+        .starts_with("shard:"));
+        assert!(with(|o| o.shard = -1).is_err());
+        assert!(with(|o| {
+            o.shards = 4;
+            o.shard = 3
+        })
+        .is_ok());
+        assert!(with(|o| o.nodes.clear()).unwrap_err().starts_with("nodes"));
+        assert!(with(|o| o.keyspace = "Bad-Name".into())
+            .unwrap_err()
+            .starts_with("keyspace"));
+        assert!(with(|o| o.request_timeout = Duration::ZERO).is_err());
+        assert!(with(|o| o.consistency = Consistency::Serial).is_err());
+        let o = ScyllaOptions {
+            username: Some("quotad".into()),
+            password: Some("hunter2".into()),
+            ..ScyllaOptions::default()
+        };
+        let printed = format!("{o:?}");
+        assert!(
+            !printed.contains("hunter2") && printed.contains("<redacted>"),
+            "{printed}"
+        );
+    }
+
+    #[test]
+    fn consistency_names_parse_as_in_cql() {
+        assert_eq!(
+            parse_consistency("LOCAL_QUORUM"),
+            Ok(Consistency::LocalQuorum)
+        );
+        assert_eq!(parse_consistency("quorum"), Ok(Consistency::Quorum));
+        assert_eq!(parse_consistency(" local_one "), Ok(Consistency::LocalOne));
+        assert!(parse_consistency("serial").is_err());
+        assert!(parse_consistency("").is_err());
+    }
+
+    #[test]
+    fn policy_parts_are_stable_and_in_range() {
+        // Pinned: these values are part of the stored data.
+        assert_eq!(policy_part(""), (0x811c_9dc5u32 % 16) as i16);
+        assert_eq!(policy_part("a"), (0xe40c_292cu32 % 16) as i16);
+        let mut seen = [false; POLICY_PARTS as usize];
+        for i in 0..1000 {
+            let p = policy_part(&format!("tenant-{i}"));
+            assert!((0..POLICY_PARTS).contains(&p));
+            seen[p as usize] = true;
+        }
+        assert!(seen.iter().all(|s| *s), "tenants spread over every part");
+    }
+}

@@ -47,7 +47,7 @@ use scylla::client::session::Session;
 use scylla::client::session_builder::SessionBuilder;
 use scylla::errors::{
     DbError, ExecutionError, NewSessionError, NextPageError, NextRowError, PagerExecutionError,
-    PrepareError, RequestAttemptError, RequestError,
+    PrepareError, RequestAttemptError, RequestError, UseKeyspaceError,
 };
 use scylla::response::query_result::QueryResult;
 use scylla::statement::batch::{Batch, BatchType};
@@ -523,9 +523,14 @@ fn map_new_session(e: NewSessionError) -> StoreError {
         NewSessionError::EmptyKnownNodesList | NewSessionError::IllegalConfig(_) => {
             StoreError::Internal(e.to_string())
         }
-        NewSessionError::UseKeyspaceError(_) => StoreError::Internal(format!(
-            "{e}; does the keyspace exist? run `quotad migrate`"
-        )),
+        NewSessionError::UseKeyspaceError(UseKeyspaceError::RequestError(
+            RequestAttemptError::DbError(_, _),
+        ))
+        | NewSessionError::UseKeyspaceError(UseKeyspaceError::BadKeyspaceName(_)) => {
+            StoreError::Internal(format!(
+                "{e}; does the keyspace exist? run `quotad migrate`"
+            ))
+        }
         _ => StoreError::Unavailable(e.to_string()),
     }
 }

@@ -1551,6 +1551,83 @@ mod tests {
     }
 
     #[test]
+    fn no_column_or_table_is_a_reserved_cql_word() {
+        // ScyllaDB's and Cassandra's reserved keywords (a column named `limit` would fail).
+        const RESERVED: &[&str] = &[
+            "add",
+            "allow",
+            "alter",
+            "and",
+            "apply",
+            "asc",
+            "authorize",
+            "batch",
+            "begin",
+            "by",
+            "columnfamily",
+            "create",
+            "default",
+            "delete",
+            "desc",
+            "describe",
+            "drop",
+            "entries",
+            "execute",
+            "for",
+            "from",
+            "full",
+            "grant",
+            "if",
+            "in",
+            "index",
+            "infinity",
+            "insert",
+            "into",
+            "is",
+            "keyspace",
+            "keyspaces",
+            "limit",
+            "materialized",
+            "mbean",
+            "mbeans",
+            "modify",
+            "nan",
+            "norecursive",
+            "not",
+            "null",
+            "of",
+            "on",
+            "or",
+            "order",
+            "primary",
+            "rename",
+            "replace",
+            "revoke",
+            "schema",
+            "select",
+            "set",
+            "table",
+            "to",
+            "token",
+            "truncate",
+            "unlogged",
+            "unset",
+            "update",
+            "use",
+            "using",
+            "view",
+            "where",
+            "with",
+        ];
+        for t in schema() {
+            assert!(!RESERVED.contains(&t.name.as_str()), "table {}", t.name);
+            for (c, _) in &t.columns {
+                assert!(!RESERVED.contains(&c.as_str()), "{}.{c}", t.name);
+            }
+        }
+    }
+
+    #[test]
     fn every_statement_matches_the_schema_and_the_bound_types() {
         let tables = schema();
         for (name, cql, binds, row) in catalog() {

@@ -150,6 +150,9 @@ pub struct StoreSettings {
     pub keyspace: String,
     /// Deadline of a store call on the check path (first touch of a key, strict mode).
     pub timeout_ms: DurationMs,
+    /// Cassandra/Scylla driver timeout of one request (sync batches included). A counter write
+    /// that runs out of it is uncertain and never resent.
+    pub request_timeout_ms: DurationMs,
     /// Cassandra/Scylla consistency level, e.g. `local_quorum`, `quorum`, `one`.
     pub consistency: String,
     /// This instance's write shard (0..shards); give every instance of a fleet its own.
@@ -158,6 +161,11 @@ pub struct StoreSettings {
     pub shards: i16,
     /// Replication of the keyspace `quotad migrate` creates (a CQL map).
     pub replication: String,
+    /// The local datacenter (set it with several: LOCAL_QUORUM is local to the coordinator).
+    pub local_dc: Option<String>,
+    /// Password authentication to Cassandra/Scylla, when both are set.
+    pub username: Option<String>,
+    pub password: Option<Secret>,
 }
 
 impl Default for StoreSettings {
@@ -168,10 +176,14 @@ impl Default for StoreSettings {
             nodes: vec!["127.0.0.1:9042".into()],
             keyspace: "quota".into(),
             timeout_ms: DurationMs(50),
+            request_timeout_ms: DurationMs(2_000),
             consistency: "local_quorum".into(),
             shard: 0,
             shards: 1,
             replication: "{'class': 'SimpleStrategy', 'replication_factor': 1}".into(),
+            local_dc: None,
+            username: None,
+            password: None,
         }
     }
 }

@@ -11,6 +11,7 @@ pub mod config;
 pub mod domain;
 pub mod limiter;
 pub mod metrics;
+pub mod migrate;
 pub mod policy;
 pub mod startup;
 pub mod store;

@@ -39,9 +39,12 @@ enum Command {
 fn init_logging(level: &str) {
     let filter = tracing_subscriber::EnvFilter::try_new(level)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Colour only for a person at a terminal: log collectors and pipes get plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_target(false)
+        .with_ansi(ansi)
         .init();
 }
 
@@ -87,8 +90,15 @@ async fn main() -> ExitCode {
                 Err(code) => return code,
             };
             init_logging(&settings.log.level);
-            match quotad::store::scylla::migrate(&settings, dry_run).await {
-                Ok(()) => ExitCode::SUCCESS,
+            let opts = match quotad::startup::scylla_options(&settings) {
+                Ok(o) => o,
+                Err(e) => {
+                    eprintln!("quotad migrate: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            match quotad::migrate::run(&opts, dry_run, &mut std::io::stdout()).await {
+                Ok(_) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("quotad migrate: {e}");
                     ExitCode::FAILURE

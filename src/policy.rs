@@ -22,9 +22,9 @@ use crate::store::{DynStore, PolicyRecord, StoreError};
 #[derive(Default)]
 struct TenantPolicies {
     base: Option<Arc<Policy>>,
-    /// Overrides as stored (unmerged), so a default policy can be merged on lookup.
-    raw_overrides: HashMap<Arc<str>, Arc<Policy>>,
-    /// Overrides merged with `base`.
+    /// Overrides as stored.
+    overrides: HashMap<Arc<str>, Arc<Policy>>,
+    /// Overrides merged with `base` (or with the default policy when the tenant has none).
     merged: HashMap<Arc<str>, Arc<Policy>>,
 }
 
@@ -38,8 +38,6 @@ pub struct PolicyCache {
     store: DynStore,
     snapshot: ArcSwap<Snapshot>,
     default: Option<Arc<Policy>>,
-    /// The default merged with each override that has no tenant policy, built on reload.
-    default_merged: ArcSwap<HashMap<(Arc<str>, Arc<str>), Arc<Policy>>>,
 }
 
 /// Parses a stored record. A record that no longer parses is skipped with an error log rather
@@ -67,34 +65,22 @@ impl PolicyCache {
             store,
             snapshot: ArcSwap::from_pointee(Snapshot::default()),
             default: default.map(Arc::new),
-            default_merged: ArcSwap::from_pointee(HashMap::new()),
         }
     }
 
     /// The policy for one client of a tenant, or None when the tenant has no quota.
     pub fn resolve(&self, tenant: &str, client: &str) -> Option<Arc<Policy>> {
         let snap = self.snapshot.load();
-        match snap.tenants.get(tenant) {
-            Some(t) if t.base.is_some() => t.merged.get(client).or(t.base.as_ref()).cloned(),
-            Some(t) if self.default.is_some() && t.raw_overrides.contains_key(client) => self
-                .default_merged
-                .load()
-                .get(&(Arc::from(tenant), Arc::from(client)))
-                .cloned()
-                .or_else(|| self.default.clone()),
-            _ => self.default.clone(),
-        }
-    }
-
-    /// Whether the tenant has a policy of its own or a default applies (for `/v1/usage`).
-    pub fn has_quota(&self, tenant: &str) -> bool {
-        self.default.is_some()
-            || self
-                .snapshot
-                .load()
-                .tenants
-                .get(tenant)
-                .is_some_and(|t| t.base.is_some())
+        let base = match snap.tenants.get(tenant) {
+            Some(t) => {
+                if let Some(m) = t.merged.get(client) {
+                    return Some(m.clone());
+                }
+                t.base.as_ref()
+            }
+            None => None,
+        };
+        base.or(self.default.as_ref()).cloned()
     }
 
     /// Reloads everything from the store if its generation moved (or `force`).
@@ -111,26 +97,18 @@ impl PolicyCache {
             match &r.key.client {
                 None => t.base = Some(Arc::new(p)),
                 Some(c) => {
-                    t.raw_overrides.insert(c.as_arc().clone(), Arc::new(p));
+                    t.overrides.insert(c.as_arc().clone(), Arc::new(p));
                 }
             }
         }
-        let mut default_merged = HashMap::new();
-        for (name, t) in tenants.iter_mut() {
-            for (c, o) in &t.raw_overrides {
-                match (&t.base, &self.default) {
-                    (Some(b), _) => {
-                        t.merged.insert(c.clone(), Arc::new(b.merged_with(o)));
-                    }
-                    (None, Some(d)) => {
-                        default_merged
-                            .insert((name.clone(), c.clone()), Arc::new(d.merged_with(o)));
-                    }
-                    (None, None) => {}
-                }
+        for t in tenants.values_mut() {
+            let Some(base) = t.base.as_ref().or(self.default.as_ref()) else {
+                continue;
+            };
+            for (c, o) in &t.overrides {
+                t.merged.insert(c.clone(), Arc::new(base.merged_with(o)));
             }
         }
-        self.default_merged.store(Arc::new(default_merged));
         self.snapshot.store(Arc::new(Snapshot {
             generation,
             tenants,

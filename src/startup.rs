@@ -17,6 +17,7 @@ use crate::limiter::{Limiter, LimiterConfig};
 use crate::metrics::Metrics;
 use crate::policy::PolicyCache;
 use crate::store::embedded::EmbeddedStore;
+use crate::store::scylla::{parse_consistency, ScyllaOptions, ScyllaStore};
 use crate::store::DynStore;
 use crate::sync::{SyncConfig, Syncer};
 
@@ -33,10 +34,37 @@ pub async fn open_store(settings: &Settings) -> Result<DynStore, StartError> {
             tracing::info!(path = %s.path().display(), "embedded store open");
             Ok(Arc::new(s))
         }
-        StoreKind::Scylla => crate::store::scylla::open(settings)
-            .await
-            .map_err(|e| StartError(format!("scylla store: {e}"))),
+        StoreKind::Scylla => {
+            let opts = scylla_options(settings)?;
+            let s = ScyllaStore::connect(opts)
+                .await
+                .map_err(|e| StartError(format!("scylla store: {e}")))?;
+            tracing::info!(shard = s.shard(), "scylla store connected");
+            Ok(Arc::new(s))
+        }
     }
+}
+
+/// The scylla store's options from the `store` section.
+pub fn scylla_options(settings: &Settings) -> Result<ScyllaOptions, StartError> {
+    let st = &settings.store;
+    let opts = ScyllaOptions {
+        nodes: st.nodes.clone(),
+        keyspace: st.keyspace.clone(),
+        consistency: parse_consistency(&st.consistency)
+            .map_err(|e| StartError(format!("store.consistency: {e}")))?,
+        request_timeout: st.request_timeout_ms.get(),
+        shard: st.shard,
+        shards: st.shards,
+        replication: st.replication.clone(),
+        local_dc: st.local_dc.clone(),
+        username: st.username.clone(),
+        password: st.password.as_ref().map(|p| p.expose().to_owned()),
+        ..ScyllaOptions::default()
+    };
+    opts.validate()
+        .map_err(|e| StartError(format!("store.{e}")))?;
+    Ok(opts)
 }
 
 pub struct Application {

@@ -324,6 +324,17 @@ fn decide(
     }
 }
 
+/// How far ahead of this instance's clock another instance's clock may run and still have its
+/// buckets counted here.
+pub const CLOCK_SKEW_MS: i64 = 60_000;
+
+/// The newest bucket start a read covers: the current bucket, or a slightly later one written
+/// by an instance whose clock runs ahead. Reads stay bounded (the scylla store refuses ranges
+/// over many partitions).
+fn newest_readable(kind: LimitKind, now: i64) -> i64 {
+    kind.grain().bucket_start(now + CLOCK_SKEW_MS)
+}
+
 fn buckets_from(totals: &[BucketTotal]) -> Vec<Bucket> {
     totals
         .iter()
@@ -518,7 +529,7 @@ impl Limiter {
         CounterRange {
             key: Self::counter_key(tenant, client, l),
             from: window::oldest_needed(l.kind, now),
-            to: i64::MAX,
+            to: newest_readable(l.kind, now),
         }
     }
 
@@ -797,7 +808,7 @@ impl Limiter {
                         batch.ranges.push(CounterRange {
                             key: key(),
                             from: window::oldest_needed(s.kind, now),
-                            to: i64::MAX,
+                            to: newest_readable(s.kind, now),
                         });
                     }
                 }

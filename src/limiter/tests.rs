@@ -192,7 +192,10 @@ async fn tenant_scope_is_shared_by_all_clients() {
     let (t, c) = ids("acme", "d");
     assert!(!check(&r, &p, &t, &c, 1).await.allowed);
     let (t, c) = ids("other", "d");
-    assert!(check(&r, &p, &t, &c, 1).await.allowed, "tenants are separate");
+    assert!(
+        check(&r, &p, &t, &c, 1).await.allowed,
+        "tenants are separate"
+    );
 }
 
 #[tokio::test]
@@ -206,7 +209,10 @@ async fn sliding_window_admits_again_as_hits_leave_it() {
     let wait = d.retry_after_ms.unwrap();
     assert!(wait > 0 && wait <= 1_100, "{wait}");
     r.clock.advance(wait - 1);
-    assert!(!check(&r, &p, &t, &c, 1).await.allowed, "not before retry_after");
+    assert!(
+        !check(&r, &p, &t, &c, 1).await.allowed,
+        "not before retry_after"
+    );
     r.clock.advance(1);
     assert!(check(&r, &p, &t, &c, 1).await.allowed, "at retry_after");
 }
@@ -282,7 +288,10 @@ async fn hits_admitted_while_a_sync_is_in_flight_stay_pending() {
     assert_eq!(r.limiter.pending_hits(), 4);
     r.syncer.round().await.unwrap();
     assert_eq!(r.limiter.pending_hits(), 0);
-    assert_eq!(stored(&r, "acme", "k1", "d", p.limits[0].kind.grain()).await, 7);
+    assert_eq!(
+        stored(&r, "acme", "k1", "d", p.limits[0].kind.grain()).await,
+        7
+    );
 }
 
 #[tokio::test]
@@ -300,7 +309,10 @@ async fn while_the_store_is_down_hits_wait_and_are_written_when_it_returns() {
     r.faulty.set(Fault::Healthy);
     r.syncer.round().await.unwrap();
     assert_eq!(r.limiter.pending_hits(), 0);
-    assert_eq!(stored(&r, "acme", "k1", "d", p.limits[0].kind.grain()).await, 6);
+    assert_eq!(
+        stored(&r, "acme", "k1", "d", p.limits[0].kind.grain()).await,
+        6
+    );
 }
 
 #[tokio::test]
@@ -308,8 +320,10 @@ async fn on_store_failure_rules_decide_unknown_keys_without_5xx() {
     let r = rig();
     r.faulty.set(Fault::Hanging);
     let mk = |rule: &str| {
-        policy(serde_json::json!({"limits": [{"id": "d", "max": 1, "period": "day"}],
-            "on_store_failure": rule}))
+        policy(
+            serde_json::json!({"limits": [{"id": "d", "max": 1, "period": "day"}],
+            "on_store_failure": rule}),
+        )
     };
     let (t, c) = ids("acme", "deny-me");
     let d = check(&r, &mk("deny"), &t, &c, 1).await;
@@ -319,40 +333,64 @@ async fn on_store_failure_rules_decide_unknown_keys_without_5xx() {
     let p = mk("local");
     let started = std::time::Instant::now();
     assert!(check(&r, &p, &t, &c, 1).await.allowed);
-    assert!(started.elapsed() < Duration::from_secs(2), "the deadline held");
-    assert!(!check(&r, &p, &t, &c, 1).await.allowed, "local view enforces max 1");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "the deadline held"
+    );
+    assert!(
+        !check(&r, &p, &t, &c, 1).await.allowed,
+        "local view enforces max 1"
+    );
     let (t, c) = ids("acme", "allow");
     let p = mk("allow");
     assert!(check(&r, &p, &t, &c, 1).await.allowed);
     // The allowed hits are pending, to be written when the store returns.
     r.faulty.set(Fault::Healthy);
     r.syncer.round().await.unwrap();
-    assert_eq!(stored(&r, "acme", "allow", "d", p.limits[0].kind.grain()).await, 1);
-    assert_eq!(stored(&r, "acme", "local", "d", p.limits[0].kind.grain()).await, 1);
+    assert_eq!(
+        stored(&r, "acme", "allow", "d", p.limits[0].kind.grain()).await,
+        1
+    );
+    assert_eq!(
+        stored(&r, "acme", "local", "d", p.limits[0].kind.grain()).await,
+        1
+    );
 }
 
 #[tokio::test]
 async fn strict_mode_counts_in_the_store_before_answering() {
     let r = rig();
-    let p = policy(serde_json::json!({"limits": [{"id": "d", "max": 3, "period": "day"}],
-        "consistency": "strict"}));
+    let p = policy(
+        serde_json::json!({"limits": [{"id": "d", "max": 3, "period": "day"}],
+        "consistency": "strict"}),
+    );
     let (t, c) = ids("acme", "k1");
     let grain = p.limits[0].kind.grain();
     for i in 1..=3 {
         assert!(check(&r, &p, &t, &c, 1).await.allowed);
-        assert_eq!(stored(&r, "acme", "k1", "d", grain).await, i, "counted before answering");
+        assert_eq!(
+            stored(&r, "acme", "k1", "d", grain).await,
+            i,
+            "counted before answering"
+        );
     }
     let d = check(&r, &p, &t, &c, 1).await;
     assert!(!d.allowed);
-    assert_eq!(stored(&r, "acme", "k1", "d", grain).await, 3, "the denial compensated");
+    assert_eq!(
+        stored(&r, "acme", "k1", "d", grain).await,
+        3,
+        "the denial compensated"
+    );
     assert_eq!(r.limiter.pending_hits(), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn strict_mode_never_over_admits_under_concurrency() {
     let r = Arc::new(rig());
-    let p = Arc::new(policy(serde_json::json!({"limits": [{"id": "d", "max": 20, "period": "day"}],
-        "consistency": "strict"})));
+    let p = Arc::new(policy(
+        serde_json::json!({"limits": [{"id": "d", "max": 20, "period": "day"}],
+        "consistency": "strict"}),
+    ));
     let mut tasks = Vec::new();
     for _ in 0..60 {
         let (r, p) = (r.clone(), p.clone());
@@ -366,14 +404,19 @@ async fn strict_mode_never_over_admits_under_concurrency() {
         admitted += t.await.unwrap() as i64;
     }
     assert_eq!(admitted, 20);
-    assert_eq!(stored(&r, "acme", "k1", "d", p.limits[0].kind.grain()).await, 20);
+    assert_eq!(
+        stored(&r, "acme", "k1", "d", p.limits[0].kind.grain()).await,
+        20
+    );
 }
 
 #[tokio::test]
 async fn dry_run_answers_allowed_flags_the_denial_and_counts_like_enforcement() {
     let r = rig();
-    let p = policy(serde_json::json!({"limits": [{"id": "d", "max": 2, "period": "day"}],
-        "mode": "dry_run"}));
+    let p = policy(
+        serde_json::json!({"limits": [{"id": "d", "max": 2, "period": "day"}],
+        "mode": "dry_run"}),
+    );
     let (t, c) = ids("acme", "k1");
     for _ in 0..2 {
         let d = check(&r, &p, &t, &c, 1).await;
@@ -383,7 +426,10 @@ async fn dry_run_answers_allowed_flags_the_denial_and_counts_like_enforcement() 
     assert!(d.allowed && d.dry_run_denied);
     assert_eq!(d.retry_after_ms, Some(0));
     let u = r.limiter.usage(&p, &t, &c, None).await.unwrap();
-    assert_eq!(u[0].count, 2, "what enforcement would have denied is not counted");
+    assert_eq!(
+        u[0].count, 2,
+        "what enforcement would have denied is not counted"
+    );
 }
 
 #[tokio::test]
@@ -396,7 +442,10 @@ async fn idle_keys_leave_memory_and_come_back_from_the_store() {
     r.clock.advance(61_000);
     r.syncer.round().await.unwrap();
     assert_eq!(r.limiter.evict(r.clock.now_ms()).0, 0, "evicted");
-    assert!(!check(&r, &p, &t, &c, 1).await.allowed, "re-read, not reset to zero");
+    assert!(
+        !check(&r, &p, &t, &c, 1).await.allowed,
+        "re-read, not reset to zero"
+    );
 }
 
 #[tokio::test]

@@ -4,7 +4,7 @@
 //! while `Failing` every call returns `Unavailable` before touching the inner store (so nothing
 //! is written); while `Hanging` every call waits forever (callers' deadlines must save them).
 
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
 use async_trait::async_trait;

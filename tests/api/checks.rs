@@ -37,7 +37,11 @@ async fn admitted_checks_carry_ratelimit_headers_and_a_denial_says_when_to_retry
     app.check(json!({"tenant": "acme", "client": "k1"})).await;
     let r = app.check(json!({"tenant": "acme", "client": "k1"})).await;
     assert_eq!(r.status(), 429);
-    let retry: i64 = r.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+    let retry: i64 = r.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
     assert!(retry >= 1);
     let body: serde_json::Value = r.json().await.unwrap();
     assert_eq!(body["allowed"], false);
@@ -50,8 +54,11 @@ async fn admitted_checks_carry_ratelimit_headers_and_a_denial_says_when_to_retry
 #[tokio::test]
 async fn two_hundred_concurrent_http_checks_against_max_100_admit_exactly_100() {
     let app = spawn_app().await;
-    app.put_quota("acme", json!({"limits": [{"id": "h", "max": 100, "period": "hour"}]}))
-        .await;
+    app.put_quota(
+        "acme",
+        json!({"limits": [{"id": "h", "max": 100, "period": "hour"}]}),
+    )
+    .await;
     let mut tasks = Vec::new();
     for _ in 0..200 {
         let (http, url) = (app.http.clone(), app.url("/v1/check"));
@@ -76,8 +83,11 @@ async fn two_hundred_concurrent_http_checks_against_max_100_admit_exactly_100() 
 #[tokio::test]
 async fn a_cost_above_max_is_429_with_null_retry_and_no_retry_after_header() {
     let app = spawn_app().await;
-    app.put_quota("acme", json!({"limits": [{"id": "m", "max": 5, "window": "1m"}]}))
-        .await;
+    app.put_quota(
+        "acme",
+        json!({"limits": [{"id": "m", "max": 5, "window": "1m"}]}),
+    )
+    .await;
     let r = app
         .check(json!({"tenant": "acme", "client": "k1", "cost": 6}))
         .await;
@@ -202,7 +212,11 @@ async fn client_overrides_replace_same_id_limits_and_add_others() {
     assert_eq!(app.check_json("acme", "vip").await.0, 200);
     assert_eq!(app.check_json("acme", "vip").await.0, 200);
     let (s, b) = app.check_json("acme", "vip").await;
-    assert_eq!((s, b["limit_id"].as_str()), (429, Some("m")), "the added limit binds");
+    assert_eq!(
+        (s, b["limit_id"].as_str()),
+        (429, Some("m")),
+        "the added limit binds"
+    );
     let u = app.usage("acme", "vip").await;
     assert_eq!(u["limits"].as_array().unwrap().len(), 2);
     // An override's scope must be client.
@@ -221,11 +235,17 @@ async fn client_overrides_replace_same_id_limits_and_add_others() {
 #[tokio::test]
 async fn a_batch_answers_in_order_each_as_if_sent_alone() {
     let app = spawn_app().await;
-    app.put_quota("acme", json!({"limits": [{"id": "h", "max": 2, "period": "hour"}]}))
-        .await;
+    app.put_quota(
+        "acme",
+        json!({"limits": [{"id": "h", "max": 2, "period": "hour"}]}),
+    )
+    .await;
     let checks: Vec<_> = (0..3)
         .map(|_| json!({"tenant": "acme", "client": "k1"}))
-        .chain([json!({"tenant": "ghost", "client": "k1"}), json!({"tenant": "acme", "client": "k2", "cost": 2})])
+        .chain([
+            json!({"tenant": "ghost", "client": "k1"}),
+            json!({"tenant": "acme", "client": "k2", "cost": 2}),
+        ])
         .collect();
     let r = app
         .http
@@ -245,7 +265,9 @@ async fn a_batch_answers_in_order_each_as_if_sent_alone() {
     assert_eq!(res[4]["remaining"], 0);
 
     for n in [0usize, 1001] {
-        let checks: Vec<_> = (0..n).map(|_| json!({"tenant": "acme", "client": "k"})).collect();
+        let checks: Vec<_> = (0..n)
+            .map(|_| json!({"tenant": "acme", "client": "k"}))
+            .collect();
         let r = app
             .http
             .post(app.url("/v1/check/batch"))
@@ -270,8 +292,11 @@ async fn a_batch_answers_in_order_each_as_if_sent_alone() {
 #[tokio::test]
 async fn a_configured_check_token_is_required_for_checks() {
     let app = spawn_with(|s| s.auth.check_token = quotad::config::Secret::new("chk")).await;
-    app.put_quota("acme", json!({"limits": [{"id": "h", "max": 5, "period": "hour"}]}))
-        .await;
+    app.put_quota(
+        "acme",
+        json!({"limits": [{"id": "h", "max": 5, "period": "hour"}]}),
+    )
+    .await;
     let body = json!({"tenant": "acme", "client": "k1"});
     let r = app.check(body.clone()).await;
     assert_error(r, 401, "unauthenticated").await;

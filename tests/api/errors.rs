@@ -16,8 +16,11 @@ async fn post_raw(app: &TestApp, path: &str, ct: Option<&str>, body: Vec<u8>) ->
 #[tokio::test]
 async fn malformed_check_bodies_are_400s_naming_the_field() {
     let app = spawn_app().await;
-    app.put_quota("acme", json!({"limits": [{"id": "d", "max": 1, "period": "day"}]}))
-        .await;
+    app.put_quota(
+        "acme",
+        json!({"limits": [{"id": "d", "max": 1, "period": "day"}]}),
+    )
+    .await;
     let long = "a".repeat(129);
     let cases: Vec<(Value, Option<&str>)> = vec![
         (json!({"client": "k"}), Some("tenant")),
@@ -27,14 +30,38 @@ async fn malformed_check_bodies_are_400s_naming_the_field() {
         (json!({"tenant": "acme", "client": "k/1"}), Some("client")),
         (json!({"tenant": "acme", "client": "ké"}), Some("client")),
         (json!({"tenant": 7, "client": "k"}), Some("tenant")),
-        (json!({"tenant": "acme", "client": "k", "cost": 1_000_001}), Some("cost")),
-        (json!({"tenant": "acme", "client": "k", "cost": -1}), Some("cost")),
-        (json!({"tenant": "acme", "client": "k", "cost": 1.5}), Some("cost")),
-        (json!({"tenant": "acme", "client": "k", "cost": "1"}), Some("cost")),
-        (json!({"tenant": "acme", "client": "k", "resource": ""}), Some("resource")),
-        (json!({"tenant": "acme", "client": "k", "resource": "x".repeat(257)}), Some("resource")),
-        (json!({"tenant": "acme", "client": "k", "resource": "tab\there"}), Some("resource")),
-        (json!({"tenant": "acme", "client": "k", "cots": 1}), Some("cots")),
+        (
+            json!({"tenant": "acme", "client": "k", "cost": 1_000_001}),
+            Some("cost"),
+        ),
+        (
+            json!({"tenant": "acme", "client": "k", "cost": -1}),
+            Some("cost"),
+        ),
+        (
+            json!({"tenant": "acme", "client": "k", "cost": 1.5}),
+            Some("cost"),
+        ),
+        (
+            json!({"tenant": "acme", "client": "k", "cost": "1"}),
+            Some("cost"),
+        ),
+        (
+            json!({"tenant": "acme", "client": "k", "resource": ""}),
+            Some("resource"),
+        ),
+        (
+            json!({"tenant": "acme", "client": "k", "resource": "x".repeat(257)}),
+            Some("resource"),
+        ),
+        (
+            json!({"tenant": "acme", "client": "k", "resource": "tab\there"}),
+            Some("resource"),
+        ),
+        (
+            json!({"tenant": "acme", "client": "k", "cots": 1}),
+            Some("cots"),
+        ),
         (json!([1, 2]), None),
         (json!("acme"), None),
     ];
@@ -45,7 +72,13 @@ async fn malformed_check_bodies_are_400s_naming_the_field() {
             assert_eq!(b["error"]["field"], f, "{body}");
         }
     }
-    for raw in [&b"{"[..], b"", b"{\"tenant\": \"acme\",}", b"null", b"\xff\xfe"] {
+    for raw in [
+        &b"{"[..],
+        b"",
+        b"{\"tenant\": \"acme\",}",
+        b"null",
+        b"\xff\xfe",
+    ] {
         let r = post_raw(&app, "/v1/check", Some("application/json"), raw.to_vec()).await;
         assert_error(r, 400, "invalid_argument").await;
     }
@@ -56,8 +89,17 @@ async fn malformed_check_bodies_are_400s_naming_the_field() {
 #[tokio::test]
 async fn oversized_bodies_are_413_and_wrong_content_types_415() {
     let app = spawn_app().await;
-    let big = format!(r#"{{"tenant": "acme", "client": "k", "resource": "{}"}}"#, "x".repeat(70_000));
-    let r = post_raw(&app, "/v1/check", Some("application/json"), big.clone().into_bytes()).await;
+    let big = format!(
+        r#"{{"tenant": "acme", "client": "k", "resource": "{}"}}"#,
+        "x".repeat(70_000)
+    );
+    let r = post_raw(
+        &app,
+        "/v1/check",
+        Some("application/json"),
+        big.clone().into_bytes(),
+    )
+    .await;
     assert_error(r, 413, "payload_too_large").await;
     let r = app
         .http
@@ -82,11 +124,21 @@ async fn oversized_bodies_are_413_and_wrong_content_types_415() {
     assert_error(r, 413, "payload_too_large").await;
 
     let body = br#"{"tenant": "acme", "client": "k"}"#.to_vec();
-    for ct in [None, Some("text/plain"), Some("application/x-www-form-urlencoded")] {
+    for ct in [
+        None,
+        Some("text/plain"),
+        Some("application/x-www-form-urlencoded"),
+    ] {
         let r = post_raw(&app, "/v1/check", ct, body.clone()).await;
         assert_error(r, 415, "unsupported_media_type").await;
     }
-    let r = post_raw(&app, "/v1/check", Some("application/json; charset=utf-8"), body).await;
+    let r = post_raw(
+        &app,
+        "/v1/check",
+        Some("application/json; charset=utf-8"),
+        body,
+    )
+    .await;
     assert_error(r, 404, "not_found").await; // parsed fine; acme simply has no quota
 }
 
@@ -110,15 +162,26 @@ fn random_json(rng: &mut rand::rngs::StdRng, depth: u32) -> Value {
         4 => {
             let n = rng.random_range(0..300);
             let alphabet = b"acme-k1 /*\t\"\\\x01\xc3\xa9";
-            let s: Vec<u8> = (0..n).map(|_| alphabet[rng.random_range(0..alphabet.len())]).collect();
+            let s: Vec<u8> = (0..n)
+                .map(|_| alphabet[rng.random_range(0..alphabet.len())])
+                .collect();
             json!(String::from_utf8_lossy(&s))
         }
-        5 => Value::Array((0..rng.random_range(0..4)).map(|_| random_json(rng, depth + 1)).collect()),
+        5 => Value::Array(
+            (0..rng.random_range(0..4))
+                .map(|_| random_json(rng, depth + 1))
+                .collect(),
+        ),
         _ => {
-            let keys = ["tenant", "client", "resource", "cost", "checks", "limits", "x"];
+            let keys = [
+                "tenant", "client", "resource", "cost", "checks", "limits", "x",
+            ];
             let mut m = serde_json::Map::new();
             for _ in 0..rng.random_range(0..5) {
-                m.insert(keys[rng.random_range(0..keys.len())].into(), random_json(rng, depth + 1));
+                m.insert(
+                    keys[rng.random_range(0..keys.len())].into(),
+                    random_json(rng, depth + 1),
+                );
             }
             Value::Object(m)
         }
@@ -129,8 +192,11 @@ fn random_json(rng: &mut rand::rngs::StdRng, depth: u32) -> Value {
 #[tokio::test]
 async fn arbitrary_input_never_gets_a_5xx() {
     let app = spawn_app().await;
-    app.put_quota("acme", json!({"limits": [{"id": "d", "max": 1000, "period": "day"}]}))
-        .await;
+    app.put_quota(
+        "acme",
+        json!({"limits": [{"id": "d", "max": 1000, "period": "day"}]}),
+    )
+    .await;
     let mut rng = rand::rngs::StdRng::seed_from_u64(0x5eed);
     for i in 0..600 {
         let mut body = random_json(&mut rng, 0);

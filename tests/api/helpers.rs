@@ -103,7 +103,9 @@ impl TestApp {
     }
 
     pub async fn check_json(&self, tenant: &str, client: &str) -> (u16, Value) {
-        let r = self.check(json!({"tenant": tenant, "client": client})).await;
+        let r = self
+            .check(json!({"tenant": tenant, "client": client}))
+            .await;
         let status = r.status().as_u16();
         (status, r.json().await.unwrap())
     }
@@ -118,7 +120,9 @@ impl TestApp {
     }
 
     pub async fn usage(&self, tenant: &str, client: &str) -> Value {
-        let r = self.admin_get(&format!("/v1/usage/{tenant}/{client}")).await;
+        let r = self
+            .admin_get(&format!("/v1/usage/{tenant}/{client}"))
+            .await;
         assert_eq!(r.status(), 200);
         r.json().await.unwrap()
     }
@@ -129,6 +133,11 @@ pub async fn assert_error(r: reqwest::Response, status: u16, code: &str) -> Valu
     assert_eq!(r.status().as_u16(), status, "status");
     let body: Value = r.json().await.expect("JSON error body");
     assert_eq!(body["error"]["code"], code, "{body}");
-    assert!(body["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| !m.is_empty()),
+        "{body}"
+    );
     body
 }

@@ -28,7 +28,12 @@ async fn a_restart_on_the_same_data_directory_keeps_every_count() {
 
     let app = spawn_in(dir, |_| {}).await;
     let u = app.usage("acme", "k1").await;
-    let counts: Vec<_> = u["limits"].as_array().unwrap().iter().map(|l| l["count"].clone()).collect();
+    let counts: Vec<_> = u["limits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["count"].clone())
+        .collect();
     assert_eq!(counts, [json!(7), json!(7), json!(7)], "{u}");
     for _ in 0..3 {
         assert_eq!(app.check_json("acme", "k1").await.0, 200);
@@ -44,12 +49,23 @@ async fn health_readiness_and_metrics_answer() {
     assert_eq!(r.status(), 200);
     let r = app.http.get(app.url("/readyz")).send().await.unwrap();
     assert_eq!(r.status(), 200);
-    app.put_quota("acme", json!({"limits": [{"id": "d", "max": 1, "period": "day"}]}))
-        .await;
+    app.put_quota(
+        "acme",
+        json!({"limits": [{"id": "d", "max": 1, "period": "day"}]}),
+    )
+    .await;
     app.check_json("acme", "secret-client").await;
     app.check_json("acme", "secret-client").await;
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let text = app.http.get(app.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    let text = app
+        .http
+        .get(app.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     for name in [
         "quotad_checks_total{decision=\"allowed\"} 1",
         "quotad_checks_total{decision=\"denied\"} 1",
@@ -61,7 +77,10 @@ async fn health_readiness_and_metrics_answer() {
     ] {
         assert!(text.contains(name), "missing {name} in\n{text}");
     }
-    assert!(!text.contains("secret-client") && !text.contains("acme"), "ids became labels");
+    assert!(
+        !text.contains("secret-client") && !text.contains("acme"),
+        "ids became labels"
+    );
 }
 
 #[tokio::test]
@@ -72,8 +91,11 @@ async fn readyz_is_503_while_the_store_fails() {
         std::sync::Arc::new(quotad::store::embedded::EmbeddedStore::open(dir.path()).unwrap());
     let faulty = FaultyStore::new(inner);
     let app = spawn_on_store(faulty.clone(), |_| {}).await;
-    app.put_quota("acme", json!({"limits": [{"id": "d", "max": 2, "period": "day"}]}))
-        .await;
+    app.put_quota(
+        "acme",
+        json!({"limits": [{"id": "d", "max": 2, "period": "day"}]}),
+    )
+    .await;
     faulty.set(Fault::Failing);
     let r = app.http.get(app.url("/readyz")).send().await.unwrap();
     assert_error(r, 503, "unavailable").await;
@@ -82,7 +104,15 @@ async fn readyz_is_503_while_the_store_fails() {
     assert_eq!(app.check_json("acme", "k").await.0, 200);
     assert_eq!(app.check_json("acme", "k").await.0, 429);
     faulty.set(Fault::Healthy);
-    assert_eq!(app.http.get(app.url("/readyz")).send().await.unwrap().status(), 200);
+    assert_eq!(
+        app.http
+            .get(app.url("/readyz"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
     let (unsynced, _dir) = app.stop().await;
     assert_eq!(unsynced, 0);
 }
@@ -104,22 +134,37 @@ fn the_binary_drains_on_sigterm_and_a_second_run_sees_the_counts() {
             .spawn()
             .unwrap();
         let out = child.stdout.take().unwrap();
-        let mut lines = BufReader::new(out).lines();
-        let port = loop {
-            let line = lines.next().expect("quotad exited before listening").unwrap();
-            if let Some(i) = line.find("port=") {
-                let p: String = line[i + 5..].chars().take_while(|c| c.is_ascii_digit()).collect();
-                break p.parse::<u16>().unwrap();
+        // Read the log on a thread so a silent child fails the test instead of hanging it.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                if let Some(i) = line.find("port=") {
+                    let p: String = line[i + 5..]
+                        .chars()
+                        .take_while(|c| c.is_ascii_digit())
+                        .collect();
+                    let _ = tx.send(p.parse::<u16>().ok());
+                }
+            }
+            let _ = tx.send(None);
+        });
+        let port = match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(Some(p)) => p,
+            other => {
+                let _ = child.kill();
+                panic!("quotad did not report its port: {other:?}");
             }
         };
-        std::thread::spawn(move || for _ in lines {});
         (child, format!("http://127.0.0.1:{port}"))
     };
     let rt = tokio::runtime::Runtime::new().unwrap();
     let http = reqwest::Client::new();
 
     let (mut child, base) = run();
-    assert!(dir.path().join("data").join("quotad.redb").exists(), "store under ./data");
+    assert!(
+        dir.path().join("data").join("quotad.redb").exists(),
+        "store under ./data"
+    );
     rt.block_on(async {
         let r = http
             .put(format!("{base}/v1/quotas/acme"))
@@ -139,7 +184,10 @@ fn the_binary_drains_on_sigterm_and_a_second_run_sees_the_counts() {
             assert_eq!(r.status(), 200);
         }
     });
-    let killed = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
     assert!(killed.success());
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(0), "exit 0 after draining");
@@ -152,8 +200,15 @@ fn the_binary_drains_on_sigterm_and_a_second_run_sees_the_counts() {
                 .send()
         };
         assert_eq!(check().await.unwrap().status(), 200, "the 5th");
-        assert_eq!(check().await.unwrap().status(), 429, "4 survived the restart");
+        assert_eq!(
+            check().await.unwrap().status(),
+            429,
+            "4 survived the restart"
+        );
     });
-    Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
     assert_eq!(child.wait().unwrap().code(), Some(0));
 }

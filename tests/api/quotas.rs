@@ -29,12 +29,7 @@ async fn put_creates_then_replaces_with_a_new_version_and_get_and_delete_follow(
     assert_eq!(b["version"], 2);
     assert_eq!(b["limits"][0]["window"], "1s");
 
-    let del = |path: &str| {
-        app.http
-            .delete(app.url(path))
-            .bearer_auth(ADMIN)
-            .send()
-    };
+    let del = |path: &str| app.http.delete(app.url(path)).bearer_auth(ADMIN).send();
     assert_eq!(del("/v1/quotas/acme").await.unwrap().status(), 204);
     assert_error(del("/v1/quotas/acme").await.unwrap(), 404, "not_found").await;
     assert_error(app.admin_get("/v1/quotas/acme").await, 404, "not_found").await;
@@ -46,8 +41,11 @@ async fn put_creates_then_replaces_with_a_new_version_and_get_and_delete_follow(
 async fn the_list_pages_by_tenant() {
     let app = spawn_app().await;
     for t in ["t1", "t2", "t3", "t4", "t5"] {
-        app.put_quota(t, json!({"limits": [{"id": "d", "max": 1, "period": "day"}]}))
-            .await;
+        app.put_quota(
+            t,
+            json!({"limits": [{"id": "d", "max": 1, "period": "day"}]}),
+        )
+        .await;
     }
     let mut seen = Vec::new();
     let mut after: Option<String> = None;
@@ -66,7 +64,13 @@ async fn the_list_pages_by_tenant() {
         }
     }
     assert_eq!(seen, ["t1", "t2", "t3", "t4", "t5"]);
-    for bad in ["/v1/quotas?limit=0", "/v1/quotas?limit=1001", "/v1/quotas?limit=x", "/v1/quotas?after=a%20b", "/v1/quotas?colour=red"] {
+    for bad in [
+        "/v1/quotas?limit=0",
+        "/v1/quotas?limit=1001",
+        "/v1/quotas?limit=x",
+        "/v1/quotas?after=a%20b",
+        "/v1/quotas?colour=red",
+    ] {
         assert_error(app.admin_get(bad).await, 400, "invalid_argument").await;
     }
 }
@@ -138,15 +142,31 @@ async fn usage_reports_each_applicable_limit_and_consumes_nothing() {
         assert_eq!(u["client"], "k1");
         let l = &u["limits"][0];
         assert_eq!(l["limit_id"], "hourly");
-        assert_eq!((l["count"].clone(), l["limit"].clone(), l["remaining"].clone()), (json!(5), json!(5), json!(0)));
+        assert_eq!(
+            (
+                l["count"].clone(),
+                l["limit"].clone(),
+                l["remaining"].clone()
+            ),
+            (json!(5), json!(5), json!(0))
+        );
         assert!(l["reset_after_ms"].as_i64().unwrap() > 0);
-        assert_eq!(u["limits"].as_array().unwrap().len(), 1, "writes does not apply without resource");
+        assert_eq!(
+            u["limits"].as_array().unwrap().len(),
+            1,
+            "writes does not apply without resource"
+        );
     }
     let r = app.admin_get("/v1/usage/acme/k1?resource=PUT%20/x/1").await;
     let u: serde_json::Value = r.json().await.unwrap();
     assert_eq!(u["limits"].as_array().unwrap().len(), 2);
     assert_error(app.admin_get("/v1/usage/nobody/k1").await, 404, "not_found").await;
-    assert_error(app.admin_get("/v1/usage/acme/bad%20id").await, 400, "invalid_argument").await;
+    assert_error(
+        app.admin_get("/v1/usage/acme/bad%20id").await,
+        400,
+        "invalid_argument",
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -155,21 +175,50 @@ async fn invalid_policies_are_400s_that_name_the_field() {
     for (policy, field) in [
         (json!({"limits": []}), "limits"),
         (json!({}), "limits"),
-        (json!({"limits": [{"id": "a", "max": 0, "window": "1s"}]}), "limits[0].max"),
-        (json!({"limits": [{"id": "a", "max": "10", "window": "1s"}]}), "limits[0].max"),
-        (json!({"limits": [{"id": "a", "max": 10, "window": "0.5s"}]}), "limits[0].window"),
+        (
+            json!({"limits": [{"id": "a", "max": 0, "window": "1s"}]}),
+            "limits[0].max",
+        ),
+        (
+            json!({"limits": [{"id": "a", "max": "10", "window": "1s"}]}),
+            "limits[0].max",
+        ),
+        (
+            json!({"limits": [{"id": "a", "max": 10, "window": "0.5s"}]}),
+            "limits[0].window",
+        ),
         (json!({"limits": [{"id": "a", "max": 10}]}), "limits[0]"),
-        (json!({"limits": [{"id": "a", "max": 10, "period": "fortnight"}]}), "limits[0].period"),
-        (json!({"limits": [{"id": "", "max": 10, "period": "day"}]}), "limits[0].id"),
-        (json!({"limits": [{"id": "a", "max": 10, "period": "day", "resource": ""}]}), "limits[0].resource"),
-        (json!({"limits": [{"id": "a", "max": 10, "period": "day", "windw": "1s"}]}), "limits[0].windw"),
-        (json!({"limits": [{"id": "a", "max": 10, "period": "day"}], "mode": "loud"}), "mode"),
+        (
+            json!({"limits": [{"id": "a", "max": 10, "period": "fortnight"}]}),
+            "limits[0].period",
+        ),
+        (
+            json!({"limits": [{"id": "", "max": 10, "period": "day"}]}),
+            "limits[0].id",
+        ),
+        (
+            json!({"limits": [{"id": "a", "max": 10, "period": "day", "resource": ""}]}),
+            "limits[0].resource",
+        ),
+        (
+            json!({"limits": [{"id": "a", "max": 10, "period": "day", "windw": "1s"}]}),
+            "limits[0].windw",
+        ),
+        (
+            json!({"limits": [{"id": "a", "max": 10, "period": "day"}], "mode": "loud"}),
+            "mode",
+        ),
     ] {
         let r = app.put_quota("acme", policy.clone()).await;
         let b = assert_error(r, 400, "invalid_argument").await;
         assert_eq!(b["error"]["field"], field, "{policy}");
     }
-    let r = app.put_quota("bad%20tenant", json!({"limits": [{"id": "a", "max": 1, "period": "day"}]})).await;
+    let r = app
+        .put_quota(
+            "bad%20tenant",
+            json!({"limits": [{"id": "a", "max": 1, "period": "day"}]}),
+        )
+        .await;
     let b = assert_error(r, 400, "invalid_argument").await;
     assert_eq!(b["error"]["field"], "tenant");
 }
@@ -181,20 +230,33 @@ async fn a_change_through_one_instance_is_enforced_by_another_within_refresh_ms(
         std::sync::Arc::new(quotad::store::embedded::EmbeddedStore::open(dir.path()).unwrap());
     let a = spawn_on_store(store.clone(), |_| {}).await;
     let b = spawn_on_store(store, |_| {}).await;
-    a.put_quota("acme", json!({"limits": [{"id": "d", "max": 100, "period": "day"}]}))
-        .await;
+    a.put_quota(
+        "acme",
+        json!({"limits": [{"id": "d", "max": 100, "period": "day"}]}),
+    )
+    .await;
     // refresh_ms is 100 in tests; give it a few intervals.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
     loop {
         if b.check_json("acme", "k").await.0 == 200 {
             break;
         }
-        assert!(std::time::Instant::now() < deadline, "instance b never saw the policy");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "instance b never saw the policy"
+        );
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
-    a.put_quota("acme", json!({"limits": [{"id": "d", "max": 1, "period": "day"}]}))
-        .await;
+    a.put_quota(
+        "acme",
+        json!({"limits": [{"id": "d", "max": 1, "period": "day"}]}),
+    )
+    .await;
     tokio::time::sleep(std::time::Duration::from_millis(400)).await;
     let (s, body) = b.check_json("acme", "k").await;
-    assert_eq!((s, body["limit"].clone()), (429, json!(1)), "lowered max enforced on counts already consumed");
+    assert_eq!(
+        (s, body["limit"].clone()),
+        (429, json!(1)),
+        "lowered max enforced on counts already consumed"
+    );
 }

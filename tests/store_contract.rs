@@ -1,0 +1,543 @@
+//! The store contract: one suite of checks, run against every store.
+//!
+//! - The embedded store: always, in a temporary directory, plus a reopen-the-directory check
+//!   that proves counters and policies survive a restart.
+//! - The scylla store: only when `QUOTAD_TEST_SCYLLA_NODES` names a cluster (comma-separated
+//!   `host:port`, e.g. `127.0.0.1:9042` with `docker compose up -d scylla`); otherwise it says
+//!   plainly that it skipped. Each run makes its own keyspace (`quotad_test_<pid>_<time>`),
+//!   migrates it with the real `quotad migrate` code, runs the checks and drops the keyspace,
+//!   also when a check fails.
+//!
+//! The checks are `async fn(&dyn Store)`; only `two_instances_share_counts` needs two scylla
+//! stores (the embedded store holds one process).
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use chrono::{TimeZone, Utc};
+use futures::FutureExt;
+use quotad::domain::{ClientId, Grain, TenantId};
+use quotad::migrate;
+use quotad::store::scylla::{ScyllaOptions, ScyllaStore};
+use quotad::store::{BucketTotal, CounterKey, CounterRange, Delta, PolicyKey, Store, StoreError};
+use scylla::client::session_builder::SessionBuilder;
+
+const ENV: &str = "QUOTAD_TEST_SCYLLA_NODES";
+
+fn nodes() -> Option<Vec<String>> {
+    let v = std::env::var(ENV).ok()?;
+    let nodes: Vec<String> = v
+        .split(',')
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+        .collect();
+    (!nodes.is_empty()).then_some(nodes)
+}
+
+/// Says so on the real stderr: libtest captures `println!`/`eprintln!` of passing tests, and a
+/// skip must be visible without `--nocapture`.
+fn skipped(what: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "SKIPPED: {ENV} not set; {what}");
+}
+
+fn unique_keyspace(tag: &str) -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!(
+        "quotad_test_{tag}_{}_{}",
+        std::process::id(),
+        nanos % 1_000_000_000
+    )
+}
+
+fn key(tenant: &str, subject: &str, limit: &str, grain: Grain) -> CounterKey {
+    CounterKey {
+        tenant: tenant.into(),
+        subject: subject.into(),
+        limit: limit.into(),
+        grain,
+    }
+}
+
+fn delta(k: &CounterKey, start: i64, delta: i64) -> Delta {
+    Delta {
+        key: k.clone(),
+        start,
+        delta,
+    }
+}
+
+fn range(k: &CounterKey, from: i64, to: i64) -> CounterRange {
+    CounterRange {
+        key: k.clone(),
+        from,
+        to,
+    }
+}
+
+fn totals(buckets: &[BucketTotal]) -> Vec<(i64, i64)> {
+    buckets.iter().map(|b| (b.start, b.total)).collect()
+}
+
+fn tenant_key(t: &str) -> PolicyKey {
+    PolicyKey {
+        tenant: TenantId::parse(t).unwrap(),
+        client: None,
+    }
+}
+
+fn client_key(t: &str, c: &str) -> PolicyKey {
+    PolicyKey {
+        tenant: TenantId::parse(t).unwrap(),
+        client: Some(ClientId::parse(c).unwrap()),
+    }
+}
+
+/// A moment well inside 2023, so bucket arithmetic is easy to follow.
+const T0: i64 = 1_700_000_000_000;
+
+// ---- checks any store must pass -------------------------------------------------------------
+
+pub async fn increments_add_up(store: &dyn Store) {
+    let k = key("inc", "k1", "per-second", Grain::Fixed(1_000));
+    store
+        .increment(&[delta(&k, T0, 2), delta(&k, T0, 3), delta(&k, T0 + 1_000, 1)])
+        .await
+        .unwrap();
+    store.increment(&[delta(&k, T0, 4)]).await.unwrap();
+    let got = store.read(&[range(&k, T0, T0 + 1_000)]).await.unwrap();
+    assert_eq!(totals(&got[0]), vec![(T0, 9), (T0 + 1_000, 1)]);
+    // One writer: all of it is this instance's.
+    assert!(got[0].iter().all(|b| b.mine == b.total), "{got:?}");
+    // A compensation (strict mode's denied increment) takes hits back.
+    store.increment(&[delta(&k, T0, -4)]).await.unwrap();
+    let got = store.read(&[range(&k, T0, T0)]).await.unwrap();
+    assert_eq!(totals(&got[0]), vec![(T0, 5)]);
+    // Counters of other subjects, limits and grains are separate.
+    let other = [
+        key("inc", "k2", "per-second", Grain::Fixed(1_000)),
+        key("inc", "k1", "other", Grain::Fixed(1_000)),
+        key("inc", "k1", "per-second", Grain::Fixed(2_000)),
+        key("inc2", "k1", "per-second", Grain::Fixed(1_000)),
+    ];
+    let ranges: Vec<_> = other.iter().map(|k| range(k, T0, T0 + 10_000)).collect();
+    let got = store.read(&ranges).await.unwrap();
+    assert!(got.iter().all(|r| r.is_empty()), "{got:?}");
+}
+
+pub async fn ranges_hold_only_their_buckets_in_order(store: &dyn Store) {
+    let g = 60_000;
+    let k = key("ranges", "*", "per-hour", Grain::Fixed(g));
+    // 80 buckets: crosses a partition (epoch) boundary on the scylla store.
+    let deltas: Vec<_> = (0..80)
+        .map(|i| delta(&k, T0 - T0 % g + i * g, i + 1))
+        .collect();
+    store.increment(&deltas).await.unwrap();
+    let base = T0 - T0 % g;
+    let got = store
+        .read(&[
+            range(&k, base + 10 * g, base + 12 * g),
+            range(&k, base - 100 * g, base - g),
+            range(&k, base, base + 79 * g),
+            range(&k, base + 5 * g, base + 4 * g),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(got.len(), 4, "one answer per range");
+    assert_eq!(
+        totals(&got[0]),
+        vec![
+            (base + 10 * g, 11),
+            (base + 11 * g, 12),
+            (base + 12 * g, 13)
+        ]
+    );
+    assert!(got[1].is_empty());
+    assert_eq!(got[2].len(), 80);
+    assert!(got[2].windows(2).all(|w| w[0].start < w[1].start));
+    assert_eq!(
+        got[2].iter().map(|b| b.total).sum::<i64>(),
+        (1..=80).sum::<i64>()
+    );
+    assert!(got[3].is_empty(), "an empty range reads nothing");
+    // Bounds are inclusive, and a range between buckets is empty.
+    let got = store
+        .read(&[
+            range(&k, base + 1, base + g - 1),
+            range(&k, base + g, base + g),
+        ])
+        .await
+        .unwrap();
+    assert!(got[0].is_empty());
+    assert_eq!(totals(&got[1]), vec![(base + g, 2)]);
+}
+
+pub async fn many_keys_in_one_call(store: &dyn Store) {
+    let keys: Vec<_> = (0..300)
+        .map(|i| key("many", &format!("client-{i}"), "l", Grain::Fixed(1_000)))
+        .collect();
+    let deltas: Vec<_> = keys
+        .iter()
+        .enumerate()
+        .flat_map(|(i, k)| [delta(k, T0, i as i64 + 1), delta(k, T0 + 1_000, 1)])
+        .collect();
+    store.increment(&deltas).await.unwrap();
+    let ranges: Vec<_> = keys.iter().map(|k| range(k, T0, T0 + 1_000)).collect();
+    let got = store.read(&ranges).await.unwrap();
+    for (i, r) in got.iter().enumerate() {
+        assert_eq!(
+            totals(r),
+            vec![(T0, i as i64 + 1), (T0 + 1_000, 1)],
+            "key {i}"
+        );
+    }
+}
+
+pub async fn monthly_buckets_count(store: &dyn Store) {
+    let k = key("monthly", "k1", "monthly", Grain::Month);
+    let t = |y, m| {
+        Utc.with_ymd_and_hms(y, m, 1, 0, 0, 0)
+            .unwrap()
+            .timestamp_millis()
+    };
+    store
+        .increment(&[
+            delta(&k, t(2023, 12), 5),
+            delta(&k, t(2024, 1), 7),
+            delta(&k, t(2024, 1), 1),
+        ])
+        .await
+        .unwrap();
+    let got = store
+        .read(&[range(&k, t(2023, 12), t(2024, 1))])
+        .await
+        .unwrap();
+    assert_eq!(totals(&got[0]), vec![(t(2023, 12), 5), (t(2024, 1), 8)]);
+}
+
+pub async fn policies_round_trip_with_versions(store: &dyn Store) {
+    let k = tenant_key("pol-acme");
+    let now = Utc.timestamp_millis_opt(T0).unwrap();
+    let g0 = store.policies_generation().await.unwrap();
+    assert_eq!(store.get_policy(&k).await.unwrap(), None);
+
+    let r1 = store
+        .put_policy(&k, r#"{"limits":[1]}"#, now)
+        .await
+        .unwrap();
+    assert_eq!((r1.version, r1.body.as_str()), (1, r#"{"limits":[1]}"#));
+    assert_eq!(r1.updated_at, now);
+    let g1 = store.policies_generation().await.unwrap();
+    assert_ne!(g1, g0, "a create changes the generation");
+
+    let later = Utc.timestamp_millis_opt(T0 + 5_000).unwrap();
+    let r2 = store
+        .put_policy(&k, r#"{"limits":[2]}"#, later)
+        .await
+        .unwrap();
+    assert_eq!(r2.version, 2);
+    let got = store.get_policy(&k).await.unwrap().unwrap();
+    assert_eq!(got, r2);
+    let g2 = store.policies_generation().await.unwrap();
+    assert_ne!(g2, g1, "a replace changes the generation");
+    store.get_policy(&k).await.unwrap();
+    assert_eq!(
+        store.policies_generation().await.unwrap(),
+        g2,
+        "reads change nothing"
+    );
+
+    // A client override lives beside the tenant's policy and survives its deletion.
+    let o = client_key("pol-acme", "key-1");
+    let ro = store.put_policy(&o, r#"{"over":1}"#, now).await.unwrap();
+    assert_eq!(ro.version, 1);
+    assert!(store.delete_policy(&k).await.unwrap());
+    let g3 = store.policies_generation().await.unwrap();
+    assert_ne!(g3, g2, "a delete changes the generation");
+    assert!(
+        !store.delete_policy(&k).await.unwrap(),
+        "second delete finds nothing"
+    );
+    assert_eq!(store.policies_generation().await.unwrap(), g3);
+    assert_eq!(store.get_policy(&k).await.unwrap(), None);
+    assert_eq!(store.get_policy(&o).await.unwrap(), Some(ro));
+    // Re-created after a delete: a new policy, version 1.
+    let again = store.put_policy(&k, "{}", now).await.unwrap();
+    assert_eq!(again.version, 1);
+    let all = store.load_policies().await.unwrap();
+    assert!(all.iter().any(|r| r.key == k));
+    assert!(all.iter().any(|r| r.key == o));
+}
+
+pub async fn policies_list_in_pages(store: &dyn Store) {
+    let now = Utc.timestamp_millis_opt(T0).unwrap();
+    let mut mine: Vec<String> = (0..25).map(|i| format!("list-{i:02}")).collect();
+    for t in &mine {
+        store.put_policy(&tenant_key(t), "{}", now).await.unwrap();
+    }
+    // Overrides are never listed.
+    store
+        .put_policy(&client_key("list-03", "c"), "{}", now)
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    let mut after: Option<TenantId> = None;
+    loop {
+        let page = store.list_policies(after.as_ref(), 10).await.unwrap();
+        assert!(page.len() <= 10);
+        assert!(page.iter().all(|r| r.key.client.is_none()));
+        if page.is_empty() {
+            break;
+        }
+        after = Some(page.last().unwrap().key.tenant.clone());
+        seen.extend(page.into_iter().map(|r| r.key.tenant.to_string()));
+    }
+    let mut sorted = seen.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(seen, sorted, "pages are in tenant order without repeats");
+    seen.retain(|t| t.starts_with("list-"));
+    mine.sort();
+    assert_eq!(seen, mine);
+    assert!(store.list_policies(None, 0).await.unwrap().is_empty());
+}
+
+/// Runs last: the janitor sweeps everything the other checks wrote.
+pub async fn delete_expired_removes_only_expired_buckets(store: &dyn Store) {
+    let grain = Grain::Fixed(1_000);
+    let k = key("expiry", "k1", "per-10s", grain);
+    let old = T0 - T0 % 1_000;
+    let young = old + 500 * 1_000;
+    store
+        .increment(&[delta(&k, old, 3), delta(&k, young, 4)])
+        .await
+        .unwrap();
+    // `old` is long past retention; `young` is still needed.
+    let now = young + 1_000;
+    assert!(now < young + grain.retention_ms());
+    let mut rounds = 0;
+    while store.delete_expired(now, 2).await.unwrap() > 0 {
+        rounds += 1;
+        assert!(rounds < 10_000, "delete_expired never reaches 0");
+    }
+    // A sweep may end at the end of its cursor's lap: one more pass must find nothing left.
+    while store.delete_expired(now, 2).await.unwrap() > 0 {}
+    let got = store
+        .read(&[range(&k, old, old), range(&k, young, young)])
+        .await
+        .unwrap();
+    assert!(got[0].is_empty(), "the expired bucket is gone: {got:?}");
+    assert_eq!(totals(&got[1]), vec![(young, 4)]);
+    assert_eq!(store.delete_expired(now, 0).await.unwrap(), 0);
+}
+
+// ---- scylla-specific -------------------------------------------------------------------------
+
+async fn two_instances_share_counts(a: &dyn Store, b: &dyn Store) {
+    let k = key("shared", "k1", "l", Grain::Fixed(1_000));
+    a.increment(&[delta(&k, T0, 3)]).await.unwrap();
+    b.increment(&[delta(&k, T0, 4)]).await.unwrap();
+    let ra = a.read(&[range(&k, T0, T0)]).await.unwrap();
+    let rb = b.read(&[range(&k, T0, T0)]).await.unwrap();
+    assert_eq!(
+        ra[0],
+        vec![BucketTotal {
+            start: T0,
+            total: 7,
+            mine: 3
+        }]
+    );
+    assert_eq!(
+        rb[0],
+        vec![BucketTotal {
+            start: T0,
+            total: 7,
+            mine: 4
+        }]
+    );
+}
+
+async fn drop_keyspace(nodes: &[String], ks: &str) {
+    // `ks` comes from unique_keyspace(): a plain identifier.
+    match SessionBuilder::new().known_nodes(nodes).build().await {
+        Ok(s) => {
+            if let Err(e) = s
+                .query_unpaged(format!("DROP KEYSPACE IF EXISTS {ks}"), ())
+                .await
+            {
+                eprintln!("could not drop keyspace {ks}: {e}");
+            }
+        }
+        Err(e) => eprintln!("could not drop keyspace {ks}: {e}"),
+    }
+}
+
+async fn keyspace_exists(nodes: &[String], ks: &str) -> bool {
+    let s = SessionBuilder::new()
+        .known_nodes(nodes)
+        .build()
+        .await
+        .unwrap();
+    let rows = s
+        .query_unpaged(
+            "SELECT keyspace_name FROM system_schema.keyspaces WHERE keyspace_name = ?",
+            (ks,),
+        )
+        .await
+        .unwrap()
+        .into_rows_result()
+        .unwrap();
+    rows.rows_num() > 0
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scylla_store_passes_the_contract() {
+    let Some(nodes) = nodes() else {
+        skipped("scylla store contract suite not run");
+        return;
+    };
+    let ks = unique_keyspace("c");
+    let opts = ScyllaOptions {
+        nodes: nodes.clone(),
+        keyspace: ks.clone(),
+        shard: 0,
+        shards: 2,
+        ..ScyllaOptions::default()
+    };
+    let run = async {
+        let mut out = Vec::new();
+        let report = migrate::run(&opts, false, &mut out).await.unwrap();
+        let log = String::from_utf8_lossy(&out).to_string();
+        assert!(report.keyspace_created, "{log}");
+        let all: Vec<u32> = migrate::migrations()
+            .unwrap()
+            .iter()
+            .map(|m| m.version)
+            .collect();
+        assert_eq!(report.applied, all, "{log}");
+        // Idempotent: a second run applies nothing, and neither does a dry run.
+        let again = migrate::run(&opts, false, &mut Vec::new()).await.unwrap();
+        assert!(again.applied.is_empty() && !again.keyspace_created);
+        assert_eq!(again.already_applied, all);
+        let dry = migrate::run(&opts, true, &mut Vec::new()).await.unwrap();
+        assert!(dry.applied.is_empty());
+
+        let a = ScyllaStore::connect(opts.clone()).await.unwrap();
+        let b = ScyllaStore::connect(ScyllaOptions {
+            shard: 1,
+            ..opts.clone()
+        })
+        .await
+        .unwrap();
+        assert_eq!(a.kind(), "scylla");
+        a.ping().await.unwrap();
+
+        increments_add_up(&a).await;
+        ranges_hold_only_their_buckets_in_order(&a).await;
+        many_keys_in_one_call(&a).await;
+        monthly_buckets_count(&a).await;
+        policies_round_trip_with_versions(&a).await;
+        policies_list_in_pages(&a).await;
+        two_instances_share_counts(&a, &b).await;
+        // A change made through one instance is seen by the other.
+        let g = b.policies_generation().await.unwrap();
+        a.put_policy(&tenant_key("seen-by-b"), "{}", Utc::now())
+            .await
+            .unwrap();
+        assert_ne!(b.policies_generation().await.unwrap(), g);
+        assert!(b
+            .get_policy(&tenant_key("seen-by-b"))
+            .await
+            .unwrap()
+            .is_some());
+        delete_expired_removes_only_expired_buckets(&a).await;
+    };
+    let result = std::panic::AssertUnwindSafe(run).catch_unwind().await;
+    drop_keyspace(&nodes, &ks).await;
+    if let Err(panic) = result {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_dry_run_writes_nothing_and_an_unmigrated_keyspace_is_refused() {
+    let Some(nodes) = nodes() else {
+        skipped("scylla migrate checks not run");
+        return;
+    };
+    let ks = unique_keyspace("d");
+    let opts = ScyllaOptions {
+        nodes: nodes.clone(),
+        keyspace: ks.clone(),
+        ..ScyllaOptions::default()
+    };
+    let mut out = Vec::new();
+    let report = migrate::run(&opts, true, &mut out).await.unwrap();
+    let log = String::from_utf8_lossy(&out).to_string();
+    assert!(report.dry_run && report.keyspace_created, "{log}");
+    assert!(log.contains("would create keyspace"), "{log}");
+    assert!(log.contains("0001_counters.cql"), "{log}");
+    assert!(
+        !keyspace_exists(&nodes, &ks).await,
+        "a dry run created the keyspace"
+    );
+    match ScyllaStore::connect(opts).await {
+        Err(StoreError::Internal(m)) => assert!(m.contains("quotad migrate"), "{m}"),
+        other => panic!("connecting to a missing keyspace: {other:?}"),
+    }
+}
+
+// ---- embedded --------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_store_passes_the_contract() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = quotad::store::embedded::EmbeddedStore::open(dir.path()).unwrap();
+    assert_eq!(store.kind(), "embedded");
+    store.ping().await.unwrap();
+    increments_add_up(&store).await;
+    ranges_hold_only_their_buckets_in_order(&store).await;
+    many_keys_in_one_call(&store).await;
+    monthly_buckets_count(&store).await;
+    policies_round_trip_with_versions(&store).await;
+    policies_list_in_pages(&store).await;
+    delete_expired_removes_only_expired_buckets(&store).await;
+}
+
+#[tokio::test]
+async fn embedded_counters_and_policies_survive_reopening_the_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let k = key("reopen", "k1", "l", Grain::Fixed(1_000));
+    {
+        let store = quotad::store::embedded::EmbeddedStore::open(dir.path()).unwrap();
+        store.increment(&[delta(&k, T0, 5)]).await.unwrap();
+        store
+            .put_policy(&tenant_key("reopen"), "{\"limits\": []}", Utc::now())
+            .await
+            .unwrap();
+    }
+    let store = quotad::store::embedded::EmbeddedStore::open(dir.path()).unwrap();
+    let got = store.read(&[range(&k, T0, T0)]).await.unwrap();
+    assert_eq!(totals(&got[0]), vec![(T0, 5)]);
+    let p = store
+        .get_policy(&tenant_key("reopen"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(p.version, 1);
+    assert!(store.policies_generation().await.unwrap() > 0);
+}
+
+#[tokio::test]
+async fn embedded_strict_increment_and_read_is_one_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = quotad::store::embedded::EmbeddedStore::open(dir.path()).unwrap();
+    let k = key("strict", "k1", "l", Grain::Fixed(1_000));
+    let got = store
+        .increment_and_read(&[delta(&k, T0, 2)], &[range(&k, T0, T0)])
+        .await
+        .unwrap();
+    assert_eq!(totals(&got[0]), vec![(T0, 2)]);
+}

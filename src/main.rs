@@ -14,6 +14,9 @@ use quotad::startup::Application;
     about = "Multi-tenant quota and rate-limit service"
 )]
 struct Cli {
+    /// A TOML file layered over config/default.toml and under QUOTAD__* environment variables.
+    #[arg(long, global = true, value_name = "FILE")]
+    config: Option<PathBuf>,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -21,15 +24,9 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the HTTP service (the default).
-    Serve {
-        /// A TOML file layered over config/default.toml and under QUOTAD__* variables.
-        #[arg(long)]
-        config: Option<PathBuf>,
-    },
+    Serve,
     /// Apply pending CQL migrations to the configured Cassandra/ScyllaDB keyspace.
     Migrate {
-        #[arg(long)]
-        config: Option<PathBuf>,
         /// Print what would be applied, change nothing.
         #[arg(long)]
         dry_run: bool,
@@ -58,8 +55,9 @@ fn load(config: Option<PathBuf>) -> Result<Settings, ExitCode> {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    match cli.command.unwrap_or(Command::Serve { config: None }) {
-        Command::Serve { config } => {
+    let config = cli.config;
+    match cli.command.unwrap_or(Command::Serve) {
+        Command::Serve => {
             let settings = match load(config) {
                 Ok(s) => s,
                 Err(code) => return code,
@@ -84,7 +82,7 @@ async fn main() -> ExitCode {
                 }
             }
         }
-        Command::Migrate { config, dry_run } => {
+        Command::Migrate { dry_run } => {
             let settings = match load(config) {
                 Ok(s) => s,
                 Err(code) => return code,

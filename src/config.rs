@@ -191,10 +191,39 @@ impl Default for StoreSettings {
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AuthSettings {
-    /// Bearer token for the admin API; a random one is made (and logged once) when empty.
+    /// Bearer token for the admin API; a random one is made (and logged once) when empty and
+    /// no `admin` entry is in `tokens`.
     pub admin_token: Secret,
-    /// Bearer token for `/v1/check`; empty = checks need none.
+    /// Bearer token for `/v1/check`; empty (and no `check` entry in `tokens`) = checks need none.
     pub check_token: Secret,
+    /// Tokens with a role and optionally a tenant scope, stored as SHA-256 hashes
+    /// (`quotad hash-token` prints one).
+    pub tokens: Vec<TokenSettings>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// Everything, for every tenant.
+    Admin,
+    /// Manage and read the listed tenants' quotas and usage (and check them).
+    TenantAdmin,
+    /// Call `/v1/check` for the listed tenants (all when none are listed).
+    Check,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenSettings {
+    /// A name for logs (never the token).
+    #[serde(default)]
+    pub name: String,
+    /// Hex SHA-256 of the token.
+    pub sha256: String,
+    pub role: Role,
+    /// The tenants this token may act on; required for `tenant_admin`, optional for `check`.
+    #[serde(default)]
+    pub tenants: Option<Vec<String>>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -392,6 +421,35 @@ impl Settings {
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
             return bad("log.level", e.to_string());
         }
+        for (i, t) in self.auth.tokens.iter().enumerate() {
+            let k = format!("auth.tokens[{i}]");
+            if t.sha256.len() != 64 || hex::decode(&t.sha256).is_err() {
+                return bad(
+                    &format!("{k}.sha256"),
+                    "must be 64 hex digits (quotad hash-token prints them)".into(),
+                );
+            }
+            match (&t.role, &t.tenants) {
+                (Role::TenantAdmin, None) => {
+                    return bad(
+                        &format!("{k}.tenants"),
+                        "a tenant_admin token needs tenants".into(),
+                    )
+                }
+                (Role::Admin, Some(_)) => {
+                    return bad(
+                        &format!("{k}.tenants"),
+                        "an admin token acts on every tenant; use tenant_admin to scope it".into(),
+                    )
+                }
+                _ => {}
+            }
+            for tenant in t.tenants.iter().flatten() {
+                if let Err(e) = crate::domain::TenantId::parse(tenant) {
+                    return bad(&format!("{k}.tenants"), e.message);
+                }
+            }
+        }
         self.default_policy()?;
         Ok(())
     }
@@ -475,6 +533,43 @@ mod tests {
         for ((k, v), needle) in cases {
             let e = Settings::load_from(None, env(&[(k, v)])).unwrap_err().0;
             assert!(e.contains(needle), "{k}={v}: {e}");
+        }
+    }
+
+    #[test]
+    fn scoped_tokens_are_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("t.toml");
+        let h = "a".repeat(64);
+        std::fs::write(
+            &f,
+            format!(
+                "[[auth.tokens]]\nsha256 = \"{h}\"\nrole = \"tenant_admin\"\ntenants = [\"acme\"]\n\
+                 [[auth.tokens]]\nsha256 = \"{h}\"\nrole = \"check\"\n"
+            ),
+        )
+        .unwrap();
+        let s = Settings::load_from(Some(&f), env(&[])).unwrap();
+        assert_eq!(s.auth.tokens.len(), 2);
+        assert_eq!(s.auth.tokens[0].role, Role::TenantAdmin);
+        for (body, needle) in [
+            (
+                "sha256 = \"xyz\"\nrole = \"admin\"",
+                "auth.tokens[0].sha256",
+            ),
+            (
+                &format!("sha256 = \"{h}\"\nrole = \"tenant_admin\""),
+                "auth.tokens[0].tenants",
+            ),
+            (&format!("sha256 = \"{h}\"\nrole = \"root\""), "root"),
+            (
+                &format!("sha256 = \"{h}\"\nrole = \"check\"\ntenants = [\"a b\"]"),
+                "auth.tokens[0].tenants",
+            ),
+        ] {
+            std::fs::write(&f, format!("[[auth.tokens]]\n{body}\n")).unwrap();
+            let e = Settings::load_from(Some(&f), env(&[])).unwrap_err().0;
+            assert!(e.contains(needle), "{body}: {e}");
         }
     }
 

@@ -31,6 +31,8 @@ enum Command {
         #[arg(long)]
         dry_run: bool,
     },
+    /// Print the SHA-256 of a token read from standard input, for `[[auth.tokens]] sha256`.
+    HashToken,
 }
 
 fn init_logging(level: &str) {
@@ -81,6 +83,22 @@ async fn main() -> ExitCode {
                     ExitCode::FAILURE
                 }
             }
+        }
+        Command::HashToken => {
+            let mut token = String::new();
+            if std::io::Read::read_to_string(&mut std::io::stdin(), &mut token).is_err() {
+                eprintln!("quotad hash-token: cannot read standard input");
+                return ExitCode::FAILURE;
+            }
+            // One trailing newline (from echo or a terminal) is not part of the token.
+            let token = token.strip_suffix('\n').unwrap_or(&token);
+            let token = token.strip_suffix('\r').unwrap_or(token);
+            if token.is_empty() {
+                eprintln!("quotad hash-token: the token is empty");
+                return ExitCode::from(2);
+            }
+            println!("{}", hex::encode(quotad::api::digest(token)));
+            ExitCode::SUCCESS
         }
         Command::Migrate { dry_run } => {
             let settings = match load(config) {

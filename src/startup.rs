@@ -12,7 +12,7 @@ use tokio::task::JoinHandle;
 
 use crate::api::{self, AppState, Auth};
 use crate::clock::{Clock, SystemClock};
-use crate::config::{Settings, StoreKind};
+use crate::config::{Role, Settings, StoreKind};
 use crate::limiter::{Limiter, LimiterConfig};
 use crate::metrics::Metrics;
 use crate::policy::PolicyCache;
@@ -99,6 +99,12 @@ impl Application {
                 shards: settings.limiter.shards,
                 idle_ms: settings.limiter.idle_ms.0 as i64,
                 store_timeout: settings.store.timeout_ms.get(),
+                // Each instance of a fleet writes its own shard; the embedded store has one.
+                instances: match settings.store.kind {
+                    StoreKind::Embedded => 1,
+                    StoreKind::Scylla => settings.store.shards.max(1) as u32,
+                },
+                sync_interval_ms: settings.sync.interval_ms.0 as i64,
             },
         ));
         let default_policy = settings
@@ -110,25 +116,24 @@ impl Application {
             .await
             .map_err(|e| StartError(format!("loading policies: {e}")))?;
 
-        let admin_token = if settings.auth.admin_token.is_empty() {
-            let token = random_token();
+        let mut admin_token = settings.auth.admin_token.expose().to_owned();
+        let scoped = &settings.auth.tokens;
+        if admin_token.is_empty() && !scoped.iter().any(|t| t.role == Role::Admin) {
+            admin_token = random_token();
             // Logged once, on purpose: the admin API is never open by accident, and the
             // operator who started the process can still use it.
             tracing::warn!(
-                admin_token = %token,
-                "no auth.admin_token configured; generated one for this run"
+                admin_token = %admin_token,
+                "no admin token configured; generated one for this run"
             );
-            token
-        } else {
-            settings.auth.admin_token.expose().to_owned()
-        };
-        let check_token = Some(settings.auth.check_token.expose()).filter(|t| !t.is_empty());
+        }
+        let auth = Auth::new(&admin_token, settings.auth.check_token.expose(), scoped);
         let state = AppState {
             limiter: limiter.clone(),
             policies: policies.clone(),
             store: store.clone(),
             metrics: metrics.clone(),
-            auth: Arc::new(Auth::new(&admin_token, check_token)),
+            auth: Arc::new(auth),
             store_timeout: settings.store.timeout_ms.get(),
         };
 
@@ -167,6 +172,8 @@ impl Application {
                 janitor_interval: settings.sync.janitor_interval_ms.get(),
                 janitor_budget: 10_000,
                 drain_timeout: settings.sync.drain_timeout_ms.get(),
+                // A tenth of the interval: enough for the fleet's writes of a tick to land.
+                settle: settings.sync.interval_ms.get() / 10,
             },
         );
         let sync = tokio::spawn(syncer.run(rx.clone()));

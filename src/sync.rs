@@ -6,6 +6,12 @@
 //! (they include other instances' hits). Store write load therefore follows the number of
 //! active counters per interval, not the request rate.
 //!
+//! Rounds are aligned on wall-clock multiples of the interval (UTC, like buckets), and the read
+//! back waits a short settle time after the write: every instance of a fleet then writes at the
+//! same instants and reads after all of them wrote, so each one's view (and demand-weighted share)
+//! includes the others' hits up to the last tick. Without this, an instance reading between the
+//! others' writes misses up to a whole interval of their hits, and the fleet overshoots by that.
+//!
 //! When a write fails with nothing written, the hits stay pending and are tried again with
 //! back-off; they never leave memory unwritten (entries holding pending hits are never evicted).
 //! When a write's outcome is unknown (a timeout after sending), it is NOT resent, because
@@ -19,7 +25,7 @@ use tokio::sync::watch;
 
 use crate::limiter::Limiter;
 use crate::metrics::Metrics;
-use crate::store::StoreError;
+use crate::store::{CounterRange, StoreError};
 
 #[derive(Clone, Debug)]
 pub struct SyncConfig {
@@ -31,6 +37,9 @@ pub struct SyncConfig {
     pub janitor_budget: usize,
     /// How long shutdown keeps trying to write pending hits.
     pub drain_timeout: Duration,
+    /// Wait between a round's write and its read back, so other instances' writes of the same
+    /// tick land first.
+    pub settle: Duration,
 }
 
 impl Default for SyncConfig {
@@ -41,6 +50,7 @@ impl Default for SyncConfig {
             janitor_interval: Duration::from_secs(60),
             janitor_budget: 10_000,
             drain_timeout: Duration::from_secs(10),
+            settle: Duration::from_millis(25),
         }
     }
 }
@@ -69,8 +79,17 @@ impl Syncer {
         }
     }
 
-    /// One sync round. On a failed write the hits stay pending and the error is returned.
+    /// One sync round, write then read back at once. On a failed write the hits stay pending
+    /// and the error is returned.
     pub async fn round(&self) -> Result<Round, StoreError> {
+        let (ranges, mut round) = self.write().await?;
+        round.refreshed = self.read_back(&ranges).await;
+        round.pending_after = self.limiter.evict(self.limiter.clock().now_ms()).1;
+        Ok(round)
+    }
+
+    /// A round's first half: writes the pending hits; returns the counters to read back.
+    pub async fn write(&self) -> Result<(Vec<CounterRange>, Round), StoreError> {
         let store = self.limiter.store();
         let now = self.limiter.clock().now_ms();
         let batch = self.limiter.collect(now);
@@ -106,34 +125,41 @@ impl Syncer {
                 }
             }
         }
-        let mut refreshed = 0;
-        if !batch.ranges.is_empty() {
-            let started = std::time::Instant::now();
-            let res = tokio::time::timeout(self.cfg.timeout, store.read(&batch.ranges)).await;
-            let secs = started.elapsed().as_secs_f64();
-            match res {
-                Ok(Ok(totals)) => {
-                    self.metrics.store_op("read", "ok", secs);
-                    refreshed = batch.ranges.len();
-                    self.limiter.refreshed(&batch.ranges, totals);
-                }
-                Ok(Err(e)) => {
-                    self.metrics.store_op("read", "error", secs);
-                    tracing::warn!(error = %e, "sync: reading totals back failed");
-                }
-                Err(_) => {
-                    self.metrics.store_op("read", "timeout", secs);
-                    tracing::warn!("sync: reading totals back timed out");
-                }
-            }
-        }
-        let (_, pending_after) = self.limiter.evict(now);
-        Ok(Round {
+        let round = Round {
             written_hits: hits,
             increments: batch.deltas.len(),
-            refreshed,
-            pending_after,
-        })
+            refreshed: 0,
+            pending_after: 0,
+        };
+        Ok((batch.ranges, round))
+    }
+
+    /// A round's second half: reads totals back (they include every instance's writes).
+    /// Returns how many counters were refreshed; a failed read is logged and skipped.
+    pub async fn read_back(&self, ranges: &[CounterRange]) -> usize {
+        if ranges.is_empty() {
+            return 0;
+        }
+        let started = std::time::Instant::now();
+        let res = tokio::time::timeout(self.cfg.timeout, self.limiter.store().read(ranges)).await;
+        let secs = started.elapsed().as_secs_f64();
+        match res {
+            Ok(Ok(totals)) => {
+                self.metrics.store_op("read", "ok", secs);
+                self.limiter.refreshed(ranges, totals);
+                ranges.len()
+            }
+            Ok(Err(e)) => {
+                self.metrics.store_op("read", "error", secs);
+                tracing::warn!(error = %e, "sync: reading totals back failed");
+                0
+            }
+            Err(_) => {
+                self.metrics.store_op("read", "timeout", secs);
+                tracing::warn!("sync: reading totals back timed out");
+                0
+            }
+        }
     }
 
     fn uncertain(&self, hits: u64, why: &str) {
@@ -183,11 +209,27 @@ impl Syncer {
                 (self.cfg.interval * 2u32.saturating_pow(failures.min(6)))
                     .min(Duration::from_secs(10))
             };
+            // Wake at the next wall-clock multiple of the wait, like every other instance.
+            let wait_ms = wait.as_millis().max(1) as i64;
+            let now = self.limiter.clock().now_ms();
+            let delay = Duration::from_millis((wait_ms - now.rem_euclid(wait_ms)) as u64);
             tokio::select! {
-                _ = tokio::time::sleep(wait) => {}
+                _ = tokio::time::sleep(delay) => {}
                 _ = shutdown.wait_for(|stop| *stop) => break,
             }
-            match self.round().await {
+            let result = match self.write().await {
+                Ok((ranges, round)) => {
+                    tokio::select! {
+                        _ = tokio::time::sleep(self.cfg.settle) => {}
+                        _ = shutdown.wait_for(|stop| *stop) => {}
+                    }
+                    self.read_back(&ranges).await;
+                    self.limiter.evict(self.limiter.clock().now_ms());
+                    Ok(round)
+                }
+                Err(e) => Err(e),
+            };
+            match result {
                 Ok(_) => failures = 0,
                 Err(e) => {
                     failures += 1;

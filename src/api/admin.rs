@@ -40,8 +40,9 @@ async fn put(
     payload: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    state.auth.require_admin(&req)?;
+    let who = state.auth.admin(&req)?;
     let (tenant, client) = path_ids(&req)?;
+    who.may_manage(tenant.as_str())?;
     let body = json_body(&req, payload).await?;
     let de = &mut serde_json::Deserializer::from_slice(&body);
     let doc: PolicyDoc = serde_path_to_error::deserialize(de).map_err(|e| json_error(e, ""))?;
@@ -66,8 +67,9 @@ async fn put(
 }
 
 async fn get(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
-    state.auth.require_admin(&req)?;
+    let who = state.auth.admin(&req)?;
     let (tenant, client) = path_ids(&req)?;
+    who.may_manage(tenant.as_str())?;
     let key = PolicyKey { tenant, client };
     match state.store.get_policy(&key).await? {
         Some(r) => Ok(HttpResponse::Ok().json(render(&r)?)),
@@ -76,8 +78,9 @@ async fn get(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpRespons
 }
 
 async fn delete(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
-    state.auth.require_admin(&req)?;
+    let who = state.auth.admin(&req)?;
     let (tenant, client) = path_ids(&req)?;
+    who.may_manage(tenant.as_str())?;
     let key = PolicyKey { tenant, client };
     if !state.store.delete_policy(&key).await? {
         return Err(not_found(&key));
@@ -158,7 +161,7 @@ fn query<T: for<'de> Deserialize<'de>>(req: &HttpRequest) -> Result<T, ApiError>
 }
 
 pub async fn list(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
-    state.auth.require_admin(&req)?;
+    let who = state.auth.admin(&req)?;
     let q: ListQuery = query(&req)?;
     let limit = match q.limit.as_deref() {
         None => PAGE_DEFAULT,
@@ -173,7 +176,21 @@ pub async fn list(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpRe
         .as_deref()
         .map(|a| TenantId::parse_field(a, "after"))
         .transpose()?;
-    let mut records = state.store.list_policies(after.as_ref(), limit + 1).await?;
+    // A tenant admin sees only its tenants: read on until the page is full or the list ends.
+    let mut records = Vec::new();
+    let mut cursor = after;
+    loop {
+        let page = state
+            .store
+            .list_policies(cursor.as_ref(), limit + 1)
+            .await?;
+        let end = page.len() <= limit;
+        cursor = page.last().map(|r| r.key.tenant.clone());
+        records.extend(page.into_iter().filter(|r| who.sees(r.key.tenant.as_str())));
+        if end || records.len() > limit {
+            break;
+        }
+    }
     let more = records.len() > limit;
     records.truncate(limit);
     let next = if more {
@@ -192,8 +209,9 @@ struct UsageQuery {
 }
 
 pub async fn usage(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
-    state.auth.require_admin(&req)?;
+    let who = state.auth.admin(&req)?;
     let (tenant, client) = path_ids(&req)?;
+    who.may_manage(tenant.as_str())?;
     let client = client.ok_or_else(|| ApiError::invalid("client", "client is required"))?;
     let q: UsageQuery = query(&req)?;
     if let Some(r) = &q.resource {

@@ -150,11 +150,14 @@ pub async fn check(
     payload: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    state.auth.require_check(&req)?;
+    let who = state.auth.checker(&req)?;
     let body = json_body(&req, payload).await?;
     let de = &mut serde_json::Deserializer::from_slice(&body);
     let dto: CheckDto = serde_path_to_error::deserialize(de).map_err(|e| json_error(e, ""))?;
     let p = validate(dto, "")?;
+    if let Some(w) = &who {
+        w.may_check(p.tenant.as_str())?;
+    }
     let d = decide(&state, &p)
         .await
         .ok_or_else(|| no_quota(&p.tenant))?;
@@ -197,7 +200,7 @@ pub async fn batch(
     payload: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    state.auth.require_check(&req)?;
+    let who = state.auth.checker(&req)?;
     let body = json_body(&req, payload).await?;
     let de = &mut serde_json::Deserializer::from_slice(&body);
     let dto: BatchDto = serde_path_to_error::deserialize(de).map_err(|e| json_error(e, ""))?;
@@ -217,6 +220,10 @@ pub async fn batch(
     // not_found error in place, as it would alone.
     let mut decisions = Vec::with_capacity(parsed.len());
     for p in &parsed {
+        if let Some(Err(e)) = who.as_ref().map(|w| w.may_check(p.tenant.as_str())) {
+            decisions.push(Err(e));
+            continue;
+        }
         decisions.push(decide(&state, p).await.ok_or_else(|| no_quota(&p.tenant)));
     }
     let items: Vec<Item> = decisions

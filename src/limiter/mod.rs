@@ -19,6 +19,17 @@
 //!   and entries with pending hits are never evicted.
 //! - In steady state a check allocates nothing: lookups borrow the request's strings, and bucket
 //!   vectors keep their capacity as buckets roll.
+//!
+//! # Many instances (`cached` consistency)
+//! With `instances` > 1 (one store shard per instance), each instance may admit, between two
+//! syncs, at most its share of the headroom it last read: `pending <= share x (max - stored)`.
+//! Shares follow demand, from the per-shard counts every read returns at no extra write:
+//! `share = (mine + a) / (total + a x N)` over the limit's window, with `a = 1 + total/100`, so the
+//! shares of all instances add up to 1, an instance carrying all the traffic gets nearly all the
+//! headroom (98% of it with N = 3), a newcomer or a fresh key gets 1/N, and an instance that
+//! stops writing fades out as its hits leave the window. If all instances read the store at the
+//! same moment they could never overshoot together; reads at different moments leave a small
+//! overshoot, measured by the simulation in `tests/simulation.rs` and reported in the README.
 
 pub mod window;
 
@@ -47,6 +58,10 @@ pub struct LimiterConfig {
     pub idle_ms: i64,
     /// Deadline of a store call made on the check path (first touch, strict mode).
     pub store_timeout: Duration,
+    /// Instances sharing the store (the store's shard count); 1 = no one else counts.
+    pub instances: u32,
+    /// The sync interval: how long a denial for an exhausted share lasts at most.
+    pub sync_interval_ms: i64,
 }
 
 impl Default for LimiterConfig {
@@ -55,6 +70,8 @@ impl Default for LimiterConfig {
             shards: 64,
             idle_ms: 60_000,
             store_timeout: Duration::from_millis(50),
+            instances: 1,
+            sync_interval_ms: 250,
         }
     }
 }
@@ -95,6 +112,11 @@ struct LimitState {
     kind: LimitKind,
     /// Sorted by start.
     buckets: Vec<Bucket>,
+    /// This instance's share of the headroom (1 when it is alone).
+    share: f32,
+    /// Hits this instance wrote since its last read back: in `stored` already, but not yet in
+    /// what the other instances know, so they still count against this instance's share.
+    settling: u64,
 }
 
 impl LimitState {
@@ -125,6 +147,41 @@ struct Entry {
     last_used: i64,
     /// Used since the last sync: its totals are read back then.
     touched: bool,
+    /// Sync rounds since its totals were last read back.
+    stale_rounds: u8,
+}
+
+/// Untouched entries are still read back every this many sync rounds, so what other instances
+/// did reaches them even while this one only holds them.
+const REFRESH_IDLE_EVERY: u8 = 8;
+
+/// An instance's demand-weighted share of a counter's headroom, from the store's per-shard
+/// counts over the window (see the module comment).
+///
+/// Only settled buckets count: those that closed before `settled` (two sync intervals ago),
+/// which every instance has written by now. A fresher bucket holds this instance's own hits
+/// in full but the others' only up to their last sync, and would make every instance think
+/// its share larger than it is (the shares would add up to more than 1).
+pub fn share_of(
+    totals: &[BucketTotal],
+    grain: crate::domain::Grain,
+    from: i64,
+    settled: i64,
+    instances: u32,
+) -> f32 {
+    if instances <= 1 {
+        return 1.0;
+    }
+    let (mut mine, mut total) = (0f64, 0f64);
+    for t in totals
+        .iter()
+        .filter(|t| t.start >= from && grain.bucket_end(t.start) <= settled)
+    {
+        mine += t.mine.max(0) as f64;
+        total += t.total.max(0) as f64;
+    }
+    let a = 1.0 + total / 100.0;
+    ((mine + a) / (total + a * instances as f64)) as f32
 }
 
 type Shard = HashMap<EntryKey, Entry, DefaultHashBuilder>;
@@ -223,7 +280,16 @@ struct Verdict {
     retry: Option<i64>,
 }
 
-fn judge(l: &Limit, buckets: &[Bucket], now: i64, cost: u64) -> Verdict {
+/// How a decision sees the rest of the fleet.
+#[derive(Clone, Copy)]
+struct Fleet {
+    /// Enforce shares of the headroom (more than one instance, cached consistency).
+    shares: bool,
+    sync_interval_ms: i64,
+}
+
+fn judge(l: &Limit, s: &LimitState, now: i64, cost: u64, fleet: Fleet) -> Verdict {
+    let buckets = &s.buckets;
     let est = window::estimate(l.kind, buckets, now);
     if cost > l.max {
         Verdict {
@@ -242,6 +308,14 @@ fn judge(l: &Limit, buckets: &[Bucket], now: i64, cost: u64) -> Verdict {
                 l.max - cost,
             )),
         }
+    } else if fleet.shares && cost > 0 && !within_share(l, s, now, cost) {
+        // The window has room, but this instance has used its share of it since it last heard
+        // from the others: the next sync brings a fresh count and a fresh share.
+        Verdict {
+            est,
+            admit: false,
+            retry: Some(fleet.sync_interval_ms),
+        }
     } else {
         Verdict {
             est,
@@ -249,6 +323,19 @@ fn judge(l: &Limit, buckets: &[Bucket], now: i64, cost: u64) -> Verdict {
             retry: Some(0),
         }
     }
+}
+
+/// `pending + cost <= share x (max - stored)`: this instance's unwritten hits stay within its
+/// share of the headroom the store last showed.
+///
+/// Hits written since the last read back (`settling`) still count as this instance's own: the
+/// headroom is the one the store showed at that read, before they were added.
+fn within_share(l: &Limit, s: &LimitState, now: i64, cost: u64) -> bool {
+    let stored = window::estimate_by(l.kind, &s.buckets, now, |b| b.stored);
+    let pending = window::estimate_by(l.kind, &s.buckets, now, |b| b.pending);
+    let headroom = l.max.saturating_sub(stored.saturating_sub(s.settling));
+    let allowance = (s.share as f64 * headroom as f64).floor() as u64;
+    pending.saturating_add(s.settling).saturating_add(cost) <= allowance
 }
 
 /// The binding limit: on a denial the denying one with the longest wait (never = longest);
@@ -289,12 +376,13 @@ fn decide(
     now: i64,
     cost: u64,
     force_admit: bool,
+    fleet: Fleet,
 ) -> Decision {
     let mut verdicts: SmallVec<[Verdict; 16]> = SmallVec::new();
     for (l, s) in limits.iter().zip(states.iter_mut()) {
         s.kind = l.kind;
         s.prune(now);
-        verdicts.push(judge(l, &s.buckets, now, cost));
+        verdicts.push(judge(l, s, now, cost, fleet));
     }
     let denied = !force_admit && verdicts.iter().any(|v| !v.admit);
     if !denied && cost > 0 {
@@ -387,6 +475,18 @@ impl Limiter {
         &self.store
     }
 
+    fn share(&self, totals: &[BucketTotal], r: &CounterRange, now: i64) -> f32 {
+        let settled = now - 2 * self.cfg.sync_interval_ms;
+        share_of(totals, r.key.grain, r.from, settled, self.cfg.instances)
+    }
+
+    fn fleet(&self, policy: &Policy) -> Fleet {
+        Fleet {
+            shares: self.cfg.instances > 1 && policy.consistency == Consistency::Cached,
+            sync_interval_ms: self.cfg.sync_interval_ms,
+        }
+    }
+
     fn shard_of(&self, k: EntryRef<'_>) -> usize {
         (self.hasher.hash_one(k) % self.shards.len() as u64) as usize
     }
@@ -449,7 +549,16 @@ impl Limiter {
             (true, true) if sc == st => {
                 let mut g = lock(&self.shards[sc]);
                 let [t, c] = g.get_disjoint_mut([&kt, &kc]);
-                Self::decide_in(policy, limits, t, c, now, input.cost, force_admit)
+                Self::decide_in(
+                    self.fleet(policy),
+                    policy,
+                    limits,
+                    t,
+                    c,
+                    now,
+                    input.cost,
+                    force_admit,
+                )
             }
             (true, true) => {
                 let (first, second) = if st < sc { (st, sc) } else { (sc, st) };
@@ -462,22 +571,51 @@ impl Limiter {
                 };
                 let t = gt.get_mut(&kt);
                 let c = gc.get_mut(&kc);
-                Self::decide_in(policy, limits, t, c, now, input.cost, force_admit)
+                Self::decide_in(
+                    self.fleet(policy),
+                    policy,
+                    limits,
+                    t,
+                    c,
+                    now,
+                    input.cost,
+                    force_admit,
+                )
             }
             (true, false) => {
                 let mut g = lock(&self.shards[st]);
                 let t = g.get_mut(&kt);
-                Self::decide_in(policy, limits, t, None, now, input.cost, force_admit)
+                Self::decide_in(
+                    self.fleet(policy),
+                    policy,
+                    limits,
+                    t,
+                    None,
+                    now,
+                    input.cost,
+                    force_admit,
+                )
             }
             _ => {
                 let mut g = lock(&self.shards[sc]);
                 let c = g.get_mut(&kc);
-                Self::decide_in(policy, limits, None, c, now, input.cost, force_admit)
+                Self::decide_in(
+                    self.fleet(policy),
+                    policy,
+                    limits,
+                    None,
+                    c,
+                    now,
+                    input.cost,
+                    force_admit,
+                )
             }
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn decide_in(
+        fleet: Fleet,
         policy: &Policy,
         limits: &[&Limit],
         t: Option<&mut Entry>,
@@ -510,7 +648,15 @@ impl Limiter {
             );
         }
         let mut states: SmallVec<[&mut LimitState; 16]> = slots.into_iter().flatten().collect();
-        Locked::Decided(decide(policy, limits, &mut states, now, cost, force_admit))
+        Locked::Decided(decide(
+            policy,
+            limits,
+            &mut states,
+            now,
+            cost,
+            force_admit,
+            fleet,
+        ))
     }
 
     fn counter_key(tenant: &TenantId, client: &ClientId, l: &Limit) -> CounterKey {
@@ -564,13 +710,21 @@ impl Limiter {
             .map(|l| Self::range_of(input.tenant, input.client, l, now))
             .collect();
         let totals = self.with_deadline(self.store.read(&ranges), false).await?;
-        for (l, t) in limits.iter().zip(totals) {
-            self.install(input, l, buckets_from(&t), now);
+        for (l, (r, t)) in limits.iter().zip(ranges.iter().zip(totals)) {
+            let share = self.share(&t, r, now);
+            self.install(input, l, buckets_from(&t), share, now);
         }
         Ok(())
     }
 
-    fn install(&self, input: CheckInput<'_>, l: &Limit, buckets: Vec<Bucket>, now: i64) {
+    fn install(
+        &self,
+        input: CheckInput<'_>,
+        l: &Limit,
+        buckets: Vec<Bucket>,
+        share: f32,
+        now: i64,
+    ) {
         let subject = subject_of(l, input.client.as_str());
         let r = EntryRef {
             tenant: input.tenant.as_str(),
@@ -595,6 +749,8 @@ impl Limiter {
                 id: l.id.as_arc().clone(),
                 kind: l.kind,
                 buckets,
+                share,
+                settling: 0,
             });
         }
     }
@@ -636,8 +792,10 @@ impl Limiter {
                 // Carry on with what this instance knows: install empty states for counters it
                 // has never seen (the next sync reads their real totals back), and decide on
                 // them. Admitted hits are pending and reach the store when it returns.
+                // Not knowing the others' demand, take an even share.
+                let share = 1.0 / self.cfg.instances.max(1) as f32;
                 for l in limits {
-                    self.install(input, l, Vec::new(), now);
+                    self.install(input, l, Vec::new(), share, now);
                 }
                 match self.locked(policy, limits, input, now, rule == OnStoreFailure::Allow) {
                     Locked::Decided(d) => d,
@@ -702,11 +860,21 @@ impl Limiter {
                     id: l.id.as_arc().clone(),
                     kind: l.kind,
                     buckets,
+                    share: 1.0,
+                    settling: 0,
                 }
             })
             .collect();
         let mut refs: Vec<&mut LimitState> = states.iter_mut().collect();
-        let d = decide(policy, limits, &mut refs, now, input.cost, false);
+        let d = decide(
+            policy,
+            limits,
+            &mut refs,
+            now,
+            input.cost,
+            false,
+            self.fleet(policy),
+        );
         let consumed = d.allowed && !d.dry_run_denied;
         if !consumed && !deltas.is_empty() {
             let undo: Vec<Delta> = deltas
@@ -804,13 +972,18 @@ impl Limiter {
                             delta: b.pending.min(i64::MAX as u64) as i64,
                         });
                     }
-                    if e.touched {
+                    if e.touched || e.stale_rounds >= REFRESH_IDLE_EVERY {
                         batch.ranges.push(CounterRange {
                             key: key(),
                             from: window::oldest_needed(s.kind, now),
                             to: newest_readable(s.kind, now),
                         });
                     }
+                }
+                if e.touched || e.stale_rounds >= REFRESH_IDLE_EVERY {
+                    e.stale_rounds = 0;
+                } else {
+                    e.stale_rounds += 1;
                 }
                 e.touched = false;
             }
@@ -842,6 +1015,7 @@ impl Limiter {
                     let n = (d.delta.max(0) as u64).min(b.pending);
                     b.pending -= n;
                     b.stored += n;
+                    s.settling += n;
                 }
             });
         }
@@ -849,8 +1023,12 @@ impl Limiter {
 
     /// Installs totals read back from the store: they include every instance's writes.
     pub fn refreshed(&self, ranges: &[CounterRange], totals: Vec<Vec<BucketTotal>>) {
+        let now = self.clock.now_ms();
         for (r, t) in ranges.iter().zip(totals) {
+            let share = self.share(&t, r, now);
             self.with_state(&r.key, |s| {
+                s.share = share;
+                s.settling = 0;
                 for b in s.buckets.iter_mut().filter(|b| b.start >= r.from) {
                     b.stored = 0;
                 }

@@ -33,7 +33,10 @@ fn rig() -> Rig {
         LimiterConfig {
             shards: 8,
             idle_ms: 60_000,
-            store_timeout: Duration::from_millis(200),
+            // Generous: these tests are about decisions, not deadlines (a loaded machine makes
+            // redb commits slow, and a missed deadline hands the check to on_store_failure).
+            store_timeout: Duration::from_secs(10),
+            ..LimiterConfig::default()
         },
     ));
     let syncer = Syncer::new(limiter.clone(), metrics, SyncConfig::default());

@@ -38,13 +38,23 @@ impl Bucket {
 
 /// The count of a limit at instant `now`. `buckets` is sorted by start, ascending.
 pub fn estimate(kind: LimitKind, buckets: &[Bucket], now: i64) -> u64 {
+    estimate_by(kind, buckets, now, Bucket::count)
+}
+
+/// The estimate of one part of each bucket (`stored` or `pending` alone), weighed the same way.
+pub fn estimate_by(
+    kind: LimitKind,
+    buckets: &[Bucket],
+    now: i64,
+    count: impl Fn(&Bucket) -> u64,
+) -> u64 {
     match kind {
         LimitKind::Calendar(p) => {
             let current = p.grain().bucket_start(now);
             buckets
                 .iter()
                 .filter(|b| b.start >= current)
-                .map(Bucket::count)
+                .map(count)
                 .sum()
         }
         LimitKind::Sliding {
@@ -56,11 +66,11 @@ pub fn estimate(kind: LimitKind, buckets: &[Bucket], now: i64) -> u64 {
             let mut total: u64 = 0;
             for b in buckets {
                 if b.start > oldest {
-                    total = total.saturating_add(b.count());
+                    total = total.saturating_add(count(b));
                 } else if b.start == oldest {
                     let inside = (oldest + grain_ms - s) as u128; // in (0, g]
-                    total = total
-                        .saturating_add((b.count() as u128 * inside / grain_ms as u128) as u64);
+                    total =
+                        total.saturating_add((count(b) as u128 * inside / grain_ms as u128) as u64);
                 }
             }
             total

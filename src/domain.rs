@@ -451,21 +451,22 @@ pub struct PolicyDoc {
     /// Ids unique. All the limits that apply to a check must admit it.
     #[schema(min_items = 1, max_items = 16)]
     pub limits: Vec<LimitDoc>,
-    /// Default `enforce`.
+    /// Absent (or null): `enforce`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Mode)]
+    #[schema(value_type = Option<Mode>)]
     pub mode: Option<String>,
-    /// Default `cached`.
+    /// Absent (or null): `cached`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Consistency)]
+    #[schema(value_type = Option<Consistency>)]
     pub consistency: Option<String>,
-    /// Default `local`.
+    /// Absent (or null): `local`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = OnStoreFailure)]
+    #[schema(value_type = Option<OnStoreFailure>)]
     pub on_store_failure: Option<String>,
 }
 
-/// One limit: exactly one of `window` (sliding) or `period` (calendar-aligned, UTC).
+/// One limit: exactly one of `window` (sliding) or `period` (calendar-aligned, UTC). Optional
+/// fields may also be null, which reads as absent.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, ToSchema)]
 #[serde(deny_unknown_fields)]
 #[schema(as = Limit)]
@@ -477,19 +478,19 @@ pub struct LimitDoc {
     pub max: serde_json::Number,
     /// A sliding window from 1s to 31d, such as `1s`, `10m`, `1h 30m`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = String, example = "10m")]
+    #[schema(value_type = Option<String>, example = "10m")]
     pub window: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Period)]
+    #[schema(value_type = Option<Period>)]
     pub period: Option<String>,
     /// Applies to checks whose resource equals this, or starts with it when it ends in `*`.
-    /// Absent: applies to every check.
+    /// Absent (or null): applies to every check.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = String, pattern = "^[ -~]{1,256}$", example = "PUT /products/*")]
+    #[schema(value_type = Option<String>, pattern = "^[ -~]{1,256}$", example = "PUT /products/*")]
     pub resource: Option<String>,
-    /// Default `client`; a client override holds client-scoped limits only.
+    /// Absent (or null): `client`. A client override holds client-scoped limits only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Scope)]
+    #[schema(value_type = Option<Scope>)]
     pub scope: Option<String>,
 }
 

@@ -32,14 +32,14 @@ struct CheckDto<'a> {
     #[serde(borrow, default)]
     #[schema(value_type = String, required = true, pattern = "^[A-Za-z0-9._~:@-]{1,128}$", example = "key-123")]
     client: Option<Cow<'a, str>>,
-    /// What the request touches; limits with a `resource` apply only when it matches. Absent:
-    /// only the limits without a `resource` apply.
+    /// What the request touches; limits with a `resource` apply only when it matches. Absent
+    /// (or null): only the limits without a `resource` apply.
     #[serde(borrow, default)]
-    #[schema(value_type = String, pattern = "^[ -~]{1,256}$", example = "PUT /products/42")]
+    #[schema(value_type = Option<String>, pattern = "^[ -~]{1,256}$", example = "PUT /products/42")]
     resource: Option<Cow<'a, str>>,
-    /// Units to take; 0 peeks and consumes nothing.
+    /// Units to take; 0 peeks and consumes nothing. Absent (or null): 1.
     #[serde(default)]
-    #[schema(value_type = u64, minimum = 0, maximum = 1000000, default = 1)]
+    #[schema(value_type = Option<u64>, minimum = 0, maximum = 1000000, default = 1)]
     cost: Option<serde_json::Number>,
 }
 

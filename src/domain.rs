@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Datelike, TimeZone, Utc};
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 /// A validation failure: which field, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -209,7 +210,8 @@ impl ResourceMatch {
 }
 
 /// Calendar periods, aligned in UTC.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, ToSchema)]
+#[schema(rename_all = "snake_case")]
 pub enum Period {
     Second,
     Minute,
@@ -371,7 +373,9 @@ impl LimitKind {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// Whose count a limit keeps: each client its own, or one for all of the tenant's clients.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, ToSchema)]
+#[schema(rename_all = "snake_case")]
 pub enum Scope {
     Client,
     Tenant,
@@ -396,21 +400,28 @@ impl Limit {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+/// `dry_run` always admits, and flags what enforcing would have denied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, ToSchema)]
+#[schema(rename_all = "snake_case")]
 pub enum Mode {
     #[default]
     Enforce,
     DryRun,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+/// `cached`: in-memory pre-check, hits synced every sync interval; `strict`: admitted only once
+/// the store has counted the hit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, ToSchema)]
+#[schema(rename_all = "snake_case")]
 pub enum Consistency {
     #[default]
     Cached,
     Strict,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+/// What a check decides while the store fails: `local` enforces this instance's own view.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, ToSchema)]
+#[schema(rename_all = "snake_case")]
 pub enum OnStoreFailure {
     #[default]
     Local,
@@ -431,30 +442,55 @@ pub struct Policy {
 ///
 /// Unknown keys are refused: a typo such as `"windw"` must not silently turn a limit into
 /// something else.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+///
+/// The `schema` attributes state for the OpenAPI document what [`Policy::from_doc`] enforces.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = Policy)]
 pub struct PolicyDoc {
+    /// Ids unique. All the limits that apply to a check must admit it.
+    #[schema(min_items = 1, max_items = 16)]
     pub limits: Vec<LimitDoc>,
+    /// Absent (or null): `enforce`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Mode>)]
     pub mode: Option<String>,
+    /// Absent (or null): `cached`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Consistency>)]
     pub consistency: Option<String>,
+    /// Absent (or null): `local`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<OnStoreFailure>)]
     pub on_store_failure: Option<String>,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+/// One limit: exactly one of `window` (sliding) or `period` (calendar-aligned, UTC). Optional
+/// fields may also be null, which reads as absent.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = Limit)]
 pub struct LimitDoc {
+    /// The limit's identity: counts follow the id.
+    #[schema(pattern = "^[A-Za-z0-9._~:@-]{1,128}$", example = "per-second")]
     pub id: String,
+    #[schema(value_type = u64, minimum = 1, maximum = 9007199254740992.0, example = 100)]
     pub max: serde_json::Number,
+    /// A sliding window from 1s to 31d, such as `1s`, `10m`, `1h 30m`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, example = "10m")]
     pub window: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Period>)]
     pub period: Option<String>,
+    /// Applies to checks whose resource equals this, or starts with it when it ends in `*`.
+    /// Absent (or null): applies to every check.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, pattern = "^[ -~]{1,256}$", example = "PUT /products/*")]
     pub resource: Option<String>,
+    /// Absent (or null): `client`. A client override holds client-scoped limits only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Scope>)]
     pub scope: Option<String>,
 }
 

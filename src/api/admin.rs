@@ -3,8 +3,10 @@
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde::Deserialize;
 use serde_json::{json, Value};
+use utoipa::IntoParams;
 
-use super::error::{json_error, ApiError};
+use super::error::{json_error, ApiError, ErrorBody};
+use super::openapi::{PolicyView, QuotaList, UsageView};
 use super::{json_body, AppState};
 use crate::domain::{validate_resource, ClientId, Policy, PolicyDoc, TenantId};
 use crate::store::{PolicyKey, PolicyRecord};
@@ -101,6 +103,27 @@ fn not_found(key: &PolicyKey) -> ApiError {
     }
 }
 
+#[utoipa::path(
+    put,
+    path = "/v1/quotas/{tenant}",
+    tag = "quotas",
+    operation_id = "put_quota",
+    summary = "Creates or replaces a tenant's policy",
+    params(("tenant" = String, Path, pattern = "^[A-Za-z0-9._~:@-]{1,128}$", description = "The tenant", example = "acme")),
+    request_body(content = PolicyDoc, content_type = "application/json"),
+    responses(
+        (status = 200, description = "Replaced", body = PolicyView),
+        (status = 201, description = "Created", body = PolicyView),
+        (status = 400, description = "invalid_argument: a bad path, query or body, naming the field", body = ErrorBody),
+        (status = 401, description = "unauthenticated: no token, or a wrong one", body = ErrorBody),
+        (status = 403, description = "permission_denied: a valid token without the right to this", body = ErrorBody),
+        (status = 413, description = "payload_too_large: the body is over 64 KiB", body = ErrorBody),
+        (status = 415, description = "unsupported_media_type: the body is not application/json", body = ErrorBody),
+        (status = 500, description = "internal: a fault of the store or the server, never bad input", body = ErrorBody),
+        (status = 503, description = "unavailable: the store does not answer; try again", body = ErrorBody),
+    ),
+    security(("bearer" = [])),
+)]
 pub async fn put_tenant(
     req: HttpRequest,
     payload: web::Payload,
@@ -108,18 +131,75 @@ pub async fn put_tenant(
 ) -> Result<HttpResponse, ApiError> {
     put(req, payload, state).await
 }
+#[utoipa::path(
+    get,
+    path = "/v1/quotas/{tenant}",
+    tag = "quotas",
+    operation_id = "get_quota",
+    summary = "A tenant's policy",
+    params(("tenant" = String, Path, pattern = "^[A-Za-z0-9._~:@-]{1,128}$", description = "The tenant", example = "acme")),
+    responses(
+        (status = 200, description = "The policy", body = PolicyView),
+        (status = 400, description = "invalid_argument: a bad path, query or body, naming the field", body = ErrorBody),
+        (status = 401, description = "unauthenticated: no token, or a wrong one", body = ErrorBody),
+        (status = 403, description = "permission_denied: a valid token without the right to this", body = ErrorBody),
+        (status = 404, description = "not_found: the tenant has no quota", body = ErrorBody),
+        (status = 500, description = "internal: a fault of the store or the server, never bad input", body = ErrorBody),
+        (status = 503, description = "unavailable: the store does not answer; try again", body = ErrorBody),
+    ),
+    security(("bearer" = [])),
+)]
 pub async fn get_tenant(
     req: HttpRequest,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     get(req, state).await
 }
+#[utoipa::path(
+    delete,
+    path = "/v1/quotas/{tenant}",
+    tag = "quotas",
+    operation_id = "delete_quota",
+    summary = "Deletes a tenant's policy (its client overrides stay)",
+    params(("tenant" = String, Path, pattern = "^[A-Za-z0-9._~:@-]{1,128}$", description = "The tenant", example = "acme")),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 400, description = "invalid_argument: a bad path, query or body, naming the field", body = ErrorBody),
+        (status = 401, description = "unauthenticated: no token, or a wrong one", body = ErrorBody),
+        (status = 403, description = "permission_denied: a valid token without the right to this", body = ErrorBody),
+        (status = 404, description = "not_found: the tenant has no quota", body = ErrorBody),
+        (status = 500, description = "internal: a fault of the store or the server, never bad input", body = ErrorBody),
+        (status = 503, description = "unavailable: the store does not answer; try again", body = ErrorBody),
+    ),
+    security(("bearer" = [])),
+)]
 pub async fn delete_tenant(
     req: HttpRequest,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     delete(req, state).await
 }
+#[utoipa::path(
+    put,
+    path = "/v1/quotas/{tenant}/clients/{client}",
+    tag = "quotas",
+    operation_id = "put_override",
+    summary = "Creates or replaces a client's override of its tenant's policy",
+    params(("tenant" = String, Path, pattern = "^[A-Za-z0-9._~:@-]{1,128}$", description = "The tenant", example = "acme"), ("client" = String, Path, pattern = "^[A-Za-z0-9._~:@-]{1,128}$", description = "A client of the tenant", example = "key-123")),
+    request_body(content = PolicyDoc, content_type = "application/json"),
+    responses(
+        (status = 200, description = "Replaced", body = PolicyView),
+        (status = 201, description = "Created", body = PolicyView),
+        (status = 400, description = "invalid_argument: a bad path, query or body, naming the field", body = ErrorBody),
+        (status = 401, description = "unauthenticated: no token, or a wrong one", body = ErrorBody),
+        (status = 403, description = "permission_denied: a valid token without the right to this", body = ErrorBody),
+        (status = 413, description = "payload_too_large: the body is over 64 KiB", body = ErrorBody),
+        (status = 415, description = "unsupported_media_type: the body is not application/json", body = ErrorBody),
+        (status = 500, description = "internal: a fault of the store or the server, never bad input", body = ErrorBody),
+        (status = 503, description = "unavailable: the store does not answer; try again", body = ErrorBody),
+    ),
+    security(("bearer" = [])),
+)]
 pub async fn put_client(
     req: HttpRequest,
     payload: web::Payload,
@@ -127,12 +207,48 @@ pub async fn put_client(
 ) -> Result<HttpResponse, ApiError> {
     put(req, payload, state).await
 }
+#[utoipa::path(
+    get,
+    path = "/v1/quotas/{tenant}/clients/{client}",
+    tag = "quotas",
+    operation_id = "get_override",
+    summary = "A client's override",
+    params(("tenant" = String, Path, pattern = "^[A-Za-z0-9._~:@-]{1,128}$", description = "The tenant", example = "acme"), ("client" = String, Path, pattern = "^[A-Za-z0-9._~:@-]{1,128}$", description = "A client of the tenant", example = "key-123")),
+    responses(
+        (status = 200, description = "The override", body = PolicyView),
+        (status = 400, description = "invalid_argument: a bad path, query or body, naming the field", body = ErrorBody),
+        (status = 401, description = "unauthenticated: no token, or a wrong one", body = ErrorBody),
+        (status = 403, description = "permission_denied: a valid token without the right to this", body = ErrorBody),
+        (status = 404, description = "not_found: the tenant has no override for this client", body = ErrorBody),
+        (status = 500, description = "internal: a fault of the store or the server, never bad input", body = ErrorBody),
+        (status = 503, description = "unavailable: the store does not answer; try again", body = ErrorBody),
+    ),
+    security(("bearer" = [])),
+)]
 pub async fn get_client(
     req: HttpRequest,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     get(req, state).await
 }
+#[utoipa::path(
+    delete,
+    path = "/v1/quotas/{tenant}/clients/{client}",
+    tag = "quotas",
+    operation_id = "delete_override",
+    summary = "Deletes a client's override",
+    params(("tenant" = String, Path, pattern = "^[A-Za-z0-9._~:@-]{1,128}$", description = "The tenant", example = "acme"), ("client" = String, Path, pattern = "^[A-Za-z0-9._~:@-]{1,128}$", description = "A client of the tenant", example = "key-123")),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 400, description = "invalid_argument: a bad path, query or body, naming the field", body = ErrorBody),
+        (status = 401, description = "unauthenticated: no token, or a wrong one", body = ErrorBody),
+        (status = 403, description = "permission_denied: a valid token without the right to this", body = ErrorBody),
+        (status = 404, description = "not_found: the tenant has no override for this client", body = ErrorBody),
+        (status = 500, description = "internal: a fault of the store or the server, never bad input", body = ErrorBody),
+        (status = 503, description = "unavailable: the store does not answer; try again", body = ErrorBody),
+    ),
+    security(("bearer" = [])),
+)]
 pub async fn delete_client(
     req: HttpRequest,
     state: web::Data<AppState>,
@@ -140,10 +256,15 @@ pub async fn delete_client(
     delete(req, state).await
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 struct ListQuery {
+    /// Page size.
+    #[param(value_type = u32, required = false, minimum = 1, maximum = 1000, default = 100)]
     limit: Option<String>,
+    /// Start after this tenant (the previous page's `next`).
+    #[param(pattern = "^[A-Za-z0-9._~:@-]{1,128}$")]
     after: Option<String>,
 }
 
@@ -160,6 +281,23 @@ fn query<T: for<'de> Deserialize<'de>>(req: &HttpRequest) -> Result<T, ApiError>
         })
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/quotas",
+    tag = "quotas",
+    operation_id = "list_quotas",
+    summary = "Tenants' policies in tenant order, a page at a time",
+    params(ListQuery),
+    responses(
+        (status = 200, description = "A page; `next` is the `after` of the next page, null on the last", body = QuotaList),
+        (status = 400, description = "invalid_argument: a bad path, query or body, naming the field", body = ErrorBody),
+        (status = 401, description = "unauthenticated: no token, or a wrong one", body = ErrorBody),
+        (status = 403, description = "permission_denied: a valid token without the right to this", body = ErrorBody),
+        (status = 500, description = "internal: a fault of the store or the server, never bad input", body = ErrorBody),
+        (status = 503, description = "unavailable: the store does not answer; try again", body = ErrorBody),
+    ),
+    security(("bearer" = [])),
+)]
 pub async fn list(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     let who = state.auth.admin(&req)?;
     let q: ListQuery = query(&req)?;
@@ -202,12 +340,33 @@ pub async fn list(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpRe
     Ok(HttpResponse::Ok().json(json!({ "quotas": quotas, "next": next })))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 struct UsageQuery {
+    /// Show the limits that would apply to a check on this resource.
+    #[param(pattern = "^[ -~]{1,256}$")]
     resource: Option<String>,
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/usage/{tenant}/{client}",
+    tag = "usage",
+    operation_id = "get_usage",
+    summary = "What a client has used of each applicable limit; consumes nothing",
+    params(("tenant" = String, Path, pattern = "^[A-Za-z0-9._~:@-]{1,128}$", description = "The tenant", example = "acme"), ("client" = String, Path, pattern = "^[A-Za-z0-9._~:@-]{1,128}$", description = "A client of the tenant", example = "key-123"), UsageQuery),
+    responses(
+        (status = 200, description = "One entry per applicable limit", body = UsageView),
+        (status = 400, description = "invalid_argument: a bad path, query or body, naming the field", body = ErrorBody),
+        (status = 401, description = "unauthenticated: no token, or a wrong one", body = ErrorBody),
+        (status = 403, description = "permission_denied: a valid token without the right to this", body = ErrorBody),
+        (status = 404, description = "not_found: the tenant has no quota", body = ErrorBody),
+        (status = 500, description = "internal: a fault of the store or the server, never bad input", body = ErrorBody),
+        (status = 503, description = "unavailable: the store does not answer; try again", body = ErrorBody),
+    ),
+    security(("bearer" = [])),
+)]
 pub async fn usage(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     let who = state.auth.admin(&req)?;
     let (tenant, client) = path_ids(&req)?;

@@ -6,8 +6,9 @@ use std::time::Instant;
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
-use super::error::{json_error, ApiError};
+use super::error::{json_error, ApiError, ErrorBody};
 use super::{json_body, AppState};
 use crate::domain::{parse_cost, validate_resource, ClientId, TenantId};
 use crate::limiter::{CheckInput, Decision};
@@ -17,24 +18,38 @@ use crate::metrics::DecisionLabel;
 pub const MAX_BATCH: usize = 1000;
 
 /// A check as sent. Fields are optional here so a missing one gets a message naming it;
-/// unknown fields are refused so a typo (`"cots"`) is not silently ignored.
-#[derive(Deserialize)]
+/// unknown fields are refused so a typo (`"cots"`) is not silently ignored. The `schema`
+/// attributes state for the OpenAPI document what `validate` enforces.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = Check)]
 struct CheckDto<'a> {
+    /// The tenant whose quota applies.
     #[serde(borrow, default)]
+    #[schema(value_type = String, required = true, pattern = "^[A-Za-z0-9._~:@-]{1,128}$", example = "acme")]
     tenant: Option<Cow<'a, str>>,
+    /// The tenant's client (an API key, a user id...).
     #[serde(borrow, default)]
+    #[schema(value_type = String, required = true, pattern = "^[A-Za-z0-9._~:@-]{1,128}$", example = "key-123")]
     client: Option<Cow<'a, str>>,
+    /// What the request touches; limits with a `resource` apply only when it matches. Absent
+    /// (or null): only the limits without a `resource` apply.
     #[serde(borrow, default)]
+    #[schema(value_type = Option<String>, pattern = "^[ -~]{1,256}$", example = "PUT /products/42")]
     resource: Option<Cow<'a, str>>,
+    /// Units to take; 0 peeks and consumes nothing. Absent (or null): 1.
     #[serde(default)]
+    #[schema(value_type = Option<u64>, minimum = 0, maximum = 1000000, default = 1)]
     cost: Option<serde_json::Number>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = CheckBatch)]
 struct BatchDto<'a> {
+    /// Decided in order, each as if sent alone.
     #[serde(borrow)]
+    #[schema(min_items = 1, max_items = 1000)]
     checks: Vec<CheckDto<'a>>,
 }
 
@@ -77,14 +92,28 @@ fn validate<'a>(dto: CheckDto<'a>, prefix: &str) -> Result<Parsed<'a>, ApiError>
     })
 }
 
-#[derive(Serialize)]
+/// The answer to a check (200 admitted, 429 denied). The binding limit's fields are null when no
+/// limit applies. (`deny_unknown_fields` only tells the OpenAPI document that an answer has no
+/// other fields.)
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(as = CheckAnswer)]
 struct Answer<'a> {
     allowed: bool,
+    /// The binding limit: the one that denied (the longest wait), else the least remaining.
+    #[schema(pattern = "^[A-Za-z0-9._~:@-]{1,128}$")]
     limit_id: Option<&'a str>,
+    #[schema(minimum = 1)]
     limit: Option<u64>,
     remaining: Option<u64>,
+    /// Until the binding limit's period ends, or its oldest counted hits leave its window.
+    #[schema(minimum = 0)]
     reset_after_ms: Option<i64>,
+    /// On a denial, until the same request could be admitted (null: never, the cost is above a
+    /// limit's max); 0 when admitted.
+    #[schema(minimum = 0)]
     retry_after_ms: Option<i64>,
+    /// Present (true) only in dry_run mode, where enforcing would have denied.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     dry_run_denied: bool,
 }
@@ -145,6 +174,36 @@ fn ceil_secs(ms: i64) -> i64 {
     (ms.max(0) + 999) / 1000
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/check",
+    tag = "checks",
+    operation_id = "check",
+    summary = "Asks whether a client of a tenant may do something now, and takes the cost if so",
+    request_body(content = CheckDto, content_type = "application/json"),
+    responses(
+        (status = 200, description = "Admitted (or dry_run)", body = Answer, headers(
+                ("RateLimit-Limit" = u64, description = "The binding limit's max (absent when no limit applies); also as X-RateLimit-Limit"),
+                ("RateLimit-Remaining" = u64, description = "What it has left; also as X-RateLimit-Remaining"),
+                ("RateLimit-Reset" = u64, description = "Seconds, rounded up, until it resets; also as X-RateLimit-Reset"),
+                ("X-RateLimit-Limit" = u64), ("X-RateLimit-Remaining" = u64), ("X-RateLimit-Reset" = u64)
+            )),
+        (status = 429, description = "Denied; nothing was consumed", body = Answer, headers(
+                ("RateLimit-Limit" = u64, description = "The binding limit's max (absent when no limit applies); also as X-RateLimit-Limit"),
+                ("RateLimit-Remaining" = u64, description = "What it has left; also as X-RateLimit-Remaining"),
+                ("RateLimit-Reset" = u64, description = "Seconds, rounded up, until it resets; also as X-RateLimit-Reset"),
+                ("X-RateLimit-Limit" = u64), ("X-RateLimit-Remaining" = u64), ("X-RateLimit-Reset" = u64),
+                ("Retry-After" = u64, description = "Seconds (at least 1) until the same request could be admitted; absent when it never can")
+            )),
+        (status = 400, description = "invalid_argument: a bad body, naming the field", body = ErrorBody),
+        (status = 401, description = "unauthenticated: a check token is configured and this request has none or a wrong one", body = ErrorBody),
+        (status = 403, description = "permission_denied: the token may not check for this tenant", body = ErrorBody),
+        (status = 404, description = "not_found: the tenant has no quota and no default is configured", body = ErrorBody),
+        (status = 413, description = "payload_too_large: the body is over 64 KiB", body = ErrorBody),
+        (status = 415, description = "unsupported_media_type: the body is not application/json", body = ErrorBody),
+    ),
+    security((), ("bearer" = [])),
+)]
 pub async fn check(
     req: HttpRequest,
     payload: web::Payload,
@@ -188,13 +247,40 @@ pub async fn check(
     Ok(res.json(Answer::of(&d)))
 }
 
-#[derive(Serialize)]
+/// One result of a batch: an answer, or the error the check would have got alone.
+#[derive(Serialize, ToSchema)]
 #[serde(untagged)]
+#[schema(as = CheckBatchItem)]
 enum Item<'a> {
     Answer(Answer<'a>),
-    Error(super::error::ErrorBody<'a>),
+    Error(ErrorBody<'a>),
 }
 
+/// The answer to a batch.
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(as = CheckBatchAnswer)]
+struct BatchAnswer<'a> {
+    results: Vec<Item<'a>>,
+}
+
+#[utoipa::path(
+    post,
+    path = "/v1/check/batch",
+    tag = "checks",
+    operation_id = "check_batch",
+    summary = "Decides 1 to 1000 checks in order, each as if sent alone",
+    request_body(content = BatchDto, content_type = "application/json"),
+    responses(
+        (status = 200, description = "One result per check, in order: an answer, or the error the check would get alone (not_found)", body = BatchAnswer),
+        (status = 400, description = "invalid_argument: a bad body or item, naming the field (checks[i].field)", body = ErrorBody),
+        (status = 401, description = "unauthenticated: a check token is configured and this request has none or a wrong one", body = ErrorBody),
+        (status = 403, description = "permission_denied: the token may not check for a tenant of the batch", body = ErrorBody),
+        (status = 413, description = "payload_too_large: the body is over 64 KiB", body = ErrorBody),
+        (status = 415, description = "unsupported_media_type: the body is not application/json", body = ErrorBody),
+    ),
+    security((), ("bearer" = [])),
+)]
 pub async fn batch(
     req: HttpRequest,
     payload: web::Payload,
@@ -233,5 +319,5 @@ pub async fn batch(
             Err(e) => Item::Error(e.body()),
         })
         .collect();
-    Ok(HttpResponse::Ok().json(serde_json::json!({ "results": items })))
+    Ok(HttpResponse::Ok().json(BatchAnswer { results: items }))
 }

@@ -6,6 +6,7 @@
 use actix_web::http::{header, StatusCode};
 use actix_web::{HttpResponse, ResponseError};
 use serde::Serialize;
+use utoipa::ToSchema;
 
 use crate::domain::FieldError;
 
@@ -72,17 +73,66 @@ impl ApiError {
     }
 }
 
-#[derive(Serialize)]
+/// Every error answer, and a failed item of a batch. (`deny_unknown_fields` only tells the
+/// OpenAPI document that it has no other fields.)
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(as = Error)]
 pub struct ErrorBody<'a> {
     pub error: ErrorDetail<'a>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ErrorDetail<'a> {
+    /// What went wrong, one of [`ApiError::code`]'s values.
+    #[schema(schema_with = code_schema)]
     pub code: &'static str,
+    /// For a person; may change between releases.
+    #[schema(example = "cost must be 0..=1000000")]
     pub message: String,
+    /// The offending input, for `invalid_argument` (`cost`, `limits[2].window`, `checks[3].tenant`).
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = String, example = "cost")]
     pub field: Option<&'a str>,
+}
+
+/// One error of each kind, for the OpenAPI document's list of codes.
+pub fn every_kind() -> Vec<ApiError> {
+    let all = vec![
+        ApiError::invalid("", ""),
+        ApiError::Unauthenticated(""),
+        ApiError::PermissionDenied(""),
+        ApiError::NotFound(String::new()),
+        ApiError::MethodNotAllowed,
+        ApiError::PayloadTooLarge(0),
+        ApiError::UnsupportedMediaType(""),
+        ApiError::Unavailable(String::new()),
+        ApiError::Internal(String::new()),
+    ];
+    // A new variant fails to compile here until it is added to the list above.
+    for e in &all {
+        match e {
+            ApiError::InvalidArgument { .. }
+            | ApiError::Unauthenticated(_)
+            | ApiError::PermissionDenied(_)
+            | ApiError::NotFound(_)
+            | ApiError::MethodNotAllowed
+            | ApiError::PayloadTooLarge(_)
+            | ApiError::UnsupportedMediaType(_)
+            | ApiError::Unavailable(_)
+            | ApiError::Internal(_) => {}
+        }
+    }
+    all
+}
+
+/// The schema of `error.code`: an enum of every code the server can send.
+fn code_schema() -> utoipa::openapi::Object {
+    utoipa::openapi::ObjectBuilder::new()
+        .schema_type(utoipa::openapi::Type::String)
+        .enum_values(Some(every_kind().iter().map(ApiError::code)))
+        .build()
 }
 
 impl From<FieldError> for ApiError {

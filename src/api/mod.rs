@@ -4,6 +4,7 @@
 mod admin;
 mod check;
 pub mod error;
+mod openapi;
 mod ops;
 
 use std::sync::Arc;
@@ -265,6 +266,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         .service(res("/healthz").route(web::get().to(ops::healthz)))
         .service(res("/readyz").route(web::get().to(ops::readyz)))
         .service(res("/metrics").route(web::get().to(ops::metrics)))
+        .service(res("/v1/openapi.json").route(web::get().to(openapi::openapi_json)))
         .default_service(web::to(not_found));
 }
 

@@ -3,15 +3,33 @@
 use actix_web::{web, HttpResponse};
 use serde_json::json;
 
-use super::error::ApiError;
+use super::error::{ApiError, ErrorBody};
+use super::openapi::{Health, Ready};
 use super::AppState;
 
 /// 200 while the process serves.
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    tag = "ops",
+    operation_id = "healthz",
+    responses((status = 200, description = "The process serves", body = Health)),
+)]
 pub async fn healthz() -> HttpResponse {
     HttpResponse::Ok().json(json!({"status": "ok"}))
 }
 
 /// 200 while the store answers within the store deadline, else 503.
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    tag = "ops",
+    operation_id = "readyz",
+    responses(
+        (status = 200, description = "The store answers", body = Ready),
+        (status = 503, description = "unavailable: the store does not answer", body = ErrorBody),
+    ),
+)]
 pub async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     match tokio::time::timeout(
         state
@@ -33,6 +51,13 @@ pub async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, ApiError
     }
 }
 
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "ops",
+    operation_id = "metrics",
+    responses((status = 200, description = "Prometheus text exposition", body = String, content_type = "text/plain")),
+)]
 pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4")

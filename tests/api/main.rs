@@ -5,4 +5,5 @@ mod checks;
 mod errors;
 mod helpers;
 mod lifecycle;
+mod openapi;
 mod quotas;

@@ -1,0 +1,286 @@
+//! `GET /v1/openapi.json`: the OpenAPI 3.1 document of the HTTP API, for people and for client
+//! generators.
+//!
+//! It is derived at start-up (utoipa) from the types the handlers really parse and send (the
+//! check and batch bodies and answers, the policy document, the error body) and from the
+//! `#[utoipa::path]` attribute on each handler, which lists its answers. Bodies that the admin
+//! and ops handlers build as `serde_json::Value` are described by the `*View` types below; the
+//! HTTP tests (`tests/api/openapi.rs`) hold real answers against the served document and check
+//! that every route the server has is in it, and `scripts/fuzz-api.sh` runs schemathesis
+//! against it. Objects the server refuses extra fields in are `additionalProperties: false`.
+
+use std::sync::OnceLock;
+
+use actix_web::HttpResponse;
+use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
+use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
+use utoipa::{Modify, OpenApi, ToSchema};
+
+use super::error::ErrorBody;
+use super::{admin, check, ops};
+use crate::domain::{Consistency, LimitDoc, Mode, OnStoreFailure};
+
+/// A policy as the admin API shows it: the canonical document, every default spelled out, with
+/// its bookkeeping. (Built as JSON by `admin::render`; this type only describes it.)
+#[allow(dead_code)]
+#[derive(ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(as = PolicyRecord)]
+pub struct PolicyView {
+    #[schema(pattern = "^[A-Za-z0-9._~:@-]{1,128}$")]
+    tenant: String,
+    /// Present on a client override.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = String, pattern = "^[A-Za-z0-9._~:@-]{1,128}$")]
+    client: Option<String>,
+    #[schema(min_items = 1, max_items = 16)]
+    limits: Vec<LimitDoc>,
+    #[schema(value_type = Mode)]
+    mode: String,
+    #[schema(value_type = Consistency)]
+    consistency: String,
+    #[schema(value_type = OnStoreFailure)]
+    on_store_failure: String,
+    /// 1 on creation, one more at each replacement.
+    #[schema(minimum = 1)]
+    version: u64,
+    #[schema(format = DateTime)]
+    updated_at: String,
+}
+
+/// A page of `GET /v1/quotas`.
+#[allow(dead_code)]
+#[derive(ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct QuotaList {
+    quotas: Vec<PolicyView>,
+    /// The `after` of the next page; null on the last page.
+    #[schema(required = true, pattern = "^[A-Za-z0-9._~:@-]{1,128}$")]
+    next: Option<String>,
+}
+
+/// `GET /v1/usage/{tenant}/{client}`.
+#[allow(dead_code)]
+#[derive(ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(as = Usage)]
+pub struct UsageView {
+    tenant: String,
+    client: String,
+    limits: Vec<UsageLimit>,
+}
+
+/// One applicable limit's count.
+#[allow(dead_code)]
+#[derive(ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UsageLimit {
+    #[schema(pattern = "^[A-Za-z0-9._~:@-]{1,128}$")]
+    limit_id: String,
+    count: u64,
+    #[schema(minimum = 1)]
+    limit: u64,
+    remaining: u64,
+    #[schema(minimum = 0)]
+    reset_after_ms: i64,
+}
+
+/// `GET /healthz`.
+#[allow(dead_code)]
+#[derive(ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Health {
+    #[schema(example = "ok")]
+    status: String,
+}
+
+/// `GET /readyz` while the store answers.
+#[allow(dead_code)]
+#[derive(ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Ready {
+    #[schema(example = "ready")]
+    status: String,
+    /// The configured store (`embedded`, `scylla`).
+    #[schema(example = "embedded")]
+    store: String,
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "quotad",
+        description = "A multi-tenant quota and rate-limit service. Every error is \
+            `{\"error\": {\"code\", \"message\", \"field\"?}}` with a 4xx/5xx status; bad input \
+            never gets a 5xx. A method a route does not have gets 405 `method_not_allowed` \
+            (components.responses.MethodNotAllowed), an unknown path 404 `not_found`."
+    ),
+    paths(
+        check::check,
+        check::batch,
+        admin::list,
+        admin::put_tenant,
+        admin::get_tenant,
+        admin::delete_tenant,
+        admin::put_client,
+        admin::get_client,
+        admin::delete_client,
+        admin::usage,
+        ops::healthz,
+        ops::readyz,
+        ops::metrics,
+        openapi_json,
+    ),
+    modifiers(&Extras),
+    tags(
+        (name = "checks", description = "Rate-limit decisions"),
+        (name = "quotas", description = "Tenants' policies and clients' overrides (admin)"),
+        (name = "usage", description = "Counts, read without consuming (admin)"),
+        (name = "ops", description = "Health, readiness, metrics, this document"),
+    )
+)]
+pub struct ApiDoc;
+
+/// What the derive cannot say: the bearer scheme, and the 405 every route answers to a method it
+/// does not have (no operation of the document can carry it).
+struct Extras;
+
+impl Modify for Extras {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        let components = doc.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(
+                Http::builder()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some(
+                        "The admin token for /v1/quotas and /v1/usage; the check token (when one \
+                         is configured) or the admin token for /v1/check",
+                    ))
+                    .build(),
+            ),
+        );
+        components.responses.insert(
+            "MethodNotAllowed".into(),
+            ResponseBuilder::new()
+                .description("method_not_allowed: the route has no such method")
+                .content(
+                    "application/json",
+                    ContentBuilder::new()
+                        .schema(Some(Ref::from_schema_name(
+                            <ErrorBody as utoipa::ToSchema>::name(),
+                        )))
+                        .build(),
+                )
+                .build()
+                .into(),
+        );
+    }
+}
+
+/// The document as served (built once).
+pub fn document() -> &'static str {
+    static DOC: OnceLock<String> = OnceLock::new();
+    DOC.get_or_init(|| {
+        let mut doc = serde_json::to_value(ApiDoc::openapi()).expect("the document serializes");
+        // A limit has exactly one of `window` and `period` that is not null
+        // (`Policy::from_doc`); utoipa's object schema cannot carry a `oneOf` beside its
+        // properties, the JSON can.
+        doc["components"]["schemas"]["Limit"]["oneOf"] = serde_json::json!([
+            {"required": ["window"], "properties": {"window": {"type": "string"}}},
+            {"required": ["period"], "properties": {"period": {"type": "string"}}},
+        ]);
+        serde_json::to_string_pretty(&doc).expect("the document serializes")
+    })
+}
+
+#[utoipa::path(
+    get,
+    path = "/v1/openapi.json",
+    tag = "ops",
+    operation_id = "openapi",
+    summary = "This document (OpenAPI 3.1)",
+    responses((status = 200, description = "The OpenAPI document", body = Object, content_type = "application/json")),
+)]
+pub async fn openapi_json() -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("application/json")
+        .body(document())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{validate_id, validate_resource};
+    use serde_json::Value;
+
+    fn doc() -> Value {
+        serde_json::from_str(document()).unwrap()
+    }
+
+    /// Every pattern of the document, with the JSON path where it stands.
+    fn patterns(v: &Value, at: String, out: &mut Vec<(String, String)>) {
+        match v {
+            Value::Object(m) => {
+                for (k, x) in m {
+                    if k == "pattern" {
+                        out.push((at.clone(), x.as_str().unwrap().to_owned()));
+                    } else {
+                        patterns(x, format!("{at}/{k}"), out);
+                    }
+                }
+            }
+            Value::Array(a) => {
+                for (i, x) in a.iter().enumerate() {
+                    patterns(x, format!("{at}/{i}"), out);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    #[test]
+    fn patterns_are_the_domain_rules() {
+        // The document spells the domain's rules as regexes; these are the only two, and these
+        // samples show they agree with the validators at their edges.
+        const ID: &str = "^[A-Za-z0-9._~:@-]{1,128}$";
+        const RESOURCE: &str = "^[ -~]{1,256}$";
+        let mut found = Vec::new();
+        patterns(&doc(), String::new(), &mut found);
+        assert!(found.len() > 10, "{found:?}");
+        for (at, p) in &found {
+            assert!(p == ID || p == RESOURCE, "{at}: unexpected pattern {p}");
+        }
+        let id_ok = |s: &str| validate_id("f", s).is_ok();
+        assert!(id_ok("AZaz09._~:@-") && id_ok(&"a".repeat(128)));
+        assert!(!id_ok("") && !id_ok(&"a".repeat(129)) && !id_ok("a b") && !id_ok("a/b"));
+        let res_ok = |s: &str| validate_resource("f", s).is_ok();
+        assert!(res_ok(" ~") && res_ok(&"x".repeat(256)));
+        assert!(!res_ok("") && !res_ok(&"x".repeat(257)) && !res_ok("\t") && !res_ok("\u{7f}"));
+    }
+
+    #[test]
+    fn error_codes_are_every_kind() {
+        let d = doc();
+        let codes = &d["components"]["schemas"]["ErrorDetail"]["properties"]["code"]["enum"];
+        let codes: Vec<&str> = codes
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c.as_str().unwrap())
+            .collect();
+        for c in [
+            "invalid_argument",
+            "unauthenticated",
+            "permission_denied",
+            "not_found",
+            "method_not_allowed",
+            "payload_too_large",
+            "unsupported_media_type",
+            "unavailable",
+            "internal",
+        ] {
+            assert!(codes.contains(&c), "{c} missing from {codes:?}");
+        }
+    }
+}

@@ -1,0 +1,259 @@
+#!/usr/bin/env bash
+# HTTP load benchmarks of quotad against a bare actix-web baseline, on loopback only.
+#
+#   scripts/bench-http.sh            # everything, ~3 minutes of load plus the build
+#   DUR=5s scripts/bench-http.sh     # shorter runs
+#   ONLY=memory scripts/bench-http.sh   # one part: throughput | store | strict | memory
+#
+# What it measures (all on 127.0.0.1, every run bounded by DUR):
+#  1. /v1/check and /v1/check/batch (100 checks a request) on quotad (embedded store, cached
+#     consistency, 3-tier policy, 10^4 clients of one tenant) and on examples/bench_baseline
+#     (same actix-web, parses the same JSON, fixed answer): req/s, p50/p99/p99.9, ratio.
+#  2. p99 at half the maximum rate: wrk2 is not in Debian, so wrk's Lua `delay()` paces each
+#     connection to about half the measured maximum (see half_rate below).
+#  3. Store cost: quotad_store_operations_total before/after runs over 10^3 and 10^5 clients.
+#  4. Sync and strict latency: a strict-consistency policy; sync op durations from /metrics.
+#  5. Memory: VmRSS after 10^6 distinct active counters, bytes per counter.
+# Results go to stdout and to $OUT (default: a temp dir), one file per part.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+DUR=${DUR:-10s}
+CONNS=${CONNS:-64}
+THREADS=${THREADS:-2}
+CLIENTS=${CLIENTS:-10000}
+ONLY=${ONLY:-all}
+QPORT=${QPORT:-18080}
+BPORT=${BPORT:-18081}
+TOKEN=bench-admin-token
+TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
+OUT=${OUT:-$(mktemp -d /tmp/quotad-bench.XXXXXX)}
+mkdir -p "$OUT"
+WORK=$(mktemp -d /tmp/quotad-bench-store.XXXXXX)
+PIDS=()
+
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+log() { printf '\n== %s\n' "$*"; }
+
+# ---- Tools and build -------------------------------------------------------------------------
+if ! command -v wrk >/dev/null; then
+  log "installing wrk (apt)"
+  apt-get update -qq && apt-get install -y -qq wrk
+fi
+log "building (release) into $TARGET"
+cargo build --release --bin quotad --example bench_baseline
+QUOTAD=$TARGET/release/quotad
+BASELINE=$TARGET/release/examples/bench_baseline
+
+{
+  echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
+  echo "kernel: $(uname -r); wrk: $(wrk --version 2>&1 | head -1)"
+  echo "rustc: $(rustc --version)"
+} | tee "$OUT/machine.txt"
+
+# ---- Helpers ---------------------------------------------------------------------------------
+wait_up() { # URL
+  for _ in $(seq 1 100); do
+    curl -fsS -o /dev/null "$1" 2>/dev/null && return 0
+    sleep 0.1
+  done
+  echo "server at $1 did not come up" >&2
+  return 1
+}
+
+# Starts quotad on $QPORT with a fresh embedded store; extra env as arguments (K=V ...).
+QPID=""
+start_quotad() {
+  stop_quotad
+  rm -rf "$WORK/store"
+  env QUOTAD__SERVER__BIND=127.0.0.1:$QPORT \
+    QUOTAD__STORE__KIND=embedded \
+    QUOTAD__STORE__PATH="$WORK/store" \
+    QUOTAD__AUTH__ADMIN_TOKEN=$TOKEN \
+    QUOTAD__LOG__LEVEL=warn \
+    "$@" "$QUOTAD" serve >"$WORK/quotad.log" 2>&1 &
+  QPID=$!
+  PIDS+=("$QPID")
+  wait_up "http://127.0.0.1:$QPORT/healthz"
+}
+stop_quotad() {
+  if [ -n "$QPID" ]; then
+    kill -TERM "$QPID" 2>/dev/null || true
+    wait "$QPID" 2>/dev/null || true
+    QPID=""
+  fi
+}
+
+put_policy() { # TENANT JSON
+  local code
+  code=$(curl -sS -o "$WORK/put.out" -w '%{http_code}' -X PUT \
+    -H "Authorization: Bearer $TOKEN" -H 'Content-Type: application/json' \
+    --data "$2" "http://127.0.0.1:$QPORT/v1/quotas/$1")
+  case "$code" in 200 | 201) ;; *) echo "PUT policy $1: $code $(cat "$WORK/put.out")" >&2; exit 1 ;; esac
+  sleep 1.2 # quotas.refresh_ms: let every cache see it
+}
+
+metric() { # NAME-WITH-LABELS-PREFIX -> sum of matching series
+  curl -fsS "http://127.0.0.1:$QPORT/metrics" |
+    awk -v m="$1" 'index($0, m) == 1 { s += $NF } END { printf "%.6f\n", s + 0 }'
+}
+
+# Runs wrk and prints a one-line summary: name rps p50 p99 p99.9 (ms) non2xx.
+run_wrk() { # NAME URL SCRIPT CONNS DUR -- script args
+  local name=$1 url=$2 script=$3 conns=$4 dur=$5
+  shift 5
+  local f="$OUT/wrk-$name.txt"
+  local threads=$(( conns < THREADS ? conns : THREADS ))
+  wrk -t"$threads" -c"$conns" -d"$dur" --latency -s "$script" "$url" "$@" >"$f" 2>&1
+  python3 - "$f" "$name" <<'EOF' | tee -a "$OUT/summary.txt"
+import re, sys
+t = open(sys.argv[1]).read()
+rps = float(re.search(r"Requests/sec:\s+([\d.]+)", t).group(1))
+p = re.search(r"percentiles us: p50 (\d+) p99 (\d+) p99.9 (\d+) max (\d+)", t)
+p50, p99, p999, mx = (int(x) / 1000 for x in p.groups())
+bad = re.search(r"non-200 answers: (\d+)", t)
+errs = re.search(r"Socket errors: .*", t)
+print(f"{sys.argv[2]:<24} {rps:>9.0f} req/s  p50 {p50:.3f} ms  p99 {p99:.3f} ms  p99.9 {p999:.3f} ms"
+      f"  max {mx:.1f} ms  non-200 {bad.group(1) if bad else '?'}" + (f"  [{errs.group(0)}]" if errs else ""))
+EOF
+}
+rps_of() { grep -oP 'Requests/sec:\s+\K[\d.]+' "$OUT/wrk-$1.txt"; }
+
+# Half the maximum rate without wrk2: every connection waits PACE_MS after each answer, so
+# CONNS = rate * PACE_MS / 1000 connections send about `rate` requests a second (a little less:
+# the answer's own latency adds to each period). The achieved rate is printed with the result.
+PACE_MS=2
+half_rate() { # NAME URL FULL_RPS TENANT
+  local conns
+  conns=$(python3 -c "print(max($THREADS, round($3 / 2 * $PACE_MS / 1000)))")
+  echo "pacing: target $(python3 -c "print(int($3/2))") req/s = $conns connections x 1 request per ${PACE_MS} ms + latency" | tee -a "$OUT/summary.txt"
+  run_wrk "$1" "$2" scripts/wrk/check.lua "$conns" "$DUR" -- "$CLIENTS" "$4" 0 "$PACE_MS"
+}
+
+POLICY3='{"limits": [
+  {"id": "per-second", "max": 100000, "window": "1s"},
+  {"id": "per-hour", "max": 1000000000, "period": "hour"},
+  {"id": "tenant-per-minute", "max": 1000000000000, "window": "1m", "scope": "tenant"}]}'
+POLICY3_STRICT='{"limits": [
+  {"id": "per-second", "max": 100000, "window": "1s"},
+  {"id": "per-hour", "max": 1000000000, "period": "hour"},
+  {"id": "tenant-per-minute", "max": 1000000000000, "window": "1m", "scope": "tenant"}],
+  "consistency": "strict"}'
+POLICY1='{"limits": [{"id": "per-minute", "max": 1000000, "window": "1m"}]}'
+
+want() { [ "$ONLY" = all ] || [ "$ONLY" = "$1" ]; }
+
+: >"$OUT/summary.txt"
+
+# ---- 1 + 2: throughput and latency against the baseline ---------------------------------------
+if want throughput; then
+  log "baseline (examples/bench_baseline) on :$BPORT"
+  "$BASELINE" "127.0.0.1:$BPORT" >"$WORK/baseline.log" 2>&1 &
+  BPID=$!
+  PIDS+=("$BPID")
+  wait_up "http://127.0.0.1:$BPORT/healthz"
+  run_wrk baseline-check "http://127.0.0.1:$BPORT/v1/check" scripts/wrk/check.lua "$CONNS" 3s -- "$CLIENTS" bench >/dev/null
+  run_wrk baseline-check "http://127.0.0.1:$BPORT/v1/check" scripts/wrk/check.lua "$CONNS" "$DUR" -- "$CLIENTS" bench
+  run_wrk baseline-batch100 "http://127.0.0.1:$BPORT/v1/check/batch" scripts/wrk/batch.lua "$CONNS" "$DUR" -- "$CLIENTS" bench 100
+  half_rate baseline-check-half "http://127.0.0.1:$BPORT/v1/check" "$(rps_of baseline-check)" bench
+  kill "$BPID"; wait "$BPID" 2>/dev/null || true
+
+  log "quotad on :$QPORT (embedded store, cached, 3-tier, $CLIENTS clients)"
+  start_quotad
+  put_policy bench "$POLICY3"
+  # Warm-up: the first check of each client reads the store; steady state is what counts.
+  run_wrk quotad-warmup "http://127.0.0.1:$QPORT/v1/check" scripts/wrk/check.lua "$CONNS" 3s -- "$CLIENTS" bench >/dev/null
+  run_wrk quotad-check "http://127.0.0.1:$QPORT/v1/check" scripts/wrk/check.lua "$CONNS" "$DUR" -- "$CLIENTS" bench
+  run_wrk quotad-batch100 "http://127.0.0.1:$QPORT/v1/check/batch" scripts/wrk/batch.lua "$CONNS" "$DUR" -- "$CLIENTS" bench 100
+  half_rate quotad-check-half "http://127.0.0.1:$QPORT/v1/check" "$(rps_of quotad-check)" bench
+  python3 - "$OUT" <<'EOF' | tee -a "$OUT/summary.txt"
+import re, sys
+def rps(n): return float(re.search(r"Requests/sec:\s+([\d.]+)", open(f"{sys.argv[1]}/wrk-{n}.txt").read()).group(1))
+print(f"ratio quotad/baseline  /v1/check: {rps('quotad-check')/rps('baseline-check'):.2f}"
+      f"   /v1/check/batch: {rps('quotad-batch100')/rps('baseline-batch100'):.2f}")
+EOF
+  echo "check metrics: checks_total $(metric 'quotad_checks_total{decision="allowed"}') allowed, $(metric 'quotad_checks_total{decision="denied"}') denied" | tee -a "$OUT/summary.txt"
+  stop_quotad
+fi
+
+# ---- 3: store cost at 10^3 and 10^5 active keys -------------------------------------------------
+store_cost() { # KEYS
+  local keys=$1 tenant="store$1"
+  put_policy "$tenant" "$POLICY3"
+  # Warm: load every key once (first-touch reads happen on the check path, not in the sync).
+  run_wrk "store-warm-$keys" "http://127.0.0.1:$QPORT/v1/check/batch" scripts/wrk/batch.lua 8 3s -- "$keys" "$tenant" 100 >/dev/null
+  sleep 1
+  local c0 i0 r0 t0 c1 i1 r1 t1
+  c0=$(metric 'quotad_checks_total'); i0=$(metric 'quotad_store_operations_total{op="increment"')
+  r0=$(metric 'quotad_store_operations_total{op="read"'); t0=$(date +%s.%N)
+  run_wrk "store-$keys" "http://127.0.0.1:$QPORT/v1/check" scripts/wrk/check.lua "$CONNS" "$DUR" -- "$keys" "$tenant"
+  c1=$(metric 'quotad_checks_total'); i1=$(metric 'quotad_store_operations_total{op="increment"')
+  r1=$(metric 'quotad_store_operations_total{op="read"'); t1=$(date +%s.%N)
+  python3 - "$keys" "$c0" "$c1" "$i0" "$i1" "$r0" "$r1" "$t0" "$t1" <<'EOF' | tee -a "$OUT/summary.txt"
+import sys
+k, c0, c1, i0, i1, r0, r1, t0, t1 = (float(x) for x in sys.argv[1:])
+dt, checks, inc, rd = t1 - t0, c1 - c0, i1 - i0, r1 - r0
+print(f"store cost, {int(k)} active keys: {checks/dt:.0f} checks/s; store ops/s: increment {inc/dt:.1f}, "
+      f"read {rd/dt:.1f}; per 10^6 checks: {1e6*(inc+rd)/checks:.1f} ops "
+      f"(metric counts batched calls: one increment + one read per sync round)")
+EOF
+}
+if want store; then
+  log "store cost (quotad_store_operations_total)"
+  start_quotad
+  store_cost 1000
+  store_cost 100000
+  stop_quotad
+fi
+
+# ---- 4: sync and strict latency ----------------------------------------------------------------
+if want strict; then
+  log "strict consistency on the embedded store"
+  start_quotad
+  put_policy strict "$POLICY3_STRICT"
+  run_wrk strict-warmup "http://127.0.0.1:$QPORT/v1/check" scripts/wrk/check.lua 8 2s -- "$CLIENTS" strict >/dev/null
+  run_wrk strict-check-c8 "http://127.0.0.1:$QPORT/v1/check" scripts/wrk/check.lua 8 "$DUR" -- "$CLIENTS" strict
+  run_wrk strict-check-c1 "http://127.0.0.1:$QPORT/v1/check" scripts/wrk/check.lua 1 "$DUR" -- "$CLIENTS" strict
+  put_policy cached "$POLICY3"
+  run_wrk cached-warmup "http://127.0.0.1:$QPORT/v1/check" scripts/wrk/check.lua 8 2s -- "$CLIENTS" cached >/dev/null
+  run_wrk cached-check-c1 "http://127.0.0.1:$QPORT/v1/check" scripts/wrk/check.lua 1 "$DUR" -- "$CLIENTS" cached
+  curl -fsS "http://127.0.0.1:$QPORT/metrics" >"$OUT/metrics-strict.txt"
+  python3 - "$OUT/metrics-strict.txt" <<'EOF' | tee -a "$OUT/summary.txt"
+import re, sys
+t = open(sys.argv[1]).read()
+for op in ("increment", "read"):
+    s = re.search(r'quotad_store_operation_duration_seconds_sum\{op="%s"\} ([\d.e+-]+)' % op, t)
+    n = re.search(r'quotad_store_operation_duration_seconds_count\{op="%s"\} ([\d.e+-]+)' % op, t)
+    if s and n and float(n.group(1)) > 0:
+        print(f"sync {op}: {int(float(n.group(1)))} batched calls, mean {1000*float(s.group(1))/float(n.group(1)):.3f} ms")
+EOF
+  stop_quotad
+fi
+
+# ---- 5: memory per active counter --------------------------------------------------------------
+if want memory; then
+  log "memory: 10^6 distinct active counters (1-tier policy: one counter per client)"
+  start_quotad QUOTAD__LIMITER__IDLE_MS=10m
+  put_policy mem "$POLICY1"
+  rss() { awk '/VmRSS/ { print $2 * 1024 }' "/proc/$QPID/status"; }
+  R0=$(rss)
+  python3 scripts/fill.py "127.0.0.1:$QPORT" mem 1000000 | tee -a "$OUT/summary.txt"
+  sleep 1 # one sync round sets quotad_active_counters
+  R1=$(rss)
+  N=$(metric 'quotad_active_counters')
+  python3 -c "
+r0, r1, n = $R0, $R1, $N
+print(f'memory: VmRSS {r0/2**20:.1f} MiB -> {r1/2**20:.1f} MiB with {int(n)} active counters: '
+      f'{(r1-r0)/n:.0f} bytes per counter')" | tee -a "$OUT/summary.txt"
+  stop_quotad
+fi
+
+log "summary ($OUT)"
+cat "$OUT/summary.txt"

@@ -1060,9 +1060,14 @@ impl Limiter {
                 for s in e.states.iter_mut() {
                     s.prune(now);
                 }
-                e.states.retain(|s| !s.buckets.is_empty());
+                // A state whose window emptied stays while its entry is in use: dropping it would
+                // send the next check of a client slower than its window to the store.
+                let idle = now - e.last_used >= self.cfg.idle_ms;
+                if idle {
+                    e.states.retain(|s| !s.buckets.is_empty());
+                }
                 let p: u64 = e.states.iter().map(LimitState::pending).sum();
-                let keep = p > 0 || (!e.states.is_empty() && now - e.last_used < self.cfg.idle_ms);
+                let keep = p > 0 || (!e.states.is_empty() && !idle);
                 if keep {
                     counters += e.states.len();
                     pending += p;

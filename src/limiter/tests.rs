@@ -21,6 +21,12 @@ struct Rig {
 }
 
 fn rig() -> Rig {
+    // Generous: most tests are about decisions, not deadlines (a loaded machine makes redb
+    // commits slow, and a missed deadline hands the check to on_store_failure).
+    rig_with_deadline(Duration::from_secs(10))
+}
+
+fn rig_with_deadline(store_timeout: Duration) -> Rig {
     let dir = tempfile::tempdir().unwrap();
     let store: DynStore = Arc::new(EmbeddedStore::open(dir.path()).unwrap());
     let faulty = FaultyStore::new(store.clone());
@@ -33,9 +39,7 @@ fn rig() -> Rig {
         LimiterConfig {
             shards: 8,
             idle_ms: 60_000,
-            // Generous: these tests are about decisions, not deadlines (a loaded machine makes
-            // redb commits slow, and a missed deadline hands the check to on_store_failure).
-            store_timeout: Duration::from_secs(10),
+            store_timeout,
             ..LimiterConfig::default()
         },
     ));
@@ -320,7 +324,7 @@ async fn while_the_store_is_down_hits_wait_and_are_written_when_it_returns() {
 
 #[tokio::test]
 async fn on_store_failure_rules_decide_unknown_keys_without_5xx() {
-    let r = rig();
+    let r = rig_with_deadline(Duration::from_millis(200));
     r.faulty.set(Fault::Hanging);
     let mk = |rule: &str| {
         policy(
@@ -461,4 +465,24 @@ async fn raising_max_keeps_what_was_consumed() {
     let d = check(&r, &raised, &t, &c, 1).await;
     assert!(d.allowed);
     assert_eq!(d.binding.unwrap().remaining, 1);
+}
+
+#[tokio::test]
+async fn a_client_slower_than_its_window_is_decided_in_memory() {
+    let r = rig();
+    let p = policy(serde_json::json!({"limits": [{"id": "s", "max": 5, "window": "1s"}]}));
+    let (t, c) = ids("acme", "k1");
+    check(&r, &p, &t, &c, 1).await;
+    r.syncer.round().await.unwrap();
+    for _ in 0..3 {
+        r.clock.advance(1_200);
+        r.syncer.round().await.unwrap();
+        // With the store hanging, a check that needed it would wait for the deadline and be
+        // decided by on_store_failure; a check from memory is not.
+        r.faulty.set(Fault::Hanging);
+        let d = check(&r, &p, &t, &c, 1).await;
+        r.faulty.set(Fault::Healthy);
+        assert!(d.allowed);
+        assert_eq!(d.store_failure, None, "the check went to the store");
+    }
 }

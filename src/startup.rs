@@ -3,7 +3,6 @@
 
 use std::net::TcpListener;
 use std::sync::Arc;
-use std::time::Duration;
 
 use actix_web::dev::{Server, ServerHandle};
 use actix_web::{web, App, HttpServer};
@@ -227,6 +226,3 @@ fn random_token() -> String {
     let bytes: [u8; 32] = rand::random();
     hex::encode(bytes)
 }
-
-/// How long the process waits for the drain before giving up: exposed for main's exit code.
-pub const DRAIN_GRACE: Duration = Duration::from_secs(30);

@@ -275,6 +275,10 @@ pub struct LimiterSettings {
     pub shards: usize,
     /// Counters untouched this long leave memory (and are re-read from the store on next use).
     pub idle_ms: DurationMs,
+    /// Most counters (key x limit) held in memory; checks needing more go to the store.
+    pub max_counters: usize,
+    /// Most distinct clients of one tenant held in memory; the same beyond it.
+    pub max_clients_per_tenant: usize,
 }
 
 impl Default for LimiterSettings {
@@ -282,6 +286,8 @@ impl Default for LimiterSettings {
         Self {
             shards: 64,
             idle_ms: DurationMs(60_000),
+            max_counters: 1_000_000,
+            max_clients_per_tenant: 100_000,
         }
     }
 }
@@ -394,6 +400,15 @@ impl Settings {
         }
         if self.limiter.shards == 0 || self.limiter.shards > 65_536 {
             return bad("limiter.shards", "must be 1..=65536".into());
+        }
+        if self.limiter.max_counters == 0 {
+            return bad("limiter.max_counters", "must be at least 1".into());
+        }
+        if self.limiter.max_clients_per_tenant == 0 {
+            return bad(
+                "limiter.max_clients_per_tenant",
+                "must be at least 1".into(),
+            );
         }
         let ks = &self.store.keyspace;
         if ks.is_empty()

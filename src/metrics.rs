@@ -22,6 +22,8 @@ pub struct Metrics {
     uncertain_hits: IntCounter,
     unsynced_hits_at_exit: IntGauge,
     compensation_failures: IntCounter,
+    memory_cap_checks: IntCounterVec,
+    unrecorded_hits: IntCounter,
 }
 
 /// What a check decided, as a label.
@@ -126,6 +128,24 @@ impl Metrics {
             "Strict-mode denials whose compensating decrement failed (the count errs high).",
         )
         .expect("valid metric");
+        let memory_cap_checks = IntCounterVec::new(
+            Opts::new(
+                "quotad_memory_cap_checks_total",
+                "Checks decided through the store, without a counter in memory, because a memory \
+                 cap was reached (cap = counters | tenant_clients).",
+            ),
+            &["cap"],
+        )
+        .expect("valid metric");
+        for cap in ["counters", "tenant_clients"] {
+            memory_cap_checks.with_label_values(&[cap]);
+        }
+        let unrecorded_hits = IntCounter::new(
+            "quotad_unrecorded_hits_total",
+            "Hits admitted (on_store_failure = allow) that could be neither written to the \
+             failing store nor held in memory (at a memory cap); each is also logged.",
+        )
+        .expect("valid metric");
         for c in [
             Box::new(checks.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(check_duration.clone()),
@@ -137,6 +157,8 @@ impl Metrics {
             Box::new(uncertain_hits.clone()),
             Box::new(unsynced_hits_at_exit.clone()),
             Box::new(compensation_failures.clone()),
+            Box::new(memory_cap_checks.clone()),
+            Box::new(unrecorded_hits.clone()),
         ] {
             registry.register(c).expect("unique metric");
         }
@@ -158,6 +180,8 @@ impl Metrics {
             uncertain_hits,
             unsynced_hits_at_exit,
             compensation_failures,
+            memory_cap_checks,
+            unrecorded_hits,
         }
     }
 
@@ -200,6 +224,14 @@ impl Metrics {
 
     pub fn compensation_failed(&self) {
         self.compensation_failures.inc();
+    }
+
+    pub fn memory_cap_check(&self, cap: &str) {
+        self.memory_cap_checks.with_label_values(&[cap]).inc();
+    }
+
+    pub fn unrecorded_hits(&self, hits: u64) {
+        self.unrecorded_hits.inc_by(hits);
     }
 
     /// The Prometheus text exposition.

@@ -104,6 +104,8 @@ impl Application {
                     StoreKind::Scylla => settings.store.shards.max(1) as u32,
                 },
                 sync_interval_ms: settings.sync.interval_ms.0 as i64,
+                max_counters: settings.limiter.max_counters,
+                max_clients_per_tenant: settings.limiter.max_clients_per_tenant,
             },
         ));
         let default_policy = settings

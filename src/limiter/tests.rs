@@ -13,6 +13,7 @@ const T0: i64 = 1_767_225_600_000; // 2026-01-01T00:00:00Z
 
 struct Rig {
     _dir: tempfile::TempDir,
+    metrics: Arc<Metrics>,
     store: DynStore,
     faulty: Arc<FaultyStore>,
     clock: ManualClock,
@@ -27,6 +28,15 @@ fn rig() -> Rig {
 }
 
 fn rig_with_deadline(store_timeout: Duration) -> Rig {
+    rig_with(LimiterConfig {
+        shards: 8,
+        idle_ms: 60_000,
+        store_timeout,
+        ..LimiterConfig::default()
+    })
+}
+
+fn rig_with(cfg: LimiterConfig) -> Rig {
     let dir = tempfile::tempdir().unwrap();
     let store: DynStore = Arc::new(EmbeddedStore::open(dir.path()).unwrap());
     let faulty = FaultyStore::new(store.clone());
@@ -36,16 +46,12 @@ fn rig_with_deadline(store_timeout: Duration) -> Rig {
         faulty.clone(),
         Arc::new(clock.clone()),
         metrics.clone(),
-        LimiterConfig {
-            shards: 8,
-            idle_ms: 60_000,
-            store_timeout,
-            ..LimiterConfig::default()
-        },
+        cfg,
     ));
-    let syncer = Syncer::new(limiter.clone(), metrics, SyncConfig::default());
+    let syncer = Syncer::new(limiter.clone(), metrics.clone(), SyncConfig::default());
     Rig {
         _dir: dir,
+        metrics,
         store,
         faulty,
         clock,
@@ -485,4 +491,122 @@ async fn a_client_slower_than_its_window_is_decided_in_memory() {
         assert!(d.allowed);
         assert_eq!(d.store_failure, None, "the check went to the store");
     }
+}
+
+fn capped(max_counters: usize, max_clients_per_tenant: usize) -> Rig {
+    rig_with(LimiterConfig {
+        shards: 8,
+        store_timeout: Duration::from_secs(10),
+        max_counters,
+        max_clients_per_tenant,
+        ..LimiterConfig::default()
+    })
+}
+
+/// A metric's value in the Prometheus text, by its full series name.
+fn metric(r: &Rig, series: &str) -> f64 {
+    let text = r.metrics.render();
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{series} not in\n{text}"))
+}
+
+#[tokio::test]
+async fn clients_beyond_the_tenant_cap_are_decided_by_the_store_and_held_nowhere() {
+    let r = capped(1_000, 3);
+    let p = policy(serde_json::json!({"limits": [{"id": "d", "max": 2, "period": "day"}]}));
+    let day = p.limits[0].kind.grain();
+    for i in 0..10 {
+        let (t, c) = ids("acme", &format!("k{i}"));
+        assert!(check(&r, &p, &t, &c, 1).await.allowed, "k{i} first");
+        assert!(check(&r, &p, &t, &c, 1).await.allowed, "k{i} second");
+        assert!(!check(&r, &p, &t, &c, 1).await.allowed, "k{i} over max 2");
+    }
+    // Another tenant has its own cap.
+    let (t, c) = ids("other", "k0");
+    assert!(check(&r, &p, &t, &c, 1).await.allowed);
+    let (counters, pending) = r.limiter.evict(r.clock.now_ms());
+    assert_eq!(counters, 4, "3 clients of acme, 1 of other");
+    assert_eq!(
+        pending, 7,
+        "the held clients' hits (3 x 2 + 1) wait for the sync"
+    );
+    // The 7 clients beyond the cap: 3 checks each, all through the store.
+    assert_eq!(
+        metric(&r, "quotad_memory_cap_checks_total{cap=\"tenant_clients\"}"),
+        21.0
+    );
+    r.syncer.round().await.unwrap();
+    for i in 0..10 {
+        assert_eq!(
+            stored(&r, "acme", &format!("k{i}"), "d", day).await,
+            2,
+            "k{i}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_flood_of_clients_neither_passes_the_counter_cap_nor_evicts_unwritten_hits() {
+    let r = capped(50, 1_000);
+    let p = policy(serde_json::json!({"limits": [
+        {"id": "m", "max": 100, "window": "1m"},
+        {"id": "d", "max": 1000, "period": "day"}]}));
+    let (t, hot) = ids("acme", "hot");
+    for _ in 0..5 {
+        assert!(check(&r, &p, &t, &hot, 1).await.allowed);
+    }
+    for i in 0..200 {
+        let (t, c) = ids("acme", &format!("flood-{i}"));
+        assert!(check(&r, &p, &t, &c, 1).await.allowed);
+        if i % 50 == 49 {
+            r.clock.advance(1_000);
+            let (counters, _) = r.limiter.evict(r.clock.now_ms());
+            assert!(counters <= 50, "{counters} counters in memory");
+        }
+    }
+    // The hot client's unwritten hits are still held, and it is still decided in memory.
+    assert!(r.limiter.pending_hits() >= 5);
+    let d = check(&r, &p, &t, &hot, 0).await;
+    assert_eq!(d.binding.unwrap().remaining, 95);
+    assert!(metric(&r, "quotad_memory_cap_checks_total{cap=\"counters\"}") > 0.0);
+    r.syncer.round().await.unwrap();
+    let day = p.limits[1].kind.grain();
+    assert_eq!(stored(&r, "acme", "hot", "d", day).await, 5);
+    for i in [0, 99, 199] {
+        assert_eq!(stored(&r, "acme", &format!("flood-{i}"), "d", day).await, 1);
+    }
+    // Under pressure, written counters unused for two sync intervals left; with the pressure
+    // gone, the hot client (used within `idle_ms`) stays.
+    r.clock.advance(1_000);
+    let (counters, pending) = r.limiter.evict(r.clock.now_ms());
+    assert_eq!((counters, pending), (2, 0));
+}
+
+#[tokio::test]
+async fn at_a_cap_with_the_store_down_allow_counts_the_unrecorded_hit_and_local_denies() {
+    let r = capped(1_000, 1);
+    let mk = |rule: &str| {
+        policy(
+            serde_json::json!({"limits": [{"id": "d", "max": 10, "period": "day"}],
+            "on_store_failure": rule}),
+        )
+    };
+    let (t, c) = ids("acme", "first");
+    assert!(check(&r, &mk("local"), &t, &c, 1).await.allowed);
+    r.faulty.set(Fault::Failing);
+    let (t, c) = ids("acme", "second");
+    let d = check(&r, &mk("local"), &t, &c, 1).await;
+    assert!(!d.allowed, "no room to hold the hit: local cannot enforce");
+    assert_eq!(d.store_failure, Some(OnStoreFailure::Local));
+    let d = check(&r, &mk("allow"), &t, &c, 3).await;
+    assert!(d.allowed);
+    assert_eq!(metric(&r, "quotad_unrecorded_hits_total"), 3.0);
+    // The held client keeps its hits while the store is down, and writes them after.
+    let (t, c) = ids("acme", "first");
+    assert!(check(&r, &mk("local"), &t, &c, 1).await.allowed);
+    r.faulty.set(Fault::Healthy);
+    r.syncer.round().await.unwrap();
+    let day = mk("local").limits[0].kind.grain();
+    assert_eq!(stored(&r, "acme", "first", "d", day).await, 2);
 }

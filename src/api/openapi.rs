@@ -12,8 +12,9 @@
 use std::sync::OnceLock;
 
 use actix_web::HttpResponse;
+use utoipa::openapi::header::HeaderBuilder;
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
-use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
+use utoipa::openapi::{ContentBuilder, ObjectBuilder, Ref, ResponseBuilder, Type};
 use utoipa::{Modify, OpenApi, ToSchema};
 
 use super::error::ErrorBody;
@@ -113,6 +114,7 @@ pub struct Ready {
         description = "A multi-tenant quota and rate-limit service. Every error is \
             `{\"error\": {\"code\", \"message\", \"field\"?}}` with a 4xx/5xx status; bad input \
             never gets a 5xx. A method a route does not have gets 405 `method_not_allowed` \
+            with an `Allow` header naming the route's methods \
             (components.responses.MethodNotAllowed), an unknown path 404 `not_found`."
     ),
     paths(
@@ -164,6 +166,17 @@ impl Modify for Extras {
             "MethodNotAllowed".into(),
             ResponseBuilder::new()
                 .description("method_not_allowed: the route has no such method")
+                .header(
+                    "Allow",
+                    HeaderBuilder::new()
+                        .schema(
+                            ObjectBuilder::new()
+                                .schema_type(Type::String)
+                                .examples(["GET, PUT, DELETE"]),
+                        )
+                        .description(Some("The methods the route has, e.g. `GET, PUT, DELETE`"))
+                        .build(),
+                )
                 .content(
                     "application/json",
                     ContentBuilder::new()

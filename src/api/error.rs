@@ -28,6 +28,9 @@ pub enum ApiError {
     MethodNotAllowed(String),
     #[error("request body is larger than {0} bytes")]
     PayloadTooLarge(usize),
+    /// The limit (`server.max_header_bytes`).
+    #[error("request header fields are larger than {0} bytes")]
+    HeaderFieldsTooLarge(usize),
     #[error("{0}")]
     UnsupportedMediaType(&'static str),
     #[error("{0}")]
@@ -53,6 +56,7 @@ impl ApiError {
             ApiError::NotFound(_) => "not_found",
             ApiError::MethodNotAllowed(_) => "method_not_allowed",
             ApiError::PayloadTooLarge(_) => "payload_too_large",
+            ApiError::HeaderFieldsTooLarge(_) => "request_header_fields_too_large",
             ApiError::UnsupportedMediaType(_) => "unsupported_media_type",
             ApiError::Unavailable(_) => "unavailable",
             ApiError::Internal(_) => "internal",
@@ -107,6 +111,7 @@ pub fn every_kind() -> Vec<ApiError> {
         ApiError::NotFound(String::new()),
         ApiError::MethodNotAllowed(String::new()),
         ApiError::PayloadTooLarge(0),
+        ApiError::HeaderFieldsTooLarge(0),
         ApiError::UnsupportedMediaType(""),
         ApiError::Unavailable(String::new()),
         ApiError::Internal(String::new()),
@@ -120,6 +125,7 @@ pub fn every_kind() -> Vec<ApiError> {
             | ApiError::NotFound(_)
             | ApiError::MethodNotAllowed(_)
             | ApiError::PayloadTooLarge(_)
+            | ApiError::HeaderFieldsTooLarge(_)
             | ApiError::UnsupportedMediaType(_)
             | ApiError::Unavailable(_)
             | ApiError::Internal(_) => {}
@@ -164,6 +170,7 @@ impl ResponseError for ApiError {
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::HeaderFieldsTooLarge(_) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,

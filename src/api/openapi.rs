@@ -115,7 +115,9 @@ pub struct Ready {
             `{\"error\": {\"code\", \"message\", \"field\"?}}` with a 4xx/5xx status; bad input \
             never gets a 5xx. A method a route does not have gets 405 `method_not_allowed` \
             with an `Allow` header naming the route's methods \
-            (components.responses.MethodNotAllowed), an unknown path 404 `not_found`."
+            (components.responses.MethodNotAllowed), an unknown path 404 `not_found`, request \
+            header fields over the configured limit (16 KiB by default) 431 \
+            `request_header_fields_too_large` (components.responses.RequestHeaderFieldsTooLarge)."
     ),
     paths(
         check::check,
@@ -143,8 +145,8 @@ pub struct Ready {
 )]
 pub struct ApiDoc;
 
-/// What the derive cannot say: the bearer scheme, and the 405 every route answers to a method it
-/// does not have (no operation of the document can carry it).
+/// What the derive cannot say: the bearer scheme, the 405 every route answers to a method it
+/// does not have (no operation of the document can carry it), and the 431 any request can get.
 struct Extras;
 
 impl Modify for Extras {
@@ -162,6 +164,13 @@ impl Modify for Extras {
                     .build(),
             ),
         );
+        let error_json = || {
+            ContentBuilder::new()
+                .schema(Some(Ref::from_schema_name(
+                    <ErrorBody as utoipa::ToSchema>::name(),
+                )))
+                .build()
+        };
         components.responses.insert(
             "MethodNotAllowed".into(),
             ResponseBuilder::new()
@@ -177,14 +186,18 @@ impl Modify for Extras {
                         .description(Some("The methods the route has, e.g. `GET, PUT, DELETE`"))
                         .build(),
                 )
-                .content(
-                    "application/json",
-                    ContentBuilder::new()
-                        .schema(Some(Ref::from_schema_name(
-                            <ErrorBody as utoipa::ToSchema>::name(),
-                        )))
-                        .build(),
+                .content("application/json", error_json())
+                .build()
+                .into(),
+        );
+        components.responses.insert(
+            "RequestHeaderFieldsTooLarge".into(),
+            ResponseBuilder::new()
+                .description(
+                    "request_header_fields_too_large: the request's header fields are over \
+                     server.max_header_bytes",
                 )
+                .content("application/json", error_json())
                 .build()
                 .into(),
         );
@@ -289,6 +302,7 @@ mod tests {
             "not_found",
             "method_not_allowed",
             "payload_too_large",
+            "request_header_fields_too_large",
             "unsupported_media_type",
             "unavailable",
             "internal",

@@ -409,3 +409,72 @@ async fn actix_limits_stand_behind_max_header_bytes() {
     assert_eq!(status, 431);
     assert!(body.is_empty(), "{}", String::from_utf8_lossy(&body));
 }
+
+/// `7.0` is an integer to JSON Schema (and so to the API document): `cost` and `max` take it.
+/// Fractions, negatives and out-of-range values are still refused with the same messages.
+#[tokio::test]
+async fn whole_number_floats_count_as_integers_and_fractions_are_still_refused() {
+    let app = spawn_app().await;
+    // serde_json writes an f64 with a fraction part (`3.0`), so the server really gets floats.
+    let r = app
+        .put_quota(
+            "acme",
+            json!({"limits": [{"id": "d", "max": 3.0, "period": "day"}]}),
+        )
+        .await;
+    assert_eq!(r.status(), 201);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["limits"][0]["max"], json!(3), "stored as the integer");
+    assert!(body["limits"][0]["max"].is_u64(), "{body}");
+
+    let r = app
+        .check(json!({"tenant": "acme", "client": "k", "cost": 2.0}))
+        .await;
+    assert_eq!(r.status(), 200);
+    let b: Value = r.json().await.unwrap();
+    assert_eq!(b["remaining"], 1, "{b}");
+    let r = app
+        .http
+        .post(app.url("/v1/check"))
+        .header("content-type", "application/json")
+        .body(r#"{"tenant": "acme", "client": "k", "cost": 1e0}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let r = app
+        .http
+        .post(app.url("/v1/check/batch"))
+        .json(&json!({"checks": [{"tenant": "acme", "client": "k", "cost": 0.0}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let b: Value = r.json().await.unwrap();
+    assert_eq!(b["results"][0]["remaining"], 0, "{b}");
+
+    for cost in [json!(7.5), json!(-1.0), json!(1_000_001.0), json!(1e300)] {
+        let r = app
+            .check(json!({"tenant": "acme", "client": "k", "cost": cost}))
+            .await;
+        let b = assert_error(r, 400, "invalid_argument").await;
+        assert_eq!(b["error"]["field"], "cost", "{cost}");
+        assert_eq!(b["error"]["message"], "cost must be 0..=1000000", "{cost}");
+    }
+    for max in [json!(7.5), json!(-3.0), json!(0.0), json!(1.8e16)] {
+        let r = app
+            .put_quota(
+                "other",
+                json!({"limits": [{"id": "d", "max": max, "period": "day"}]}),
+            )
+            .await;
+        let b = assert_error(r, 400, "invalid_argument").await;
+        assert_eq!(b["error"]["field"], "limits[0].max", "{max}");
+        assert_eq!(
+            b["error"]["message"], "max must be an integer 1..=9007199254740992",
+            "{max}"
+        );
+    }
+    // The refused checks consumed nothing: acme's 3 are used up by the 2 + 1 above.
+    assert_eq!(app.check_json("acme", "k").await.0, 429);
+}

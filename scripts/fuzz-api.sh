@@ -28,9 +28,10 @@ VENV=$TARGET/fuzz-venv
 TOKEN=fuzz-admin-token
 # Answers match the document (status, content type, headers, body) and are never a 5xx; what the
 # document calls invalid is refused with a 4xx; admin routes refuse a request without the token;
-# a created policy can be read back, a deleted one is gone. (`unsupported_method` also wants an
-# `Allow` header on every 405, which quotad does not send yet.)
-CHECKS=${FUZZ_CHECKS:-not_a_server_error,status_code_conformance,content_type_conformance,response_headers_conformance,response_schema_conformance,negative_data_rejection,ignored_auth,use_after_free,ensure_resource_availability}
+# a created policy can be read back, a deleted one is gone; a method the document does not list
+# for a path gets 405 with an `Allow` header, and the `Allow` of an OPTIONS answer lists the
+# path's documented methods.
+CHECKS=${FUZZ_CHECKS:-not_a_server_error,status_code_conformance,content_type_conformance,response_headers_conformance,response_schema_conformance,negative_data_rejection,ignored_auth,use_after_free,ensure_resource_availability,unsupported_method,allow_header_conformance}
 
 for tool in cargo python3 curl; do
     command -v "$tool" >/dev/null || { echo "fuzz-api: $tool is required" >&2; exit 1; }

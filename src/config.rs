@@ -116,7 +116,13 @@ pub struct ServerSettings {
     pub max_connections: usize,
     /// In-flight requests get this long to finish at shutdown.
     pub shutdown_timeout_ms: DurationMs,
+    /// Most bytes of request header fields, counted as `name: value\r\n` each; more gets 431.
+    pub max_header_bytes: usize,
 }
+
+/// The most `server.max_header_bytes` may be: actix-http refuses a request head (request line and
+/// header fields) of 128 KiB or more by itself, with a bare 431, before quotad sees it.
+pub const HEADER_BYTES_CEILING: usize = 128 * 1024;
 
 impl Default for ServerSettings {
     fn default() -> Self {
@@ -127,6 +133,7 @@ impl Default for ServerSettings {
             keep_alive_ms: DurationMs(5_000),
             max_connections: 25_000,
             shutdown_timeout_ms: DurationMs(10_000),
+            max_header_bytes: 16 * 1024,
         }
     }
 }
@@ -389,6 +396,12 @@ impl Settings {
         if self.server.max_connections == 0 {
             return bad("server.max_connections", "must be at least 1".into());
         }
+        if !(1024..=HEADER_BYTES_CEILING).contains(&self.server.max_header_bytes) {
+            return bad(
+                "server.max_header_bytes",
+                format!("must be 1024..={HEADER_BYTES_CEILING}"),
+            );
+        }
         if self.sync.interval_ms.0 == 0 {
             return bad("sync.interval_ms", "must be more than 0".into());
         }
@@ -527,6 +540,19 @@ mod tests {
     }
 
     #[test]
+    fn the_header_limit_defaults_to_16_kib_and_reads_from_the_environment() {
+        let s = Settings::load_from(None, env(&[])).unwrap();
+        assert_eq!(s.server.max_header_bytes, 16_384);
+        let s = Settings::load_from(None, env(&[("QUOTAD__SERVER__MAX_HEADER_BYTES", "8192")]))
+            .unwrap();
+        assert_eq!(s.server.max_header_bytes, 8192);
+        let e = Settings::load_from(None, env(&[("QUOTAD__SERVER__MAX_HEADER_BYTES", "131073")]))
+            .unwrap_err()
+            .0;
+        assert!(e.contains("server.max_header_bytes"), "{e}");
+    }
+
+    #[test]
     fn durations_read_as_units() {
         let s = Settings::load_from(None, env(&[("QUOTAD__SYNC__INTERVAL_MS", "1s")])).unwrap();
         assert_eq!(s.sync.interval_ms, DurationMs(1000));
@@ -539,6 +565,14 @@ mod tests {
         let cases = [
             (("QUOTAD__SERVER__BINDD", "x"), "bindd"),
             (("QUOTAD__SERVER__BIND", "nowhere"), "server.bind"),
+            (
+                ("QUOTAD__SERVER__MAX_HEADER_BYTES", "16"),
+                "server.max_header_bytes",
+            ),
+            (
+                ("QUOTAD__SERVER__MAX_HEADER_BYTES", "1MiB"),
+                "max_header_bytes",
+            ),
             (("QUOTAD__STORE__KIND", "redis"), "redis"),
             (("QUOTAD__SYNC__INTERVAL_MS", "soon"), "soon"),
             (("QUOTAD__NOPE__X", "1"), "nope"),

@@ -5,7 +5,7 @@ use std::net::TcpListener;
 use std::sync::Arc;
 
 use actix_web::dev::{Server, ServerHandle};
-use actix_web::{web, App, HttpServer};
+use actix_web::{middleware, web, App, HttpServer};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -145,8 +145,12 @@ impl Application {
             .map_err(|e| StartError(e.to_string()))?
             .port();
         let data = web::Data::new(state);
+        let max_header_bytes = settings.server.max_header_bytes;
         let mut server = HttpServer::new(move || {
             App::new()
+                .wrap(middleware::from_fn(move |req, next| {
+                    api::limit_header_bytes(max_header_bytes, req, next)
+                }))
                 .app_data(data.clone())
                 .app_data(api::query_config())
                 .configure(api::routes)

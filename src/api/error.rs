@@ -23,10 +23,14 @@ pub enum ApiError {
     PermissionDenied(&'static str),
     #[error("{0}")]
     NotFound(String),
-    #[error("method not allowed")]
-    MethodNotAllowed,
+    /// The methods the path does have, for the `Allow` header (e.g. `GET, PUT, DELETE`).
+    #[error("method not allowed; this path allows {0}")]
+    MethodNotAllowed(String),
     #[error("request body is larger than {0} bytes")]
     PayloadTooLarge(usize),
+    /// The limit (`server.max_header_bytes`).
+    #[error("request header fields are larger than {0} bytes")]
+    HeaderFieldsTooLarge(usize),
     #[error("{0}")]
     UnsupportedMediaType(&'static str),
     #[error("{0}")]
@@ -50,8 +54,9 @@ impl ApiError {
             ApiError::Unauthenticated(_) => "unauthenticated",
             ApiError::PermissionDenied(_) => "permission_denied",
             ApiError::NotFound(_) => "not_found",
-            ApiError::MethodNotAllowed => "method_not_allowed",
+            ApiError::MethodNotAllowed(_) => "method_not_allowed",
             ApiError::PayloadTooLarge(_) => "payload_too_large",
+            ApiError::HeaderFieldsTooLarge(_) => "request_header_fields_too_large",
             ApiError::UnsupportedMediaType(_) => "unsupported_media_type",
             ApiError::Unavailable(_) => "unavailable",
             ApiError::Internal(_) => "internal",
@@ -104,8 +109,9 @@ pub fn every_kind() -> Vec<ApiError> {
         ApiError::Unauthenticated(""),
         ApiError::PermissionDenied(""),
         ApiError::NotFound(String::new()),
-        ApiError::MethodNotAllowed,
+        ApiError::MethodNotAllowed(String::new()),
         ApiError::PayloadTooLarge(0),
+        ApiError::HeaderFieldsTooLarge(0),
         ApiError::UnsupportedMediaType(""),
         ApiError::Unavailable(String::new()),
         ApiError::Internal(String::new()),
@@ -117,8 +123,9 @@ pub fn every_kind() -> Vec<ApiError> {
             | ApiError::Unauthenticated(_)
             | ApiError::PermissionDenied(_)
             | ApiError::NotFound(_)
-            | ApiError::MethodNotAllowed
+            | ApiError::MethodNotAllowed(_)
             | ApiError::PayloadTooLarge(_)
+            | ApiError::HeaderFieldsTooLarge(_)
             | ApiError::UnsupportedMediaType(_)
             | ApiError::Unavailable(_)
             | ApiError::Internal(_) => {}
@@ -161,8 +168,9 @@ impl ResponseError for ApiError {
             ApiError::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
             ApiError::PermissionDenied(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
-            ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::HeaderFieldsTooLarge(_) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -174,8 +182,15 @@ impl ResponseError for ApiError {
             tracing::error!(%detail, "internal error");
         }
         let mut res = HttpResponse::build(self.status_code());
-        if matches!(self, ApiError::Unauthenticated(_)) {
-            res.insert_header((header::WWW_AUTHENTICATE, "Bearer"));
+        match self {
+            ApiError::Unauthenticated(_) => {
+                res.insert_header((header::WWW_AUTHENTICATE, "Bearer"));
+            }
+            // RFC 9110: a 405 names the methods the target resource supports.
+            ApiError::MethodNotAllowed(allow) => {
+                res.insert_header((header::ALLOW, allow.as_str()));
+            }
+            _ => {}
         }
         res.json(self.body())
     }

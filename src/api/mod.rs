@@ -9,9 +9,13 @@ mod ops;
 
 use std::sync::Arc;
 
-use actix_web::http::header;
+use actix_web::body::{EitherBody, MessageBody};
+use actix_web::dev::{AppService, HttpServiceFactory, ServiceRequest, ServiceResponse};
+use actix_web::http::header::{self, HeaderMap};
+use actix_web::http::Method;
+use actix_web::middleware::Next;
 use actix_web::web::{self, Bytes, BytesMut};
-use actix_web::HttpRequest;
+use actix_web::{FromRequest, Handler, HttpRequest, HttpResponse, Responder, ResponseError};
 use futures::StreamExt;
 use sha2::{Digest, Sha256};
 use std::collections::HashSet;
@@ -200,6 +204,35 @@ impl Auth {
     }
 }
 
+/// The size of a request's header fields, each counted as `name: value\r\n` (the request line
+/// and the blank line that ends the head are not counted).
+pub fn header_bytes(headers: &HeaderMap) -> usize {
+    headers
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len() + 4)
+        .sum()
+}
+
+/// Middleware: a request whose header fields take more than `max` bytes
+/// (`server.max_header_bytes`) gets 431 in the error shape before routing, auth or the body.
+///
+/// actix-http has no setting for this. Its own fixed limits stand behind this one: a request
+/// head of 128 KiB or more ([`crate::config::HEADER_BYTES_CEILING`]), or more than 96 header
+/// fields, gets a bare 431 (no body) and the connection is closed, before any middleware runs.
+pub async fn limit_header_bytes<B: MessageBody>(
+    max: usize,
+    req: ServiceRequest,
+    next: Next<B>,
+) -> Result<ServiceResponse<EitherBody<B>>, actix_web::Error> {
+    if header_bytes(req.headers()) > max {
+        let res = ApiError::HeaderFieldsTooLarge(max).error_response();
+        return Ok(req.into_response(res).map_into_right_body());
+    }
+    next.call(req)
+        .await
+        .map(ServiceResponse::map_into_left_body)
+}
+
 /// Reads a JSON body: `application/json` only, at most [`MAX_BODY`] bytes.
 pub async fn json_body(req: &HttpRequest, mut payload: web::Payload) -> Result<Bytes, ApiError> {
     let ct = req
@@ -235,38 +268,106 @@ pub async fn json_body(req: &HttpRequest, mut payload: web::Payload) -> Result<B
     Ok(body.freeze())
 }
 
-async fn not_found() -> Result<actix_web::HttpResponse, ApiError> {
+async fn not_found() -> Result<HttpResponse, ApiError> {
     Err(ApiError::NotFound("no such route".into()))
 }
 
-async fn method_not_allowed() -> Result<actix_web::HttpResponse, ApiError> {
-    Err(ApiError::MethodNotAllowed)
+/// One path and the methods it has. Registers a route per method and answers every other method
+/// with 405 and an `Allow` header naming exactly these (RFC 9110 §15.5.6): the header is built from
+/// the same calls that register the routes, so it cannot drift from them.
+struct Endpoint {
+    resource: actix_web::Resource,
+    methods: Vec<Method>,
 }
 
-/// Registers every route on an actix `App`.
+fn res(path: &str) -> Endpoint {
+    Endpoint {
+        resource: web::resource(path.to_owned()),
+        methods: Vec::new(),
+    }
+}
+
+impl Endpoint {
+    fn on<F, Args>(mut self, method: Method, handler: F) -> Self
+    where
+        F: Handler<Args>,
+        Args: FromRequest + 'static,
+        F::Output: Responder + 'static,
+    {
+        self.resource = self.resource.route(web::method(method.clone()).to(handler));
+        self.methods.push(method);
+        self
+    }
+
+    fn get<F: Handler<A>, A: FromRequest + 'static>(self, h: F) -> Self
+    where
+        F::Output: Responder + 'static,
+    {
+        self.on(Method::GET, h)
+    }
+
+    fn put<F: Handler<A>, A: FromRequest + 'static>(self, h: F) -> Self
+    where
+        F::Output: Responder + 'static,
+    {
+        self.on(Method::PUT, h)
+    }
+
+    fn post<F: Handler<A>, A: FromRequest + 'static>(self, h: F) -> Self
+    where
+        F::Output: Responder + 'static,
+    {
+        self.on(Method::POST, h)
+    }
+
+    fn delete<F: Handler<A>, A: FromRequest + 'static>(self, h: F) -> Self
+    where
+        F::Output: Responder + 'static,
+    {
+        self.on(Method::DELETE, h)
+    }
+}
+
+impl HttpServiceFactory for Endpoint {
+    fn register(self, config: &mut AppService) {
+        let allow = self
+            .methods
+            .iter()
+            .map(Method::as_str)
+            .collect::<Vec<_>>()
+            .join(", ");
+        self.resource
+            .default_service(web::to(move || {
+                let allow = allow.clone();
+                async move { Err::<HttpResponse, _>(ApiError::MethodNotAllowed(allow)) }
+            }))
+            .register(config)
+    }
+}
+
+/// Registers every route on an actix `App`. (`tests/api/openapi.rs` reads this function's source
+/// to check that every route is documented: keep one `res("path")` per path.)
 pub fn routes(cfg: &mut web::ServiceConfig) {
-    let res =
-        |path: &str| web::resource(path.to_owned()).default_service(web::to(method_not_allowed));
-    cfg.service(res("/v1/check").route(web::post().to(check::check)))
-        .service(res("/v1/check/batch").route(web::post().to(check::batch)))
-        .service(res("/v1/quotas").route(web::get().to(admin::list)))
+    cfg.service(res("/v1/check").post(check::check))
+        .service(res("/v1/check/batch").post(check::batch))
+        .service(res("/v1/quotas").get(admin::list))
         .service(
             res("/v1/quotas/{tenant}")
-                .route(web::put().to(admin::put_tenant))
-                .route(web::get().to(admin::get_tenant))
-                .route(web::delete().to(admin::delete_tenant)),
+                .put(admin::put_tenant)
+                .get(admin::get_tenant)
+                .delete(admin::delete_tenant),
         )
         .service(
             res("/v1/quotas/{tenant}/clients/{client}")
-                .route(web::put().to(admin::put_client))
-                .route(web::get().to(admin::get_client))
-                .route(web::delete().to(admin::delete_client)),
+                .put(admin::put_client)
+                .get(admin::get_client)
+                .delete(admin::delete_client),
         )
-        .service(res("/v1/usage/{tenant}/{client}").route(web::get().to(admin::usage)))
-        .service(res("/healthz").route(web::get().to(ops::healthz)))
-        .service(res("/readyz").route(web::get().to(ops::readyz)))
-        .service(res("/metrics").route(web::get().to(ops::metrics)))
-        .service(res("/v1/openapi.json").route(web::get().to(openapi::openapi_json)))
+        .service(res("/v1/usage/{tenant}/{client}").get(admin::usage))
+        .service(res("/healthz").get(ops::healthz))
+        .service(res("/readyz").get(ops::readyz))
+        .service(res("/metrics").get(ops::metrics))
+        .service(res("/v1/openapi.json").get(openapi::openapi_json))
         .default_service(web::to(not_found));
 }
 

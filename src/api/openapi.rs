@@ -12,8 +12,9 @@
 use std::sync::OnceLock;
 
 use actix_web::HttpResponse;
+use utoipa::openapi::header::HeaderBuilder;
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
-use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
+use utoipa::openapi::{ContentBuilder, ObjectBuilder, Ref, ResponseBuilder, Type};
 use utoipa::{Modify, OpenApi, ToSchema};
 
 use super::error::ErrorBody;
@@ -113,7 +114,10 @@ pub struct Ready {
         description = "A multi-tenant quota and rate-limit service. Every error is \
             `{\"error\": {\"code\", \"message\", \"field\"?}}` with a 4xx/5xx status; bad input \
             never gets a 5xx. A method a route does not have gets 405 `method_not_allowed` \
-            (components.responses.MethodNotAllowed), an unknown path 404 `not_found`."
+            with an `Allow` header naming the route's methods \
+            (components.responses.MethodNotAllowed), an unknown path 404 `not_found`, request \
+            header fields over the configured limit (16 KiB by default) 431 \
+            `request_header_fields_too_large` (components.responses.RequestHeaderFieldsTooLarge)."
     ),
     paths(
         check::check,
@@ -141,8 +145,8 @@ pub struct Ready {
 )]
 pub struct ApiDoc;
 
-/// What the derive cannot say: the bearer scheme, and the 405 every route answers to a method it
-/// does not have (no operation of the document can carry it).
+/// What the derive cannot say: the bearer scheme, the 405 every route answers to a method it
+/// does not have (no operation of the document can carry it), and the 431 any request can get.
 struct Extras;
 
 impl Modify for Extras {
@@ -160,18 +164,40 @@ impl Modify for Extras {
                     .build(),
             ),
         );
+        let error_json = || {
+            ContentBuilder::new()
+                .schema(Some(Ref::from_schema_name(
+                    <ErrorBody as utoipa::ToSchema>::name(),
+                )))
+                .build()
+        };
         components.responses.insert(
             "MethodNotAllowed".into(),
             ResponseBuilder::new()
                 .description("method_not_allowed: the route has no such method")
-                .content(
-                    "application/json",
-                    ContentBuilder::new()
-                        .schema(Some(Ref::from_schema_name(
-                            <ErrorBody as utoipa::ToSchema>::name(),
-                        )))
+                .header(
+                    "Allow",
+                    HeaderBuilder::new()
+                        .schema(
+                            ObjectBuilder::new()
+                                .schema_type(Type::String)
+                                .examples(["GET, PUT, DELETE"]),
+                        )
+                        .description(Some("The methods the route has, e.g. `GET, PUT, DELETE`"))
                         .build(),
                 )
+                .content("application/json", error_json())
+                .build()
+                .into(),
+        );
+        components.responses.insert(
+            "RequestHeaderFieldsTooLarge".into(),
+            ResponseBuilder::new()
+                .description(
+                    "request_header_fields_too_large: the request's header fields are over \
+                     server.max_header_bytes",
+                )
+                .content("application/json", error_json())
                 .build()
                 .into(),
         );
@@ -276,6 +302,7 @@ mod tests {
             "not_found",
             "method_not_allowed",
             "payload_too_large",
+            "request_header_fields_too_large",
             "unsupported_media_type",
             "unavailable",
             "internal",

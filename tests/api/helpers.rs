@@ -141,3 +141,22 @@ pub async fn assert_error(r: reqwest::Response, status: u16, code: &str) -> Valu
     );
     body
 }
+
+/// The methods an `Allow` header names (None when there is no such header). Several `Allow`
+/// fields are one comma-separated list (RFC 9110 §5.3).
+pub fn allowed_methods(r: &reqwest::Response) -> Option<std::collections::BTreeSet<String>> {
+    let fields: Vec<&str> = r
+        .headers()
+        .get_all("allow")
+        .iter()
+        .map(|v| v.to_str().expect("ASCII Allow"))
+        .collect();
+    (!fields.is_empty()).then(|| {
+        fields
+            .iter()
+            .flat_map(|f| f.split(','))
+            .map(|m| m.trim().to_owned())
+            .filter(|m| !m.is_empty())
+            .collect()
+    })
+}

@@ -5,5 +5,6 @@ mod checks;
 mod errors;
 mod helpers;
 mod lifecycle;
+mod memory;
 mod openapi;
 mod quotas;

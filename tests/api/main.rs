@@ -7,4 +7,5 @@ mod helpers;
 mod lifecycle;
 mod memory;
 mod openapi;
+mod outage;
 mod quotas;

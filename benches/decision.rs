@@ -132,7 +132,12 @@ impl Rig {
             store,
             Arc::new(clock.clone()),
             Arc::new(Metrics::new(false)),
-            LimiterConfig::default(),
+            LimiterConfig {
+                // Room for every key: this measures the in-memory path, not the caps.
+                max_counters: 4 * keys + 1,
+                max_clients_per_tenant: keys,
+                ..LimiterConfig::default()
+            },
         );
         // Pre-warm: the first check of each key reads the (empty) store, off the measured path.
         rt.block_on(async {

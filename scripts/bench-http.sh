@@ -240,7 +240,8 @@ fi
 # ---- 5: memory per active counter --------------------------------------------------------------
 if want memory; then
   log "memory: 10^6 distinct active counters (1-tier policy: one counter per client)"
-  start_quotad QUOTAD__LIMITER__IDLE_MS=10m
+  start_quotad QUOTAD__LIMITER__IDLE_MS=10m QUOTAD__LIMITER__MAX_COUNTERS=2000000 \
+    QUOTAD__LIMITER__MAX_CLIENTS_PER_TENANT=2000000
   put_policy mem "$POLICY1"
   rss() { awk '/VmRSS/ { print $2 * 1024 }' "/proc/$QPID/status"; }
   R0=$(rss)

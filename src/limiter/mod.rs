@@ -84,33 +84,78 @@ impl Default for LimiterConfig {
     }
 }
 
-/// The owned key of an entry.
+/// The owned key of an entry, with the hash of its strings computed once: a check hashes each
+/// key once, for the shard and for the map.
 #[derive(Clone, PartialEq, Eq, Debug)]
 struct EntryKey {
+    hash: u64,
     tenant: Arc<str>,
     subject: Arc<str>,
 }
 
 impl Hash for EntryKey {
     fn hash<H: Hasher>(&self, h: &mut H) {
-        EntryRef {
-            tenant: &self.tenant,
-            subject: &self.subject,
-        }
-        .hash(h)
+        h.write_u64(self.hash)
     }
 }
 
 /// A borrowed key, so lookups on the check path do not allocate.
-#[derive(Hash, Clone, Copy)]
+#[derive(Clone, Copy)]
 struct EntryRef<'a> {
+    hash: u64,
     tenant: &'a str,
     subject: &'a str,
 }
 
+impl<'a> EntryRef<'a> {
+    fn new(hasher: &DefaultHashBuilder, tenant: &'a str, subject: &'a str) -> Self {
+        EntryRef {
+            hash: hasher.hash_one((tenant, subject)),
+            tenant,
+            subject,
+        }
+    }
+}
+
+impl Hash for EntryRef<'_> {
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        h.write_u64(self.hash)
+    }
+}
+
 impl Equivalent<EntryKey> for EntryRef<'_> {
     fn equivalent(&self, k: &EntryKey) -> bool {
-        *k.tenant == *self.tenant && *k.subject == *self.subject
+        // The hash first: a differing key is told apart without reading its strings.
+        k.hash == self.hash && *k.tenant == *self.tenant && *k.subject == *self.subject
+    }
+}
+
+/// The maps' hasher: keys carry their hash already.
+#[derive(Clone, Copy, Default)]
+struct KeyHash(u64);
+
+impl Hasher for KeyHash {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `write_u64` is used; anything else still hashes soundly.
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ b as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+#[derive(Clone, Copy, Default)]
+struct BuildKeyHash;
+
+impl BuildHasher for BuildKeyHash {
+    type Hasher = KeyHash;
+    fn build_hasher(&self) -> KeyHash {
+        KeyHash::default()
     }
 }
 
@@ -129,7 +174,9 @@ struct LimitState {
 
 impl LimitState {
     fn is(&self, l: &Limit) -> bool {
-        *self.id == *l.id.as_str() && self.kind.grain() == l.kind.grain()
+        // Installed from the same policy, the ids are one allocation: no string compare.
+        (Arc::ptr_eq(&self.id, l.id.as_arc()) || *self.id == *l.id.as_str())
+            && self.kind.grain() == l.kind.grain()
     }
 
     fn pending(&self) -> u64 {
@@ -151,7 +198,8 @@ impl LimitState {
 
 #[derive(Debug, Default)]
 struct Entry {
-    states: SmallVec<[LimitState; 3]>,
+    /// One state inline (a one-limit policy, a tenant's entry); more spill to the heap.
+    states: SmallVec<[LimitState; 1]>,
     last_used: i64,
     /// Used since the last sync: its totals are read back then.
     touched: bool,
@@ -202,7 +250,7 @@ pub fn share_of(
     ((mine + a) / (total + a * instances as f64)) as f32
 }
 
-type Shard = HashMap<EntryKey, Entry, DefaultHashBuilder>;
+type Shard = HashMap<EntryKey, Entry, BuildKeyHash>;
 
 /// The limit that binds an answer.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -535,8 +583,14 @@ impl Limiter {
         }
     }
 
+    /// The shard of a key, from bits of its hash the maps do not use for their slots (the low
+    /// bits pick a slot and the top 7 tag it).
     fn shard_of(&self, k: EntryRef<'_>) -> usize {
-        (self.hasher.hash_one(k) % self.shards.len() as u64) as usize
+        ((k.hash >> 32) % self.shards.len() as u64) as usize
+    }
+
+    fn key_ref<'a>(&self, tenant: &'a str, subject: &'a str) -> EntryRef<'a> {
+        EntryRef::new(&self.hasher, tenant, subject)
     }
 
     /// Decides one check. Never fails: store trouble is decided by the policy's
@@ -588,14 +642,8 @@ impl Limiter {
     ) -> Locked {
         let tenant = input.tenant.as_str();
         let client = input.client.as_str();
-        let kc = EntryRef {
-            tenant,
-            subject: client,
-        };
-        let kt = EntryRef {
-            tenant,
-            subject: TENANT_SUBJECT,
-        };
+        let kc = self.key_ref(tenant, client);
+        let kt = self.key_ref(tenant, TENANT_SUBJECT);
         let need_c = limits.iter().any(|l| l.scope == Scope::Client);
         let need_t = limits.iter().any(|l| l.scope == Scope::Tenant);
         let (sc, st) = (self.shard_of(kc), self.shard_of(kt));
@@ -784,10 +832,7 @@ impl Limiter {
         now: i64,
     ) -> Result<(), Cap> {
         let subject = subject_of(l, input.client.as_str());
-        let r = EntryRef {
-            tenant: input.tenant.as_str(),
-            subject,
-        };
+        let r = self.key_ref(input.tenant.as_str(), subject);
         let mut g = lock(&self.shards[self.shard_of(r)]);
         if g.get(&r).is_some_and(|e| e.states.iter().any(|s| s.is(l))) {
             return Ok(());
@@ -814,6 +859,7 @@ impl Limiter {
                     }
                 }
                 g.entry(EntryKey {
+                    hash: r.hash,
                     tenant: input.tenant.as_arc().clone(),
                     subject: match l.scope {
                         Scope::Client => input.client.as_arc().clone(),
@@ -1027,10 +1073,7 @@ impl Limiter {
         let mut out = Vec::with_capacity(limits.len());
         for (l, t) in limits.iter().zip(totals) {
             let mut buckets = buckets_from(&t);
-            let r = EntryRef {
-                tenant: tenant.as_str(),
-                subject: subject_of(l, client.as_str()),
-            };
+            let r = self.key_ref(tenant.as_str(), subject_of(l, client.as_str()));
             {
                 let g = lock(&self.shards[self.shard_of(r)]);
                 if let Some(s) = g.get(&r).and_then(|e| e.states.iter().find(|s| s.is(l))) {
@@ -1104,10 +1147,7 @@ impl Limiter {
     }
 
     fn with_state<R>(&self, key: &CounterKey, f: impl FnOnce(&mut LimitState) -> R) -> Option<R> {
-        let r = EntryRef {
-            tenant: &key.tenant,
-            subject: &key.subject,
-        };
+        let r = self.key_ref(&key.tenant, &key.subject);
         let mut g = lock(&self.shards[self.shard_of(r)]);
         let s = g
             .get_mut(&r)?

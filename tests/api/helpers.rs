@@ -119,6 +119,20 @@ impl TestApp {
             .unwrap()
     }
 
+    /// The Prometheus text of `/metrics`.
+    pub async fn metrics_text(&self) -> String {
+        let r = self.http.get(self.url("/metrics")).send().await.unwrap();
+        r.text().await.unwrap()
+    }
+
+    /// One series' value on `/metrics`, by its full name with labels.
+    pub async fn metric(&self, series: &str) -> f64 {
+        let text = self.metrics_text().await;
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{series} not in /metrics:\n{text}"))
+    }
+
     pub async fn usage(&self, tenant: &str, client: &str) -> Value {
         let r = self
             .admin_get(&format!("/v1/usage/{tenant}/{client}"))

@@ -57,15 +57,7 @@ async fn health_readiness_and_metrics_answer() {
     app.check_json("acme", "secret-client").await;
     app.check_json("acme", "secret-client").await;
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let text = app
-        .http
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = app.metrics_text().await;
     for name in [
         "quotad_checks_total{decision=\"allowed\"} 1",
         "quotad_checks_total{decision=\"denied\"} 1",

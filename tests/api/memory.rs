@@ -6,21 +6,6 @@ use serde_json::json;
 
 use crate::helpers::*;
 
-async fn metric(app: &TestApp, series: &str) -> f64 {
-    let text = app
-        .http
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
-        .unwrap_or_else(|| panic!("{series} not in /metrics"))
-}
-
 #[tokio::test]
 async fn a_flood_of_client_ids_stays_under_the_caps_and_every_check_still_counts() {
     let app = spawn_with(|s| {
@@ -60,15 +45,13 @@ async fn a_flood_of_client_ids_stays_under_the_caps_and_every_check_still_counts
 
     // After a sync round the gauges show what memory holds.
     tokio::time::sleep(std::time::Duration::from_millis(1_300)).await;
-    let active = metric(&app, "quotad_active_counters").await;
+    let active = app.metric("quotad_active_counters").await;
     assert!((1.0..=21.0).contains(&active), "active counters {active}");
-    let capped = metric(
-        &app,
-        "quotad_memory_cap_checks_total{cap=\"tenant_clients\"}",
-    )
-    .await;
+    let capped = app
+        .metric("quotad_memory_cap_checks_total{cap=\"tenant_clients\"}")
+        .await;
     assert!(capped >= 100.0, "{capped} checks went through the store");
-    assert_eq!(metric(&app, "quotad_sync_pending_hits").await, 0.0);
+    assert_eq!(app.metric("quotad_sync_pending_hits").await, 0.0);
 
     // Nothing was lost: the store's usage shows every admitted hit.
     for (c, n) in [

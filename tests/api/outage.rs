@@ -33,26 +33,6 @@ async fn ready(app: &TestApp) -> u16 {
     r.status().as_u16()
 }
 
-async fn pending(app: &TestApp) -> f64 {
-    let text = app
-        .http
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .find_map(|l| {
-            l.strip_prefix("quotad_sync_pending_hits")?
-                .trim()
-                .parse()
-                .ok()
-        })
-        .expect("the pending gauge")
-}
-
 /// What the store itself holds for a client's daily counter.
 async fn stored(store: &DynStore, client: &str) -> i64 {
     let day = quotad::domain::Period::Day.grain();
@@ -121,7 +101,8 @@ async fn two_instances_ride_out_a_store_outage_and_lose_no_admitted_hit() {
     // Let a few sync rounds fail.
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     assert!(
-        pending(&a).await + pending(&b).await > 0.0,
+        a.metric("quotad_sync_pending_hits").await + b.metric("quotad_sync_pending_hits").await
+            > 0.0,
         "hits wait in memory"
     );
 
@@ -131,8 +112,8 @@ async fn two_instances_ride_out_a_store_outage_and_lose_no_admitted_hit() {
     for _ in 0..150 {
         if ready(&a).await == 200
             && ready(&b).await == 200
-            && pending(&a).await == 0.0
-            && pending(&b).await == 0.0
+            && a.metric("quotad_sync_pending_hits").await == 0.0
+            && b.metric("quotad_sync_pending_hits").await == 0.0
         {
             drained = true;
             break;

@@ -1034,6 +1034,25 @@ impl Limiter {
         };
         let d = decide(policy, limits, &mut refs, now, input.cost, false, fleet);
         let consumed = d.allowed && !d.dry_run_denied;
+        if consumed {
+            // Counters this instance also holds in memory learn the hit now, not at a read back.
+            for d in &deltas {
+                self.with_state(&d.key, |s| {
+                    let n = d.delta.max(0) as u64;
+                    match s.buckets.binary_search_by_key(&d.start, |b| b.start) {
+                        Ok(i) => s.buckets[i].stored += n,
+                        Err(i) => s.buckets.insert(
+                            i,
+                            Bucket {
+                                start: d.start,
+                                stored: n,
+                                pending: 0,
+                            },
+                        ),
+                    }
+                });
+            }
+        }
         if !consumed && !deltas.is_empty() {
             let undo: Vec<Delta> = deltas
                 .into_iter()
@@ -1113,6 +1132,12 @@ impl Limiter {
         for shard in self.shards.iter() {
             let mut g = lock(shard);
             for (k, e) in g.iter_mut() {
+                // Others' hits reach an entry by reading it back: every round once used, while
+                // other instances count too; otherwise (and alone, where this instance's own
+                // writes already keep it exact) every few rounds, which also picks up hits the
+                // store counted directly (strict checks, checks beyond a memory cap).
+                let refresh =
+                    (e.touched && self.cfg.instances > 1) || e.stale_rounds >= REFRESH_IDLE_EVERY;
                 for s in &e.states {
                     let key = || CounterKey {
                         tenant: k.tenant.clone(),
@@ -1127,7 +1152,7 @@ impl Limiter {
                             delta: b.pending.min(i64::MAX as u64) as i64,
                         });
                     }
-                    if e.touched || e.stale_rounds >= REFRESH_IDLE_EVERY {
+                    if refresh {
                         batch.ranges.push(CounterRange {
                             key: key(),
                             from: window::oldest_needed(s.kind, now),
@@ -1135,10 +1160,10 @@ impl Limiter {
                         });
                     }
                 }
-                if e.touched || e.stale_rounds >= REFRESH_IDLE_EVERY {
+                if refresh {
                     e.stale_rounds = 0;
                 } else {
-                    e.stale_rounds += 1;
+                    e.stale_rounds = e.stale_rounds.saturating_add(1);
                 }
                 e.touched = false;
             }

@@ -610,3 +610,26 @@ async fn at_a_cap_with_the_store_down_allow_counts_the_unrecorded_hit_and_local_
     let day = mk("local").limits[0].kind.grain();
     assert_eq!(stored(&r, "acme", "first", "d", day).await, 2);
 }
+
+#[tokio::test]
+async fn hits_the_store_counts_directly_reach_the_counters_held_in_memory_at_once() {
+    let r = capped(1_000, 1);
+    let p = policy(serde_json::json!({"limits": [
+        {"id": "c", "max": 10, "period": "day"},
+        {"id": "t", "max": 3, "period": "day", "scope": "tenant"}]}));
+    let (t, k1) = ids("acme", "k1");
+    assert!(
+        check(&r, &p, &t, &k1, 1).await.allowed,
+        "k1 and the tenant held in memory"
+    );
+    r.syncer.round().await.unwrap();
+    // k2 is beyond the tenant's client cap: the store counts its hits, tenant counter included.
+    let (_, k2) = ids("acme", "k2");
+    assert!(check(&r, &p, &t, &k2, 1).await.allowed);
+    assert!(check(&r, &p, &t, &k2, 1).await.allowed);
+    // Alone, this instance reads counters back only every few rounds; the tenant counter in
+    // memory must know of k2's hits without one.
+    let d = check(&r, &p, &t, &k1, 1).await;
+    assert!(!d.allowed, "the tenant's 3 are used: {d:?}");
+    assert_eq!(d.binding.unwrap().limit_id.as_str(), "t");
+}

@@ -11,7 +11,8 @@ use prometheus::{
 
 pub struct Metrics {
     registry: Registry,
-    checks: IntCounterVec,
+    /// `quotad_checks_total` by `DecisionLabel`, resolved once: a check hashes no label.
+    decided: [IntCounter; 4],
     tenant_checks: Option<IntCounterVec>,
     check_duration: Histogram,
     store_ops: IntCounterVec,
@@ -36,6 +37,13 @@ pub enum DecisionLabel {
 }
 
 impl DecisionLabel {
+    const ALL: [DecisionLabel; 4] = [
+        DecisionLabel::Allowed,
+        DecisionLabel::Denied,
+        DecisionLabel::DryRunDenied,
+        DecisionLabel::NoLimit,
+    ];
+
     fn as_str(self) -> &'static str {
         match self {
             DecisionLabel::Allowed => "allowed",
@@ -169,7 +177,7 @@ impl Metrics {
         }
         Self {
             registry,
-            checks,
+            decided: DecisionLabel::ALL.map(|d| checks.with_label_values(&[d.as_str()])),
             tenant_checks,
             check_duration,
             store_ops,
@@ -186,7 +194,7 @@ impl Metrics {
     }
 
     pub fn check_decided(&self, tenant: &str, decision: DecisionLabel, seconds: f64) {
-        self.checks.with_label_values(&[decision.as_str()]).inc();
+        self.decided[decision as usize].inc();
         if let Some(t) = &self.tenant_checks {
             t.with_label_values(&[tenant, decision.as_str()]).inc();
         }

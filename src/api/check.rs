@@ -3,6 +3,7 @@
 use std::borrow::Cow;
 use std::time::Instant;
 
+use actix_web::http::header::{self, HeaderName, HeaderValue};
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde::{Deserialize, Serialize};
@@ -60,28 +61,37 @@ struct Parsed<'a> {
     cost: u64,
 }
 
-fn field(prefix: &str, name: &str) -> String {
-    if prefix.is_empty() {
-        name.to_owned()
-    } else {
-        format!("{prefix}.{name}")
+/// A field's name in errors: `tenant` in a single check, `checks[3].tenant` in a batch.
+fn field(item: Option<usize>, name: &str) -> String {
+    match item {
+        None => name.to_owned(),
+        Some(i) => format!("checks[{i}].{name}"),
     }
 }
 
-fn validate<'a>(dto: CheckDto<'a>, prefix: &str) -> Result<Parsed<'a>, ApiError> {
+/// Runs a field's validation under its short name and, only when it fails, again under its
+/// full name, so a valid check builds no field names (no allocation for them per check).
+fn named<T, E>(item: Option<usize>, name: &str, f: impl Fn(&str) -> Result<T, E>) -> Result<T, E> {
+    match (f(name), item) {
+        (Err(_), Some(_)) => f(&field(item, name)),
+        (r, _) => r,
+    }
+}
+
+fn validate(dto: CheckDto<'_>, item: Option<usize>) -> Result<Parsed<'_>, ApiError> {
     let tenant = dto
         .tenant
-        .ok_or_else(|| ApiError::invalid(field(prefix, "tenant"), "tenant is required"))?;
-    let tenant = TenantId::parse_field(&tenant, &field(prefix, "tenant"))?;
+        .ok_or_else(|| ApiError::invalid(field(item, "tenant"), "tenant is required"))?;
+    let tenant = named(item, "tenant", |f| TenantId::parse_field(&tenant, f))?;
     let client = dto
         .client
-        .ok_or_else(|| ApiError::invalid(field(prefix, "client"), "client is required"))?;
-    let client = ClientId::parse_field(&client, &field(prefix, "client"))?;
+        .ok_or_else(|| ApiError::invalid(field(item, "client"), "client is required"))?;
+    let client = named(item, "client", |f| ClientId::parse_field(&client, f))?;
     if let Some(r) = &dto.resource {
-        validate_resource(&field(prefix, "resource"), r)?;
+        named(item, "resource", |f| validate_resource(f, r))?;
     }
     let cost = parse_cost(dto.cost.as_ref()).map_err(|mut e| {
-        e.field = field(prefix, "cost");
+        e.field = field(item, "cost");
         e
     })?;
     Ok(Parsed {
@@ -213,7 +223,7 @@ pub async fn check(
     let body = json_body(&req, payload).await?;
     let de = &mut serde_json::Deserializer::from_slice(&body);
     let dto: CheckDto = serde_path_to_error::deserialize(de).map_err(|e| json_error(e, ""))?;
-    let p = validate(dto, "")?;
+    let p = validate(dto, None)?;
     if let Some(w) = &who {
         w.may_check(p.tenant.as_str())?;
     }
@@ -228,24 +238,33 @@ pub async fn check(
     let mut res = HttpResponse::build(status);
     if let Some(b) = &d.binding {
         let reset = ceil_secs(b.reset_after_ms);
-        for (name, value) in [
-            ("RateLimit-Limit", b.limit.to_string()),
-            ("RateLimit-Remaining", b.remaining.to_string()),
-            ("RateLimit-Reset", reset.to_string()),
-            ("X-RateLimit-Limit", b.limit.to_string()),
-            ("X-RateLimit-Remaining", b.remaining.to_string()),
-            ("X-RateLimit-Reset", reset.to_string()),
-        ] {
-            res.insert_header((name, value));
-        }
+        // Each value formatted once and shared by its two names; the names are constants.
+        let (limit, remaining, reset) = (
+            HeaderValue::from(b.limit),
+            HeaderValue::from(b.remaining),
+            HeaderValue::from(reset),
+        );
+        res.insert_header((RATELIMIT_LIMIT, limit.clone()));
+        res.insert_header((RATELIMIT_REMAINING, remaining.clone()));
+        res.insert_header((RATELIMIT_RESET, reset.clone()));
+        res.insert_header((X_RATELIMIT_LIMIT, limit));
+        res.insert_header((X_RATELIMIT_REMAINING, remaining));
+        res.insert_header((X_RATELIMIT_RESET, reset));
     }
     if !d.allowed {
         if let Some(ms) = d.retry_after_ms {
-            res.insert_header(("Retry-After", ceil_secs(ms).max(1).to_string()));
+            res.insert_header((header::RETRY_AFTER, HeaderValue::from(ceil_secs(ms).max(1))));
         }
     }
     Ok(res.json(Answer::of(&d)))
 }
+
+const RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("ratelimit-limit");
+const RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("ratelimit-remaining");
+const RATELIMIT_RESET: HeaderName = HeaderName::from_static("ratelimit-reset");
+const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 
 /// One result of a batch: an answer, or the error the check would have got alone.
 #[derive(Serialize, ToSchema)]
@@ -300,7 +319,7 @@ pub async fn batch(
         .checks
         .into_iter()
         .enumerate()
-        .map(|(i, c)| validate(c, &format!("checks[{i}]")))
+        .map(|(i, c)| validate(c, Some(i)))
         .collect::<Result<Vec<_>, _>>()?;
     // Each check is decided as if sent alone, in order; a tenant without a quota gets its own
     // not_found error in place, as it would alone.

@@ -256,14 +256,31 @@ pub async fn json_body(req: &HttpRequest, mut payload: web::Payload) -> Result<B
             return Err(ApiError::PayloadTooLarge(MAX_BODY));
         }
     }
-    let mut body = BytesMut::new();
-    while let Some(chunk) = payload.next().await {
-        let chunk =
-            chunk.map_err(|e| ApiError::invalid("body", format!("cannot read body: {e}")))?;
+    let read = |c: Result<Bytes, _>| {
+        c.map_err(|e: actix_web::error::PayloadError| {
+            ApiError::invalid("body", format!("cannot read body: {e}"))
+        })
+    };
+    // A small body usually arrives in one chunk: keep it as it is, without a copy.
+    let first = match payload.next().await {
+        None => return Ok(Bytes::new()),
+        Some(c) => read(c)?,
+    };
+    if first.len() > MAX_BODY {
+        return Err(ApiError::PayloadTooLarge(MAX_BODY));
+    }
+    let Some(second) = payload.next().await else {
+        return Ok(first);
+    };
+    let mut body = BytesMut::from(&first[..]);
+    let mut next = Some(second);
+    while let Some(chunk) = next {
+        let chunk = read(chunk)?;
         if body.len() + chunk.len() > MAX_BODY {
             return Err(ApiError::PayloadTooLarge(MAX_BODY));
         }
         body.extend_from_slice(&chunk);
+        next = payload.next().await;
     }
     Ok(body.freeze())
 }

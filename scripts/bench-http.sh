@@ -3,7 +3,7 @@
 #
 #   scripts/bench-http.sh            # everything, ~3 minutes of load plus the build
 #   DUR=5s scripts/bench-http.sh     # shorter runs
-#   ONLY=memory scripts/bench-http.sh   # one part: throughput | store | strict | memory
+#   ONLY=memory scripts/bench-http.sh   # one part: throughput | ab | store | strict | memory | flood
 #
 # What it measures (all on 127.0.0.1, every run bounded by DUR):
 #  1. /v1/check and /v1/check/batch (100 checks a request) on quotad (embedded store, cached
@@ -24,6 +24,7 @@ CONNS=${CONNS:-64}
 THREADS=${THREADS:-2}
 CLIENTS=${CLIENTS:-10000}
 ONLY=${ONLY:-all}
+AB_ROUNDS=${AB_ROUNDS:-3}
 QPORT=${QPORT:-18080}
 BPORT=${BPORT:-18081}
 TOKEN=bench-admin-token
@@ -78,6 +79,8 @@ start_quotad() {
     QUOTAD__STORE__PATH="$WORK/store" \
     QUOTAD__AUTH__ADMIN_TOKEN=$TOKEN \
     QUOTAD__LOG__LEVEL=warn \
+    QUOTAD__LIMITER__MAX_COUNTERS=4000000 \
+    QUOTAD__LIMITER__MAX_CLIENTS_PER_TENANT=2000000 \
     "$@" "$QUOTAD" serve >"$WORK/quotad.log" 2>&1 &
   QPID=$!
   PIDS+=("$QPID")
@@ -183,6 +186,25 @@ EOF
   stop_quotad
 fi
 
+# ---- 1b: the ratio again, baseline and quotad alternating (less exposed to drifting load) -------
+if want ab; then
+  log "alternating baseline and quotad, $AB_ROUNDS rounds of $DUR each"
+  "$BASELINE" "127.0.0.1:$BPORT" >"$WORK/baseline.log" 2>&1 &
+  BPID=$!
+  PIDS+=("$BPID")
+  wait_up "http://127.0.0.1:$BPORT/healthz"
+  start_quotad
+  put_policy bench "$POLICY3"
+  run_wrk quotad-warmup "http://127.0.0.1:$QPORT/v1/check" scripts/wrk/check.lua "$CONNS" 3s -- "$CLIENTS" bench >/dev/null
+  for i in $(seq 1 "$AB_ROUNDS"); do
+    run_wrk "ab-baseline-$i" "http://127.0.0.1:$BPORT/v1/check" scripts/wrk/check.lua "$CONNS" "$DUR" -- "$CLIENTS" bench
+    run_wrk "ab-quotad-$i" "http://127.0.0.1:$QPORT/v1/check" scripts/wrk/check.lua "$CONNS" "$DUR" -- "$CLIENTS" bench
+    python3 -c "print(f'ratio round $i: {$(rps_of "ab-quotad-$i") / $(rps_of "ab-baseline-$i"):.2f}')" | tee -a "$OUT/summary.txt"
+  done
+  kill "$BPID"; wait "$BPID" 2>/dev/null || true
+  stop_quotad
+fi
+
 # ---- 3: store cost at 10^3 and 10^5 active keys -------------------------------------------------
 store_cost() { # KEYS
   local keys=$1 tenant="store$1"
@@ -240,8 +262,7 @@ fi
 # ---- 5: memory per active counter --------------------------------------------------------------
 if want memory; then
   log "memory: 10^6 distinct active counters (1-tier policy: one counter per client)"
-  start_quotad QUOTAD__LIMITER__IDLE_MS=10m QUOTAD__LIMITER__MAX_COUNTERS=2000000 \
-    QUOTAD__LIMITER__MAX_CLIENTS_PER_TENANT=2000000
+  start_quotad QUOTAD__LIMITER__IDLE_MS=10m
   put_policy mem "$POLICY1"
   rss() { awk '/VmRSS/ { print $2 * 1024 }' "/proc/$QPID/status"; }
   R0=$(rss)
@@ -253,6 +274,22 @@ if want memory; then
 r0, r1, n = $R0, $R1, $N
 print(f'memory: VmRSS {r0/2**20:.1f} MiB -> {r1/2**20:.1f} MiB with {int(n)} active counters: '
       f'{(r1-r0)/n:.0f} bytes per counter')" | tee -a "$OUT/summary.txt"
+  stop_quotad
+fi
+
+# ---- 6: a flood of invented client ids against the default memory caps --------------------------
+if want flood; then
+  log "flood: 10^6 distinct client ids of one tenant, default caps (10^6 counters, 10^5 clients a tenant)"
+  start_quotad QUOTAD__LIMITER__MAX_COUNTERS=1000000 QUOTAD__LIMITER__MAX_CLIENTS_PER_TENANT=100000
+  put_policy flood "$POLICY1"
+  rss() { awk '/VmRSS/ { print $2 * 1024 }' "/proc/$QPID/status"; }
+  R0=$(rss)
+  FLOOD=1 python3 scripts/fill.py "127.0.0.1:$QPORT" flood 1000000 | tee -a "$OUT/summary.txt"
+  sleep 1
+  echo "flood: VmRSS $(python3 -c "print(f'{$R0/2**20:.1f} MiB -> {$(rss)/2**20:.1f} MiB')"), " \
+    "active counters $(metric 'quotad_active_counters'), " \
+    "checks through the store at the tenant cap $(metric 'quotad_memory_cap_checks_total{cap="tenant_clients"}'), " \
+    "uncertain hits $(metric 'quotad_store_uncertain_hits_total')" | tee -a "$OUT/summary.txt"
   stop_quotad
 fi
 

@@ -151,6 +151,8 @@ pub struct StoreSettings {
     pub kind: StoreKind,
     /// Directory of the embedded store.
     pub path: PathBuf,
+    /// Page cache of the embedded store, MiB.
+    pub cache_mb: usize,
     /// Cassandra/Scylla contact points, `host:port`.
     #[serde(deserialize_with = "comma_list")]
     pub nodes: Vec<String>,
@@ -180,6 +182,7 @@ impl Default for StoreSettings {
         Self {
             kind: StoreKind::Embedded,
             path: PathBuf::from("./data"),
+            cache_mb: 256,
             nodes: vec!["127.0.0.1:9042".into()],
             keyspace: "quota".into(),
             timeout_ms: DurationMs(50),
@@ -414,6 +417,9 @@ impl Settings {
         if self.limiter.shards == 0 || self.limiter.shards > 65_536 {
             return bad("limiter.shards", "must be 1..=65536".into());
         }
+        if !(1..=1 << 20).contains(&self.store.cache_mb) {
+            return bad("store.cache_mb", "must be 1..=1048576 (MiB)".into());
+        }
         if self.limiter.max_counters == 0 {
             return bad("limiter.max_counters", "must be at least 1".into());
         }
@@ -578,6 +584,15 @@ mod tests {
             (("QUOTAD__NOPE__X", "1"), "nope"),
             (("QUOTAD__STORE__KEYSPACE", "bad-name"), "store.keyspace"),
             (("QUOTAD__LOG__LEVEL", "=[="), "log.level"),
+            (("QUOTAD__STORE__CACHE_MB", "0"), "store.cache_mb"),
+            (
+                ("QUOTAD__LIMITER__MAX_COUNTERS", "0"),
+                "limiter.max_counters",
+            ),
+            (
+                ("QUOTAD__LIMITER__MAX_CLIENTS_PER_TENANT", "0"),
+                "limiter.max_clients_per_tenant",
+            ),
         ];
         for ((k, v), needle) in cases {
             let e = Settings::load_from(None, env(&[(k, v)])).unwrap_err().0;

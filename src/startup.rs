@@ -28,8 +28,9 @@ pub struct StartError(pub String);
 pub async fn open_store(settings: &Settings) -> Result<DynStore, StartError> {
     match settings.store.kind {
         StoreKind::Embedded => {
-            let s = EmbeddedStore::open(&settings.store.path)
-                .map_err(|e| StartError(format!("embedded store: {e}")))?;
+            let s =
+                EmbeddedStore::open_with_cache(&settings.store.path, settings.store.cache_mb << 20)
+                    .map_err(|e| StartError(format!("embedded store: {e}")))?;
             tracing::info!(path = %s.path().display(), "embedded store open");
             Ok(Arc::new(s))
         }

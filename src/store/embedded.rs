@@ -127,8 +127,17 @@ fn split_client_key(k: &str) -> StoreResult<PolicyKey> {
 }
 
 impl EmbeddedStore {
+    /// The page cache of a store opened with [`EmbeddedStore::open`].
+    pub const DEFAULT_CACHE_BYTES: usize = 256 << 20;
+
     /// Opens (creating if needed) the store in directory `dir`.
     pub fn open(dir: &Path) -> StoreResult<Self> {
+        Self::open_with_cache(dir, Self::DEFAULT_CACHE_BYTES)
+    }
+
+    /// Opens the store with a page cache of at most `cache_bytes` (redb's own default is 1 GiB):
+    /// with the limiter's caps, it bounds quotad's memory whatever the store's size.
+    pub fn open_with_cache(dir: &Path, cache_bytes: usize) -> StoreResult<Self> {
         std::fs::create_dir_all(dir).map_err(|e| {
             StoreError::Internal(format!(
                 "cannot create store directory {}: {e}",
@@ -136,7 +145,9 @@ impl EmbeddedStore {
             ))
         })?;
         let path = dir.join(DB_FILE);
-        let db = Database::create(&path)
+        let db = Database::builder()
+            .set_cache_size(cache_bytes)
+            .create(&path)
             .map_err(|e| StoreError::Internal(format!("cannot open {}: {e}", path.display())))?;
         // Create every table up front so read transactions never meet a missing one.
         let tx = db.begin_write().map_err(err)?;

@@ -931,39 +931,28 @@ impl Limiter {
         rule: OnStoreFailure,
     ) -> Decision {
         let l = limits[0];
-        let dry_run = policy.mode == Mode::DryRun;
-        if rule == OnStoreFailure::Allow {
-            if input.cost > 0 {
-                self.metrics.unrecorded_hits(input.cost);
-                tracing::warn!(
-                    tenant = input.tenant.as_str(),
-                    cost = input.cost,
-                    "admitted a hit that is neither in the store nor in memory (store down, memory cap reached)"
-                );
-            }
-            return Decision {
-                allowed: true,
-                dry_run_denied: false,
-                binding: Some(Binding {
-                    limit_id: l.id.clone(),
-                    limit: l.max,
-                    remaining: 0,
-                    reset_after_ms: 1_000,
-                }),
-                retry_after_ms: Some(0),
-                store_failure: Some(rule),
-            };
+        let admit = rule == OnStoreFailure::Allow;
+        if admit && input.cost > 0 {
+            self.metrics.unrecorded_hits(input.cost);
+            tracing::warn!(
+                tenant = input.tenant.as_str(),
+                cost = input.cost,
+                "admitted a hit that is neither in the store nor in memory (store down, memory cap reached)"
+            );
         }
+        // In dry_run mode a denial answers allowed, flagged.
+        let dry_run_denied = !admit && policy.mode == Mode::DryRun;
+        let allowed = admit || dry_run_denied;
         Decision {
-            allowed: dry_run,
-            dry_run_denied: dry_run,
+            allowed,
+            dry_run_denied,
             binding: Some(Binding {
                 limit_id: l.id.clone(),
                 limit: l.max,
                 remaining: 0,
                 reset_after_ms: 1_000,
             }),
-            retry_after_ms: Some(if dry_run { 0 } else { 1_000 }),
+            retry_after_ms: Some(if allowed { 0 } else { 1_000 }),
             store_failure: Some(rule),
         }
     }

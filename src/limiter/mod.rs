@@ -22,14 +22,22 @@
 //!
 //! # Many instances (`cached` consistency)
 //! With `instances` > 1 (one store shard per instance), each instance may admit, between two
-//! syncs, at most its share of the headroom it last read: `pending <= share x (max - stored)`.
+//! syncs, at most its share of the headroom it last read, less a 2% reserve:
+//! `pending <= 0.98 x share x (max - stored)`.
 //! Shares follow demand, from the per-shard counts every read returns at no extra write:
 //! `share = (mine + a) / (total + a x N)` over the limit's window, with `a = 1 + total/100`, so the
 //! shares of all instances add up to 1, an instance carrying all the traffic gets nearly all the
-//! headroom (98% of it with N = 3), a newcomer or a fresh key gets 1/N, and an instance that
+//! headroom (98% of it with N = 3), a newcomer or a key nobody has counted gets 1/N, and an instance that
 //! stops writing fades out as its hits leave the window. If all instances read the store at the
 //! same moment they could never overshoot together; reads at different moments leave a small
 //! overshoot, measured by the simulation in `tests/simulation.rs` and reported in the README.
+//!
+//! # Memory
+//! At most `max_counters` limit states, and `max_clients_per_tenant` client entries of one
+//! tenant, are held. A check needing one more is decided through the store as in strict mode
+//! (exact, holding nothing). Near a cap, `evict` lets written counters unused for two sync
+//! intervals go; counters holding pending hits never go, so the pending-hit buffer is bounded
+//! by the cap too.
 
 pub mod window;
 
@@ -412,8 +420,8 @@ fn judge(l: &Limit, s: &LimitState, now: i64, cost: u64, fleet: Fleet) -> Verdic
     }
 }
 
-/// `pending + cost <= share x (max - stored)`: this instance's unwritten hits stay within its
-/// share of the headroom the store last showed.
+/// `pending + cost <= 0.98 x share x (max - stored)`: this instance's unwritten hits stay within
+/// its share of the headroom the store last showed, less a small reserve (`SHARE_RESERVE`).
 ///
 /// Hits written since the last read back (`settling`) still count as this instance's own: the
 /// headroom is the one the store showed at that read, before they were added.

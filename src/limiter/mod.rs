@@ -22,8 +22,7 @@
 //!
 //! # Many instances (`cached` consistency)
 //! With `instances` > 1 (one store shard per instance), each instance may admit, between two
-//! syncs, at most its share of the headroom it last read, less a 2% reserve:
-//! `pending <= 0.98 x share x (max - stored)`.
+//! syncs, at most its share of the headroom it last read: `pending <= share x (max - stored)`.
 //! Shares follow demand, from the per-shard counts every read returns at no extra write:
 //! `share = (mine + a) / (total + a x N)` over the limit's window, with `a = 1 + total/100`, so the
 //! shares of all instances add up to 1, an instance carrying all the traffic gets nearly all the
@@ -420,8 +419,8 @@ fn judge(l: &Limit, s: &LimitState, now: i64, cost: u64, fleet: Fleet) -> Verdic
     }
 }
 
-/// `pending + cost <= 0.98 x share x (max - stored)`: this instance's unwritten hits stay within
-/// its share of the headroom the store last showed, less a small reserve (`SHARE_RESERVE`).
+/// `pending + cost <= share x (max - stored)`: this instance's unwritten hits stay within its
+/// share of the headroom the store last showed.
 ///
 /// Hits written since the last read back (`settling`) still count as this instance's own: the
 /// headroom is the one the store showed at that read, before they were added.
@@ -429,16 +428,9 @@ fn within_share(l: &Limit, s: &LimitState, now: i64, cost: u64) -> bool {
     let stored = window::estimate_by(l.kind, &s.buckets, now, |b| b.stored);
     let pending = window::estimate_by(l.kind, &s.buckets, now, |b| b.pending);
     let headroom = l.max.saturating_sub(stored.saturating_sub(s.settling));
-    let allowance = (s.share as f64 * headroom as f64 * (1.0 - SHARE_RESERVE)).floor() as u64;
+    let allowance = (s.share as f64 * headroom as f64).floor() as u64;
     pending.saturating_add(s.settling).saturating_add(cost) <= allowance
 }
-
-/// The part of its share an instance keeps in reserve (with more than one instance). Each
-/// instance spends its allowance in a burst just after each read back, so a bucket's hits are
-/// not spread evenly across it as the window estimate assumes; the reserve absorbs the error
-/// (in `tests/simulation.rs`, over-admission at N = 3 fell from 1.0-1.2% to 0.9%, and at
-/// N = 10 under even load from 1.1% to 0.7%, for 0.1-1% more under-admission).
-const SHARE_RESERVE: f64 = 0.02;
 
 /// The binding limit: on a denial the denying one with the longest wait (never = longest);
 /// otherwise the one with the least remaining. Ties go to the first in policy order.

@@ -5,9 +5,9 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use utoipa::IntoParams;
 
-use super::error::{json_error, ApiError, ErrorBody};
+use super::error::{ApiError, ErrorBody};
 use super::openapi::{PolicyView, QuotaList, UsageView};
-use super::{json_body, AppState};
+use super::{json_body, parse_json, AppState};
 use crate::domain::{validate_resource, ClientId, Policy, PolicyDoc, TenantId};
 use crate::store::{PolicyKey, PolicyRecord};
 
@@ -46,8 +46,7 @@ async fn put(
     let (tenant, client) = path_ids(&req)?;
     who.may_manage(tenant.as_str())?;
     let body = json_body(&req, payload).await?;
-    let de = &mut serde_json::Deserializer::from_slice(&body);
-    let doc: PolicyDoc = serde_path_to_error::deserialize(de).map_err(|e| json_error(e, ""))?;
+    let doc: PolicyDoc = parse_json(&body)?;
     let policy = Policy::from_doc(&doc, client.is_some())?;
     let canonical =
         serde_json::to_string(&policy.to_doc()).map_err(|e| ApiError::Internal(e.to_string()))?;

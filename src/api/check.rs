@@ -9,8 +9,8 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::error::{json_error, ApiError, ErrorBody};
-use super::{json_body, AppState};
+use super::error::{ApiError, ErrorBody};
+use super::{json_body, parse_json, AppState};
 use crate::domain::{parse_cost, validate_resource, ClientId, TenantId};
 use crate::limiter::{CheckInput, Decision};
 use crate::metrics::DecisionLabel;
@@ -221,8 +221,7 @@ pub async fn check(
 ) -> Result<HttpResponse, ApiError> {
     let who = state.auth.checker(&req)?;
     let body = json_body(&req, payload).await?;
-    let de = &mut serde_json::Deserializer::from_slice(&body);
-    let dto: CheckDto = serde_path_to_error::deserialize(de).map_err(|e| json_error(e, ""))?;
+    let dto: CheckDto = parse_json(&body)?;
     let p = validate(dto, None)?;
     if let Some(w) = &who {
         w.may_check(p.tenant.as_str())?;
@@ -307,8 +306,7 @@ pub async fn batch(
 ) -> Result<HttpResponse, ApiError> {
     let who = state.auth.checker(&req)?;
     let body = json_body(&req, payload).await?;
-    let de = &mut serde_json::Deserializer::from_slice(&body);
-    let dto: BatchDto = serde_path_to_error::deserialize(de).map_err(|e| json_error(e, ""))?;
+    let dto: BatchDto = parse_json(&body)?;
     if dto.checks.is_empty() || dto.checks.len() > MAX_BATCH {
         return Err(ApiError::invalid(
             "checks",

@@ -285,6 +285,12 @@ pub async fn json_body(req: &HttpRequest, mut payload: web::Payload) -> Result<B
     Ok(body.freeze())
 }
 
+/// Deserializes a JSON body; an error names the field it is about (`limits[2].max`).
+pub fn parse_json<'a, T: serde::Deserialize<'a>>(body: &'a [u8]) -> Result<T, ApiError> {
+    let de = &mut serde_json::Deserializer::from_slice(body);
+    serde_path_to_error::deserialize(de).map_err(|e| error::json_error(e, ""))
+}
+
 async fn not_found() -> Result<HttpResponse, ApiError> {
     Err(ApiError::NotFound("no such route".into()))
 }

@@ -647,20 +647,15 @@ impl Limiter {
         let need_c = limits.iter().any(|l| l.scope == Scope::Client);
         let need_t = limits.iter().any(|l| l.scope == Scope::Tenant);
         let (sc, st) = (self.shard_of(kc), self.shard_of(kt));
+        let fleet = self.fleet(policy);
+        let decide = |t: Option<&mut Entry>, c: Option<&mut Entry>| {
+            Self::decide_in(fleet, policy, limits, t, c, now, input.cost, force_admit)
+        };
         match (need_t, need_c) {
             (true, true) if sc == st => {
                 let mut g = lock(&self.shards[sc]);
                 let [t, c] = g.get_disjoint_mut([&kt, &kc]);
-                Self::decide_in(
-                    self.fleet(policy),
-                    policy,
-                    limits,
-                    t,
-                    c,
-                    now,
-                    input.cost,
-                    force_admit,
-                )
+                decide(t, c)
             }
             (true, true) => {
                 let (first, second) = if st < sc { (st, sc) } else { (sc, st) };
@@ -671,47 +666,10 @@ impl Limiter {
                 } else {
                     (&mut g2, &mut g1)
                 };
-                let t = gt.get_mut(&kt);
-                let c = gc.get_mut(&kc);
-                Self::decide_in(
-                    self.fleet(policy),
-                    policy,
-                    limits,
-                    t,
-                    c,
-                    now,
-                    input.cost,
-                    force_admit,
-                )
+                decide(gt.get_mut(&kt), gc.get_mut(&kc))
             }
-            (true, false) => {
-                let mut g = lock(&self.shards[st]);
-                let t = g.get_mut(&kt);
-                Self::decide_in(
-                    self.fleet(policy),
-                    policy,
-                    limits,
-                    t,
-                    None,
-                    now,
-                    input.cost,
-                    force_admit,
-                )
-            }
-            _ => {
-                let mut g = lock(&self.shards[sc]);
-                let c = g.get_mut(&kc);
-                Self::decide_in(
-                    self.fleet(policy),
-                    policy,
-                    limits,
-                    None,
-                    c,
-                    now,
-                    input.cost,
-                    force_admit,
-                )
-            }
+            (true, false) => decide(lock(&self.shards[st]).get_mut(&kt), None),
+            _ => decide(None, lock(&self.shards[sc]).get_mut(&kc)),
         }
     }
 
@@ -1027,18 +985,7 @@ impl Limiter {
             // Counters this instance also holds in memory learn the hit now, not at a read back.
             for d in &deltas {
                 self.with_state(&d.key, |s| {
-                    let n = d.delta.max(0) as u64;
-                    match s.buckets.binary_search_by_key(&d.start, |b| b.start) {
-                        Ok(i) => s.buckets[i].stored += n,
-                        Err(i) => s.buckets.insert(
-                            i,
-                            Bucket {
-                                start: d.start,
-                                stored: n,
-                                pending: 0,
-                            },
-                        ),
-                    }
+                    window::bucket_at(&mut s.buckets, d.start).stored += d.delta.max(0) as u64;
                 });
             }
         }
@@ -1086,17 +1033,7 @@ impl Limiter {
                 let g = lock(&self.shards[self.shard_of(r)]);
                 if let Some(s) = g.get(&r).and_then(|e| e.states.iter().find(|s| s.is(l))) {
                     for b in s.buckets.iter().filter(|b| b.pending > 0) {
-                        match buckets.binary_search_by_key(&b.start, |x| x.start) {
-                            Ok(i) => buckets[i].pending += b.pending,
-                            Err(i) => buckets.insert(
-                                i,
-                                Bucket {
-                                    start: b.start,
-                                    stored: 0,
-                                    pending: b.pending,
-                                },
-                            ),
-                        }
+                        window::bucket_at(&mut buckets, b.start).pending += b.pending;
                     }
                 }
             }
@@ -1199,18 +1136,7 @@ impl Limiter {
                     b.stored = 0;
                 }
                 for bt in t {
-                    let total = bt.total.max(0) as u64;
-                    match s.buckets.binary_search_by_key(&bt.start, |b| b.start) {
-                        Ok(i) => s.buckets[i].stored = total,
-                        Err(i) => s.buckets.insert(
-                            i,
-                            Bucket {
-                                start: bt.start,
-                                stored: total,
-                                pending: 0,
-                            },
-                        ),
-                    }
+                    window::bucket_at(&mut s.buckets, bt.start).stored = bt.total.max(0) as u64;
                 }
             });
         }

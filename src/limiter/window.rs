@@ -175,20 +175,27 @@ pub fn oldest_needed(kind: LimitKind, now: i64) -> i64 {
     }
 }
 
+/// The bucket starting at `start`, inserted empty (keeping `buckets` sorted) if missing.
+pub fn bucket_at(buckets: &mut Vec<Bucket>, start: i64) -> &mut Bucket {
+    let i = match buckets.binary_search_by_key(&start, |b| b.start) {
+        Ok(i) => i,
+        Err(i) => {
+            buckets.insert(
+                i,
+                Bucket {
+                    start,
+                    ..Bucket::default()
+                },
+            );
+            i
+        }
+    };
+    &mut buckets[i]
+}
+
 /// Adds `cost` to the pending count of the bucket holding `now`, keeping `buckets` sorted.
 pub fn add_pending(kind: LimitKind, buckets: &mut Vec<Bucket>, now: i64, cost: u64) {
-    let start = kind.grain().bucket_start(now);
-    match buckets.binary_search_by_key(&start, |b| b.start) {
-        Ok(i) => buckets[i].pending += cost,
-        Err(i) => buckets.insert(
-            i,
-            Bucket {
-                start,
-                stored: 0,
-                pending: cost,
-            },
-        ),
-    }
+    bucket_at(buckets, kind.grain().bucket_start(now)).pending += cost;
 }
 
 #[cfg(test)]

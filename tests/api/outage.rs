@@ -28,6 +28,19 @@ async fn traffic(app: &TestApp, per_client: usize) -> Vec<u64> {
     admitted
 }
 
+/// Whether `app` enforces a policy for `tenant` within 2.5 s (it learns one written through
+/// another instance within quotas.refresh_ms). It peeks (cost 0): nothing is consumed.
+async fn knows_policy(app: &TestApp, tenant: &str) -> bool {
+    for _ in 0..50 {
+        let peek = json!({"tenant": tenant, "client": "probe", "cost": 0});
+        if app.check(peek).await.status() == 200 {
+            return true;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    false
+}
+
 async fn ready(app: &TestApp) -> u16 {
     let r = app.http.get(app.url("/readyz")).send().await.unwrap();
     r.status().as_u16()
@@ -70,16 +83,7 @@ async fn two_instances_ride_out_a_store_outage_and_lose_no_admitted_hit() {
         )
         .await;
     assert_eq!(r.status(), 201);
-    // b learns the policy within quotas.refresh_ms (100 ms in tests).
-    let mut known = false;
-    for _ in 0..50 {
-        if b.check_json("acme", "probe").await.0 == 200 {
-            known = true;
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    assert!(known, "b never saw the policy");
+    assert!(knows_policy(&b, "acme").await, "b never saw the policy");
 
     let mut admitted = vec![0u64; CLIENTS.len()];
     let mut add = |got: Vec<u64>| {
@@ -155,19 +159,7 @@ async fn strict_mode_on_two_instances_admits_exactly_max_under_concurrency() {
         )
         .await;
     assert_eq!(r.status(), 201);
-    // b learns the policy within quotas.refresh_ms; a peek (cost 0) consumes nothing.
-    let mut known = false;
-    for _ in 0..50 {
-        let r = b
-            .check(json!({"tenant": "acme", "client": "k", "cost": 0}))
-            .await;
-        if r.status() == 200 {
-            known = true;
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    assert!(known, "b never saw the policy");
+    assert!(knows_policy(&b, "acme").await, "b never saw the policy");
     let checks = (0..120).map(|i| {
         let app = if i % 2 == 0 { &a } else { &b };
         app.check_json("acme", "k")

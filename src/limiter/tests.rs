@@ -1,12 +1,15 @@
 //! Limiter tests on a real embedded store with a hand-driven clock.
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use super::*;
-use crate::clock::ManualClock;
-use crate::domain::{Policy, PolicyDoc};
+use super::{CheckInput, Decision, Limiter, LimiterConfig};
+use crate::clock::{Clock, ManualClock};
+use crate::domain::{ClientId, OnStoreFailure, Policy, PolicyDoc, TenantId};
+use crate::metrics::Metrics;
 use crate::store::embedded::EmbeddedStore;
 use crate::store::faulty::{Fault, FaultyStore};
+use crate::store::{CounterKey, CounterRange, Delta, DynStore};
 use crate::sync::{SyncConfig, Syncer};
 
 const T0: i64 = 1_767_225_600_000; // 2026-01-01T00:00:00Z

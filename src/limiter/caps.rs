@@ -7,7 +7,7 @@
 //! make room; counters holding pending hits never leave, so the pending-hit buffer is bounded by
 //! the caps too.
 //!
-//! Counting: `counters` goes up in [`Limiter::install`] and down in eviction. The per-tenant
+//! Counting: `counters` goes up in `install` and down in eviction. The per-tenant
 //! client counts are locked after a shard, never before one.
 
 use std::collections::HashMap;

@@ -1,6 +1,6 @@
 //! Keys: how a counter is named in memory and in the store.
 //!
-//! In memory an [`Entry`](super::state::Entry) is keyed by (tenant, subject), the subject being a
+//! In memory an entry (`state::Entry`) is keyed by (tenant, subject), the subject being a
 //! client or `*` for the tenant's shared limits. The hash of those two strings is computed once
 //! per check and carried in the key, so one hash picks both the shard and the map slot, and a
 //! lookup borrows the request's strings ([`EntryRef`]) instead of allocating an owned key

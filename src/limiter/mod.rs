@@ -251,6 +251,8 @@ impl Limiter {
         }
     }
 
+    /// Under the locks: marks the entries used, finds each limit's state in them, and decides
+    /// if every limit has one.
     #[allow(clippy::too_many_arguments)]
     fn decide_in(
         fleet: Fleet,

@@ -56,11 +56,11 @@ impl Default for SyncConfig {
 }
 
 /// What one round did.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Round {
+    /// Hits this round wrote (or sent with an unknown outcome).
     pub written_hits: u64,
-    pub increments: usize,
-    pub refreshed: usize,
+    /// Hits still pending after the round's eviction: 0 means everything admitted is written.
     pub pending_after: u64,
 }
 
@@ -83,7 +83,7 @@ impl Syncer {
     /// and the error is returned.
     pub async fn round(&self) -> Result<Round, StoreError> {
         let (ranges, mut round) = self.write().await?;
-        round.refreshed = self.read_back(&ranges).await;
+        self.read_back(&ranges).await;
         round.pending_after = self.limiter.evict(self.limiter.clock().now_ms()).1;
         Ok(round)
     }
@@ -127,18 +127,16 @@ impl Syncer {
         }
         let round = Round {
             written_hits: hits,
-            increments: batch.deltas.len(),
-            refreshed: 0,
             pending_after: 0,
         };
         Ok((batch.ranges, round))
     }
 
     /// A round's second half: reads totals back (they include every instance's writes).
-    /// Returns how many counters were refreshed; a failed read is logged and skipped.
-    pub async fn read_back(&self, ranges: &[CounterRange]) -> usize {
+    /// A failed read is logged and skipped: the next round reads them again.
+    pub async fn read_back(&self, ranges: &[CounterRange]) {
         if ranges.is_empty() {
-            return 0;
+            return;
         }
         let started = std::time::Instant::now();
         let res = tokio::time::timeout(self.cfg.timeout, self.limiter.store().read(ranges)).await;
@@ -147,17 +145,14 @@ impl Syncer {
             Ok(Ok(totals)) => {
                 self.metrics.store_op("read", "ok", secs);
                 self.limiter.refreshed(ranges, totals);
-                ranges.len()
             }
             Ok(Err(e)) => {
                 self.metrics.store_op("read", "error", secs);
                 tracing::warn!(error = %e, "sync: reading totals back failed");
-                0
             }
             Err(_) => {
                 self.metrics.store_op("read", "timeout", secs);
                 tracing::warn!("sync: reading totals back timed out");
-                0
             }
         }
     }
@@ -203,34 +198,20 @@ impl Syncer {
         let mut failures: u32 = 0;
         let mut next_janitor = tokio::time::Instant::now() + self.cfg.janitor_interval;
         loop {
-            let wait = if failures == 0 {
-                self.cfg.interval
-            } else {
-                (self.cfg.interval * 2u32.saturating_pow(failures.min(6)))
-                    .min(Duration::from_secs(10))
-            };
-            // Wake at the next wall-clock multiple of the wait, like every other instance.
-            let wait_ms = wait.as_millis().max(1) as i64;
-            let now = self.limiter.clock().now_ms();
-            let delay = Duration::from_millis((wait_ms - now.rem_euclid(wait_ms)) as u64);
             tokio::select! {
-                _ = tokio::time::sleep(delay) => {}
+                _ = tokio::time::sleep(self.until_next_tick(failures)) => {}
                 _ = shutdown.wait_for(|stop| *stop) => break,
             }
-            let result = match self.write().await {
-                Ok((ranges, round)) => {
+            match self.write().await {
+                Ok((ranges, _)) => {
+                    failures = 0;
                     tokio::select! {
                         _ = tokio::time::sleep(self.cfg.settle) => {}
                         _ = shutdown.wait_for(|stop| *stop) => {}
                     }
                     self.read_back(&ranges).await;
                     self.limiter.evict(self.limiter.clock().now_ms());
-                    Ok(round)
                 }
-                Err(e) => Err(e),
-            };
-            match result {
-                Ok(_) => failures = 0,
                 Err(e) => {
                     failures += 1;
                     tracing::warn!(error = %e, failures, "sync: write failed; hits stay pending");
@@ -242,6 +223,19 @@ impl Syncer {
             }
         }
         self.drain().await
+    }
+
+    /// The wait until the next round: the interval, doubled per failed write in a row (at most
+    /// 10 s), up to its next wall-clock multiple, so every instance of a fleet wakes together.
+    fn until_next_tick(&self, failures: u32) -> Duration {
+        let wait = if failures == 0 {
+            self.cfg.interval
+        } else {
+            (self.cfg.interval * 2u32.saturating_pow(failures.min(6))).min(Duration::from_secs(10))
+        };
+        let wait_ms = wait.as_millis().max(1) as i64;
+        let now = self.limiter.clock().now_ms();
+        Duration::from_millis((wait_ms - now.rem_euclid(wait_ms)) as u64)
     }
 
     /// Writes every pending hit, retrying until the drain deadline. Returns the hits that

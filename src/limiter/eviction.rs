@@ -1,0 +1,73 @@
+//! Eviction: what no longer counts leaves memory (old buckets, empty states, idle entries);
+//! it is read back from the store on its next use.
+//!
+//! Invariant: a counter holding pending (unwritten) hits never leaves; written counters are the
+//! only ones eviction can drop. How long "idle" is comes from the memory caps (see `caps`).
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::caps::{is_client, IdleRule};
+use super::state::{lock, LimitState, Shard};
+use super::Limiter;
+
+/// What one eviction pass kept, and which tenants' client entries it dropped.
+#[derive(Default)]
+struct Tally {
+    counters: usize,
+    pending: u64,
+    /// Client entries dropped, per tenant.
+    left: HashMap<Arc<str>, usize>,
+}
+
+impl Limiter {
+    /// Drops what no longer counts: old buckets, empty states, and entries idle for
+    /// `idle_ms` with nothing pending. Near a memory cap (90% of it), "idle" shrinks to two
+    /// sync intervals, for all entries or for the crowded tenant's clients: written counters
+    /// leave first, and a counter holding unwritten hits never leaves.
+    /// Returns (counters in memory, pending hits).
+    pub fn evict(&self, now: i64) -> (usize, u64) {
+        let rule = self.idle_rule();
+        let mut tally = Tally::default();
+        for shard in self.shards.iter() {
+            let dropped = evict_shard(&mut lock(shard), now, &rule, &mut tally);
+            self.counters.fetch_sub(dropped, Ordering::Relaxed);
+        }
+        self.release_clients(tally.left);
+        self.metrics.set_active_counters(tally.counters);
+        self.metrics.set_pending(tally.pending);
+        (tally.counters, tally.pending)
+    }
+}
+
+/// Evicts within one shard; returns how many counters (limit states) it dropped.
+fn evict_shard(g: &mut Shard, now: i64, rule: &IdleRule, tally: &mut Tally) -> usize {
+    let mut dropped = 0usize;
+    g.retain(|k, e| {
+        let before = e.states.len();
+        for s in e.states.iter_mut() {
+            s.prune(now);
+        }
+        // A state whose window emptied stays while its entry is in use: dropping it would
+        // send the next check of a client slower than its window to the store.
+        let idle = now - e.last_used >= rule.idle_ms(k);
+        if idle {
+            e.states.retain(|s| !s.buckets.is_empty());
+        }
+        let p: u64 = e.states.iter().map(LimitState::pending).sum();
+        let keep = p > 0 || (!e.states.is_empty() && !idle);
+        if keep {
+            tally.counters += e.states.len();
+            tally.pending += p;
+            dropped += before - e.states.len();
+        } else {
+            dropped += before;
+            if is_client(k) {
+                *tally.left.entry(k.tenant.clone()).or_default() += 1;
+            }
+        }
+        keep
+    });
+    dropped
+}

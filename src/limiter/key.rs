@@ -1,0 +1,156 @@
+//! Keys: how a counter is named in memory and in the store.
+//!
+//! In memory an entry (`state::Entry`) is keyed by (tenant, subject), the subject being a
+//! client or `*` for the tenant's shared limits. The hash of those two strings is computed once
+//! per check and carried in the key, so one hash picks both the shard and the map slot, and a
+//! lookup borrows the request's strings ([`EntryRef`]) instead of allocating an owned key
+//! ([`EntryKey`], made only when an entry is inserted).
+//!
+//! In the store a counter is (tenant, subject, limit, grain), and a read covers the buckets its
+//! window needs plus a little ahead, for instances whose clocks run fast.
+
+use std::hash::{BuildHasher, Hash, Hasher};
+use std::sync::Arc;
+
+use hashbrown::{DefaultHashBuilder, Equivalent};
+
+use super::{window, Limiter};
+use crate::domain::{ClientId, Limit, LimitKind, Scope, TenantId, TENANT_SUBJECT};
+use crate::store::{CounterKey, CounterRange};
+
+/// The owned key of an entry, with the hash of its strings computed once: a check hashes each
+/// key once, for the shard and for the map.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub(super) struct EntryKey {
+    pub(super) hash: u64,
+    pub(super) tenant: Arc<str>,
+    pub(super) subject: Arc<str>,
+}
+
+impl Hash for EntryKey {
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        h.write_u64(self.hash)
+    }
+}
+
+/// A borrowed key, so lookups on the check path do not allocate.
+#[derive(Clone, Copy)]
+pub(super) struct EntryRef<'a> {
+    pub(super) hash: u64,
+    pub(super) tenant: &'a str,
+    pub(super) subject: &'a str,
+}
+
+impl<'a> EntryRef<'a> {
+    pub(super) fn new(hasher: &DefaultHashBuilder, tenant: &'a str, subject: &'a str) -> Self {
+        EntryRef {
+            hash: hasher.hash_one((tenant, subject)),
+            tenant,
+            subject,
+        }
+    }
+}
+
+impl Hash for EntryRef<'_> {
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        h.write_u64(self.hash)
+    }
+}
+
+impl Equivalent<EntryKey> for EntryRef<'_> {
+    fn equivalent(&self, k: &EntryKey) -> bool {
+        // The hash first: a differing key is told apart without reading its strings.
+        k.hash == self.hash && *k.tenant == *self.tenant && *k.subject == *self.subject
+    }
+}
+
+/// The maps' hasher: keys carry their hash already.
+#[derive(Clone, Copy, Default)]
+pub(super) struct KeyHash(u64);
+
+impl Hasher for KeyHash {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `write_u64` is used; anything else still hashes soundly.
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ b as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+#[derive(Clone, Copy, Default)]
+pub(super) struct BuildKeyHash;
+
+impl BuildHasher for BuildKeyHash {
+    type Hasher = KeyHash;
+    fn build_hasher(&self) -> KeyHash {
+        KeyHash::default()
+    }
+}
+
+/// How far ahead of this instance's clock another instance's clock may run and still have its
+/// buckets counted here.
+pub const CLOCK_SKEW_MS: i64 = 60_000;
+
+/// The newest bucket start a read covers: the current bucket, or a slightly later one written
+/// by an instance whose clock runs ahead. Reads stay bounded (the scylla store refuses ranges
+/// over many partitions).
+pub(super) fn newest_readable(kind: LimitKind, now: i64) -> i64 {
+    kind.grain().bucket_start(now + CLOCK_SKEW_MS)
+}
+
+/// The subject a limit counts under: the client, or the tenant's shared `*`.
+pub(super) fn subject_of<'a>(l: &Limit, client: &'a str) -> &'a str {
+    match l.scope {
+        Scope::Client => client,
+        Scope::Tenant => TENANT_SUBJECT,
+    }
+}
+
+/// [`subject_of`], owned: for keys that outlive the request.
+pub(super) fn owned_subject(l: &Limit, client: &ClientId) -> Arc<str> {
+    match l.scope {
+        Scope::Client => client.as_arc().clone(),
+        Scope::Tenant => Arc::from(TENANT_SUBJECT),
+    }
+}
+
+impl Limiter {
+    /// The shard of a key, from bits of its hash the maps do not use for their slots (the low
+    /// bits pick a slot and the top 7 tag it).
+    pub(super) fn shard_of(&self, k: EntryRef<'_>) -> usize {
+        ((k.hash >> 32) % self.shards.len() as u64) as usize
+    }
+
+    pub(super) fn key_ref<'a>(&self, tenant: &'a str, subject: &'a str) -> EntryRef<'a> {
+        EntryRef::new(&self.hasher, tenant, subject)
+    }
+
+    pub(super) fn counter_key(tenant: &TenantId, client: &ClientId, l: &Limit) -> CounterKey {
+        CounterKey {
+            tenant: tenant.as_arc().clone(),
+            subject: owned_subject(l, client),
+            limit: l.id.as_arc().clone(),
+            grain: l.kind.grain(),
+        }
+    }
+
+    /// The store range a decision on `l` needs at `now`.
+    pub(super) fn range_of(
+        tenant: &TenantId,
+        client: &ClientId,
+        l: &Limit,
+        now: i64,
+    ) -> CounterRange {
+        CounterRange {
+            key: Self::counter_key(tenant, client, l),
+            from: window::oldest_needed(l.kind, now),
+            to: newest_readable(l.kind, now),
+        }
+    }
+}

@@ -1,0 +1,91 @@
+//! Shares of the headroom among instances (`cached` consistency, `instances` > 1).
+//!
+//! With one store shard per instance, each instance may admit, between two syncs, at most its
+//! share of the headroom it last read: `pending <= share x (max - stored)`. Shares follow demand,
+//! from the per-shard counts every read returns at no extra write: `share = (mine + a) / (total +
+//! a x N)` over the limit's window, with `a = 1 + total/100`, so the shares of all instances add
+//! up to 1, an instance carrying all the traffic gets nearly all the headroom (98% of it with
+//! N = 3), a newcomer or a key nobody has counted gets 1/N, and an instance that stops writing
+//! fades out as its hits leave the window. If all instances read the store at the same moment
+//! they could never overshoot together; reads at different moments leave a small overshoot,
+//! measured by the simulation in `tests/simulation.rs` and reported in the README.
+
+use super::state::LimitState;
+use super::{window, Limiter};
+use crate::domain::{Consistency, Grain, Limit, Policy};
+use crate::store::{BucketTotal, CounterRange};
+
+/// An instance's demand-weighted share of a counter's headroom, from the store's per-shard
+/// counts over the window (see the module comment).
+///
+/// Only settled buckets count: those that closed before `settled` (two sync intervals ago),
+/// which every instance has written by now. A fresher bucket holds this instance's own hits
+/// in full but the others' only up to their last sync, and would make every instance think
+/// its share larger than it is (the shares would add up to more than 1).
+pub fn share_of(
+    totals: &[BucketTotal],
+    grain: Grain,
+    from: i64,
+    settled: i64,
+    instances: u32,
+) -> f32 {
+    if instances <= 1 {
+        return 1.0;
+    }
+    let sum = |only_settled: bool| {
+        let (mut mine, mut total) = (0f64, 0f64);
+        for t in totals
+            .iter()
+            .filter(|t| t.start >= from && (!only_settled || grain.bucket_end(t.start) <= settled))
+        {
+            mine += t.mine.max(0) as f64;
+            total += t.total.max(0) as f64;
+        }
+        (mine, total)
+    };
+    let (mut mine, mut total) = sum(true);
+    if total == 0.0 {
+        // A fresh key: nothing has settled yet. What the fleet wrote so far is the only sign of
+        // who carries it; waiting for a bucket to settle would hold a busy instance at 1/N
+        // for the first buckets, pushing its admissions late into them.
+        (mine, total) = sum(false);
+    }
+    let a = 1.0 + total / 100.0;
+    ((mine + a) / (total + a * instances as f64)) as f32
+}
+
+/// How a decision sees the rest of the fleet.
+#[derive(Clone, Copy)]
+pub(super) struct Fleet {
+    /// Enforce shares of the headroom (more than one instance, cached consistency).
+    pub(super) shares: bool,
+    pub(super) sync_interval_ms: i64,
+}
+
+/// `pending + cost <= share x (max - stored)`: this instance's unwritten hits stay within its
+/// share of the headroom the store last showed.
+///
+/// Hits written since the last read back (`settling`) still count as this instance's own: the
+/// headroom is the one the store showed at that read, before they were added.
+pub(super) fn within_share(l: &Limit, s: &LimitState, now: i64, cost: u64) -> bool {
+    let stored = window::estimate_by(l.kind, &s.buckets, now, |b| b.stored);
+    let pending = window::estimate_by(l.kind, &s.buckets, now, |b| b.pending);
+    let headroom = l.max.saturating_sub(stored.saturating_sub(s.settling));
+    let allowance = (s.share as f64 * headroom as f64).floor() as u64;
+    pending.saturating_add(s.settling).saturating_add(cost) <= allowance
+}
+
+impl Limiter {
+    /// This instance's share of a counter read back over `r`.
+    pub(super) fn share(&self, totals: &[BucketTotal], r: &CounterRange, now: i64) -> f32 {
+        let settled = now - 2 * self.cfg.sync_interval_ms;
+        share_of(totals, r.key.grain, r.from, settled, self.cfg.instances)
+    }
+
+    pub(super) fn fleet(&self, policy: &Policy) -> Fleet {
+        Fleet {
+            shares: self.cfg.instances > 1 && policy.consistency == Consistency::Cached,
+            sync_interval_ms: self.cfg.sync_interval_ms,
+        }
+    }
+}

@@ -1,0 +1,121 @@
+//! The in-memory state: one [`Entry`] per key, holding one [`LimitState`] per limit, in maps
+//! sharded behind `std::sync::Mutex`es.
+//!
+//! A limit's state holds its buckets, each with the count last read from the store (`stored`)
+//! and the hits this instance admitted since (`pending`). The estimate is over `stored +
+//! pending`, so this instance's own hits count at once and other instances' from the next sync.
+//!
+//! Invariants:
+//! - Pending hits only leave memory by being written: [`LimitState::prune`] keeps every bucket
+//!   holding some.
+//! - A shard's lock is held only for in-memory arithmetic, never across an `.await`.
+//! - Bucket vectors keep their capacity as buckets roll, so a check in steady state allocates
+//!   nothing.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use hashbrown::HashMap;
+use smallvec::SmallVec;
+
+use super::key::{BuildKeyHash, EntryKey};
+use super::window::{self, Bucket};
+use super::Limiter;
+use crate::domain::{Limit, LimitKind};
+use crate::store::{BucketTotal, CounterKey};
+
+#[derive(Debug)]
+pub(super) struct LimitState {
+    pub(super) id: Arc<str>,
+    pub(super) kind: LimitKind,
+    /// Sorted by start.
+    pub(super) buckets: Vec<Bucket>,
+    /// This instance's share of the headroom (1 when it is alone).
+    pub(super) share: f32,
+    /// Hits this instance wrote since its last read back: in `stored` already, but not yet in
+    /// what the other instances know, so they still count against this instance's share.
+    pub(super) settling: u64,
+}
+
+impl LimitState {
+    /// A limit's state over `buckets`, nothing written since the read that gave them.
+    pub(super) fn new(l: &Limit, buckets: Vec<Bucket>, share: f32) -> Self {
+        LimitState {
+            id: l.id.as_arc().clone(),
+            kind: l.kind,
+            buckets,
+            share,
+            settling: 0,
+        }
+    }
+
+    pub(super) fn is(&self, l: &Limit) -> bool {
+        // Installed from the same policy, the ids are one allocation: no string compare.
+        (Arc::ptr_eq(&self.id, l.id.as_arc()) || *self.id == *l.id.as_str())
+            && self.kind.grain() == l.kind.grain()
+    }
+
+    pub(super) fn pending(&self) -> u64 {
+        self.buckets.iter().map(|b| b.pending).sum()
+    }
+
+    /// Drops buckets that no longer count and hold nothing to write.
+    pub(super) fn prune(&mut self, now: i64) {
+        let oldest = window::oldest_needed(self.kind, now);
+        if self
+            .buckets
+            .first()
+            .is_some_and(|b| b.start < oldest && b.pending == 0)
+        {
+            self.buckets.retain(|b| b.start >= oldest || b.pending > 0);
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+pub(super) struct Entry {
+    /// One state inline (a one-limit policy, a tenant's entry); more spill to the heap.
+    pub(super) states: SmallVec<[LimitState; 1]>,
+    pub(super) last_used: i64,
+    /// Used since the last sync: its totals are read back then.
+    pub(super) touched: bool,
+    /// Sync rounds since its totals were last read back.
+    pub(super) stale_rounds: u8,
+}
+
+pub(super) type Shard = HashMap<EntryKey, Entry, BuildKeyHash>;
+
+pub(super) fn lock(m: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+    // A panic while holding a shard cannot leave it half-updated in a way that matters more
+    // than losing the whole service, so keep serving.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Buckets as the store counted them, with nothing pending.
+pub(super) fn buckets_from(totals: &[BucketTotal]) -> Vec<Bucket> {
+    totals
+        .iter()
+        .map(|t| Bucket {
+            start: t.start,
+            stored: t.total.max(0) as u64,
+            pending: 0,
+        })
+        .collect()
+}
+
+impl Limiter {
+    /// Runs `f` on a counter's state, if it is in memory.
+    pub(super) fn with_state<R>(
+        &self,
+        key: &CounterKey,
+        f: impl FnOnce(&mut LimitState) -> R,
+    ) -> Option<R> {
+        let r = self.key_ref(&key.tenant, &key.subject);
+        let mut g = lock(&self.shards[self.shard_of(r)]);
+        let s = g
+            .get_mut(&r)?
+            .states
+            .iter_mut()
+            .find(|s| s.id == key.limit && s.kind.grain() == key.grain)?;
+        Some(f(s))
+    }
+}

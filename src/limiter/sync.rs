@@ -1,0 +1,125 @@
+//! The limiter's side of the sync task (`crate::sync`): what it hands over to write and read
+//! back, and how the results come back into memory.
+//!
+//! A round is: [`Limiter::collect`] a snapshot of the pending hits and the counters to read
+//! back; write the snapshot; [`Limiter::written`] moves exactly the snapshot from pending to
+//! stored (hits admitted meanwhile stay pending); read back; [`Limiter::refreshed`] installs the
+//! totals, which include every instance's hits, and this instance's new share.
+
+use super::key::newest_readable;
+use super::state::{lock, LimitState};
+use super::{window, Limiter};
+use crate::store::{BucketTotal, CounterKey, CounterRange, Delta};
+
+/// The pending hits the sync task took, and the counters it will read back.
+#[derive(Debug, Default)]
+pub struct SyncBatch {
+    pub deltas: Vec<Delta>,
+    pub ranges: Vec<CounterRange>,
+}
+
+impl SyncBatch {
+    pub fn hits(&self) -> u64 {
+        self.deltas.iter().map(|d| d.delta.max(0) as u64).sum()
+    }
+}
+
+/// Untouched entries are still read back every this many sync rounds, so what other instances
+/// did reaches them even while this one only holds them.
+const REFRESH_IDLE_EVERY: u8 = 8;
+
+impl Limiter {
+    /// Takes a snapshot of every pending hit (as increments) and lists the counters used since
+    /// the last sync (to read back). Clears the "used" marks.
+    pub fn collect(&self, now: i64) -> SyncBatch {
+        let mut batch = SyncBatch::default();
+        for shard in self.shards.iter() {
+            let mut g = lock(shard);
+            for (k, e) in g.iter_mut() {
+                // Others' hits reach an entry by reading it back: every round once used, while
+                // other instances count too; otherwise (and alone, where this instance's own
+                // writes already keep it exact) every few rounds, which also picks up hits the
+                // store counted directly (strict checks, checks beyond a memory cap).
+                let refresh =
+                    (e.touched && self.cfg.instances > 1) || e.stale_rounds >= REFRESH_IDLE_EVERY;
+                for s in &e.states {
+                    let key = || CounterKey {
+                        tenant: k.tenant.clone(),
+                        subject: k.subject.clone(),
+                        limit: s.id.clone(),
+                        grain: s.kind.grain(),
+                    };
+                    for b in s.buckets.iter().filter(|b| b.pending > 0) {
+                        batch.deltas.push(Delta {
+                            key: key(),
+                            start: b.start,
+                            delta: b.pending.min(i64::MAX as u64) as i64,
+                        });
+                    }
+                    if refresh {
+                        batch.ranges.push(CounterRange {
+                            key: key(),
+                            from: window::oldest_needed(s.kind, now),
+                            to: newest_readable(s.kind, now),
+                        });
+                    }
+                }
+                if refresh {
+                    e.stale_rounds = 0;
+                } else {
+                    e.stale_rounds = e.stale_rounds.saturating_add(1);
+                }
+                e.touched = false;
+            }
+        }
+        batch
+    }
+
+    /// The snapshot's increments reached the store: move them from pending to stored. Hits
+    /// admitted since the snapshot stay pending.
+    pub fn written(&self, deltas: &[Delta]) {
+        for d in deltas {
+            self.with_state(&d.key, |s| {
+                if let Ok(i) = s.buckets.binary_search_by_key(&d.start, |b| b.start) {
+                    let b = &mut s.buckets[i];
+                    let n = (d.delta.max(0) as u64).min(b.pending);
+                    b.pending -= n;
+                    b.stored += n;
+                    s.settling += n;
+                }
+            });
+        }
+    }
+
+    /// Installs totals read back from the store: they include every instance's writes.
+    pub fn refreshed(&self, ranges: &[CounterRange], totals: Vec<Vec<BucketTotal>>) {
+        let now = self.clock.now_ms();
+        for (r, t) in ranges.iter().zip(totals) {
+            let share = self.share(&t, r, now);
+            self.with_state(&r.key, |s| {
+                s.share = share;
+                s.settling = 0;
+                for b in s.buckets.iter_mut().filter(|b| b.start >= r.from) {
+                    b.stored = 0;
+                }
+                for bt in t {
+                    window::bucket_at(&mut s.buckets, bt.start).stored = bt.total.max(0) as u64;
+                }
+            });
+        }
+    }
+
+    /// Hits admitted and not yet written.
+    pub fn pending_hits(&self) -> u64 {
+        self.shards
+            .iter()
+            .map(|s| {
+                lock(s)
+                    .values()
+                    .flat_map(|e| e.states.iter())
+                    .map(LimitState::pending)
+                    .sum::<u64>()
+            })
+            .sum()
+    }
+}

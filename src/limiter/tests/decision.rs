@@ -1,0 +1,199 @@
+//! The decision: exact admission under concurrency, tiers, binding limit, windows, modes.
+
+use super::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_hundred_concurrent_checks_against_max_100_admit_exactly_100() {
+    let r = Arc::new(rig());
+    let p = Arc::new(policy(serde_json::json!({"limits": [
+        {"id": "h", "max": 100, "period": "hour"},
+        {"id": "t", "max": 1000, "window": "1m", "scope": "tenant"}]})));
+    let mut tasks = Vec::new();
+    for i in 0..200 {
+        let (r, p) = (r.clone(), p.clone());
+        tasks.push(tokio::spawn(async move {
+            // Half the racers are on a second client: its own limit is separate, the tenant's is shared.
+            let (t, c) = ids("acme", if i % 2 == 0 { "k1" } else { "k2" });
+            check(&r, &p, &t, &c, 1).await.allowed
+        }));
+    }
+    let mut admitted = 0;
+    for t in tasks {
+        admitted += t.await.unwrap() as u32;
+    }
+    assert_eq!(admitted, 200, "each client has 100 of its own");
+    let mut tasks = Vec::new();
+    for _ in 0..200 {
+        let (r, p) = (r.clone(), p.clone());
+        tasks.push(tokio::spawn(async move {
+            let (t, c) = ids("acme", "k3");
+            check(&r, &p, &t, &c, 1).await.allowed
+        }));
+    }
+    let mut admitted = 0;
+    for t in tasks {
+        admitted += t.await.unwrap() as u32;
+    }
+    assert_eq!(admitted, 100);
+}
+
+#[tokio::test]
+async fn a_denial_consumes_nothing_from_any_tier() {
+    let r = rig();
+    let p = policy(serde_json::json!({"limits": [
+        {"id": "burst", "max": 5, "window": "1s"},
+        {"id": "hourly", "max": 3, "period": "hour"}]}));
+    let (t, c) = ids("acme", "k1");
+    for _ in 0..3 {
+        assert!(check(&r, &p, &t, &c, 1).await.allowed);
+    }
+    let d = check(&r, &p, &t, &c, 1).await;
+    assert!(!d.allowed);
+    assert_eq!(d.binding.as_ref().unwrap().limit_id.as_str(), "hourly");
+    let u = r.limiter.usage(&p, &t, &c, None).await.unwrap();
+    assert_eq!(u[0].count, 3, "the burst tier did not count the denied hit");
+    assert_eq!(u[1].count, 3);
+}
+
+#[tokio::test]
+async fn binding_limit_is_the_least_remaining_or_the_longest_wait() {
+    let r = rig();
+    let p = policy(serde_json::json!({"limits": [
+        {"id": "sec", "max": 2, "window": "1s"},
+        {"id": "min", "max": 10, "period": "minute"},
+        {"id": "day", "max": 2, "period": "day"}]}));
+    let (t, c) = ids("acme", "k1");
+    let d = check(&r, &p, &t, &c, 1).await;
+    // sec and day both have 1 left: the first in policy order binds.
+    assert_eq!(d.binding.unwrap().limit_id.as_str(), "sec");
+    check(&r, &p, &t, &c, 1).await;
+    // Both sec and day deny; day's wait is far longer.
+    let d = check(&r, &p, &t, &c, 1).await;
+    assert!(!d.allowed);
+    let b = d.binding.unwrap();
+    assert_eq!(b.limit_id.as_str(), "day");
+    assert_eq!(d.retry_after_ms, Some(b.reset_after_ms));
+}
+
+#[tokio::test]
+async fn a_cost_above_max_is_never_admitted_and_cost_zero_peeks() {
+    let r = rig();
+    let p = policy(serde_json::json!({"limits": [{"id": "m", "max": 5, "period": "minute"}]}));
+    let (t, c) = ids("acme", "k1");
+    let d = check(&r, &p, &t, &c, 6).await;
+    assert!(!d.allowed);
+    assert_eq!(d.retry_after_ms, None);
+    let d = check(&r, &p, &t, &c, 0).await;
+    assert!(d.allowed);
+    assert_eq!(d.binding.unwrap().remaining, 5);
+    assert!(check(&r, &p, &t, &c, 5).await.allowed);
+    let d = check(&r, &p, &t, &c, 0).await;
+    assert!(d.allowed, "a peek at an exhausted limit still passes");
+    assert_eq!(d.binding.unwrap().remaining, 0);
+}
+
+#[tokio::test]
+async fn tenant_scope_is_shared_by_all_clients() {
+    let r = rig();
+    let p = policy(serde_json::json!({"limits": [
+        {"id": "t", "max": 3, "period": "hour", "scope": "tenant"}]}));
+    for client in ["a", "b", "c"] {
+        let (t, c) = ids("acme", client);
+        assert!(check(&r, &p, &t, &c, 1).await.allowed);
+    }
+    let (t, c) = ids("acme", "d");
+    assert!(!check(&r, &p, &t, &c, 1).await.allowed);
+    let (t, c) = ids("other", "d");
+    assert!(
+        check(&r, &p, &t, &c, 1).await.allowed,
+        "tenants are separate"
+    );
+}
+
+#[tokio::test]
+async fn sliding_window_admits_again_as_hits_leave_it() {
+    let r = rig();
+    let p = policy(serde_json::json!({"limits": [{"id": "s", "max": 10, "window": "1s"}]}));
+    let (t, c) = ids("acme", "k1");
+    assert!(check(&r, &p, &t, &c, 10).await.allowed);
+    let d = check(&r, &p, &t, &c, 1).await;
+    assert!(!d.allowed);
+    let wait = d.retry_after_ms.unwrap();
+    assert!(wait > 0 && wait <= 1_100, "{wait}");
+    r.clock.advance(wait - 1);
+    assert!(
+        !check(&r, &p, &t, &c, 1).await.allowed,
+        "not before retry_after"
+    );
+    r.clock.advance(1);
+    assert!(check(&r, &p, &t, &c, 1).await.allowed, "at retry_after");
+}
+
+#[tokio::test]
+async fn calendar_periods_reset_at_the_utc_boundary() {
+    let r = rig();
+    r.clock.set(T0 + 59_000);
+    let p = policy(serde_json::json!({"limits": [{"id": "m", "max": 2, "period": "minute"}]}));
+    let (t, c) = ids("acme", "k1");
+    assert!(check(&r, &p, &t, &c, 2).await.allowed);
+    let d = check(&r, &p, &t, &c, 1).await;
+    assert_eq!(d.retry_after_ms, Some(1_000));
+    r.clock.set(T0 + 60_000);
+    assert!(check(&r, &p, &t, &c, 1).await.allowed);
+}
+
+#[tokio::test]
+async fn the_first_check_of_a_key_reads_the_store_instead_of_assuming_zero() {
+    let r = rig();
+    let p = policy(serde_json::json!({"limits": [{"id": "d", "max": 5, "period": "day"}]}));
+    let grain = p.limits[0].kind.grain();
+    r.store
+        .increment(&[Delta {
+            key: CounterKey {
+                tenant: "acme".into(),
+                subject: "k1".into(),
+                limit: "d".into(),
+                grain,
+            },
+            start: grain.bucket_start(T0),
+            delta: 5,
+        }])
+        .await
+        .unwrap();
+    let (t, c) = ids("acme", "k1");
+    assert!(!check(&r, &p, &t, &c, 1).await.allowed);
+}
+
+#[tokio::test]
+async fn dry_run_answers_allowed_flags_the_denial_and_counts_like_enforcement() {
+    let r = rig();
+    let p = policy(
+        serde_json::json!({"limits": [{"id": "d", "max": 2, "period": "day"}],
+        "mode": "dry_run"}),
+    );
+    let (t, c) = ids("acme", "k1");
+    for _ in 0..2 {
+        let d = check(&r, &p, &t, &c, 1).await;
+        assert!(d.allowed && !d.dry_run_denied);
+    }
+    let d = check(&r, &p, &t, &c, 1).await;
+    assert!(d.allowed && d.dry_run_denied);
+    assert_eq!(d.retry_after_ms, Some(0));
+    let u = r.limiter.usage(&p, &t, &c, None).await.unwrap();
+    assert_eq!(
+        u[0].count, 2,
+        "what enforcement would have denied is not counted"
+    );
+}
+
+#[tokio::test]
+async fn raising_max_keeps_what_was_consumed() {
+    let r = rig();
+    let p = policy(serde_json::json!({"limits": [{"id": "d", "max": 3, "period": "day"}]}));
+    let (t, c) = ids("acme", "k1");
+    assert!(check(&r, &p, &t, &c, 3).await.allowed);
+    let raised = policy(serde_json::json!({"limits": [{"id": "d", "max": 5, "period": "day"}]}));
+    let d = check(&r, &raised, &t, &c, 1).await;
+    assert!(d.allowed);
+    assert_eq!(d.binding.unwrap().remaining, 1);
+}

@@ -1,0 +1,74 @@
+//! Store failures on the check path: the `on_store_failure` rules, with and without room in
+//! memory.
+
+use super::*;
+
+#[tokio::test]
+async fn on_store_failure_rules_decide_unknown_keys_without_5xx() {
+    let r = rig_with_deadline(Duration::from_millis(200));
+    r.faulty.set(Fault::Hanging);
+    let mk = |rule: &str| {
+        policy(
+            serde_json::json!({"limits": [{"id": "d", "max": 1, "period": "day"}],
+            "on_store_failure": rule}),
+        )
+    };
+    let (t, c) = ids("acme", "deny-me");
+    let d = check(&r, &mk("deny"), &t, &c, 1).await;
+    assert!(!d.allowed);
+    assert_eq!(d.store_failure, Some(OnStoreFailure::Deny));
+    let (t, c) = ids("acme", "local");
+    let p = mk("local");
+    let started = std::time::Instant::now();
+    assert!(check(&r, &p, &t, &c, 1).await.allowed);
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "the deadline held"
+    );
+    assert!(
+        !check(&r, &p, &t, &c, 1).await.allowed,
+        "local view enforces max 1"
+    );
+    let (t, c) = ids("acme", "allow");
+    let p = mk("allow");
+    assert!(check(&r, &p, &t, &c, 1).await.allowed);
+    // The allowed hits are pending, to be written when the store returns.
+    r.faulty.set(Fault::Healthy);
+    r.syncer.round().await.unwrap();
+    assert_eq!(
+        stored(&r, "acme", "allow", "d", p.limits[0].kind.grain()).await,
+        1
+    );
+    assert_eq!(
+        stored(&r, "acme", "local", "d", p.limits[0].kind.grain()).await,
+        1
+    );
+}
+
+#[tokio::test]
+async fn at_a_cap_with_the_store_down_allow_counts_the_unrecorded_hit_and_local_denies() {
+    let r = capped(1_000, 1);
+    let mk = |rule: &str| {
+        policy(
+            serde_json::json!({"limits": [{"id": "d", "max": 10, "period": "day"}],
+            "on_store_failure": rule}),
+        )
+    };
+    let (t, c) = ids("acme", "first");
+    assert!(check(&r, &mk("local"), &t, &c, 1).await.allowed);
+    r.faulty.set(Fault::Failing);
+    let (t, c) = ids("acme", "second");
+    let d = check(&r, &mk("local"), &t, &c, 1).await;
+    assert!(!d.allowed, "no room to hold the hit: local cannot enforce");
+    assert_eq!(d.store_failure, Some(OnStoreFailure::Local));
+    let d = check(&r, &mk("allow"), &t, &c, 3).await;
+    assert!(d.allowed);
+    assert_eq!(metric(&r, "quotad_unrecorded_hits_total"), 3.0);
+    // The held client keeps its hits while the store is down, and writes them after.
+    let (t, c) = ids("acme", "first");
+    assert!(check(&r, &mk("local"), &t, &c, 1).await.allowed);
+    r.faulty.set(Fault::Healthy);
+    r.syncer.round().await.unwrap();
+    let day = mk("local").limits[0].kind.grain();
+    assert_eq!(stored(&r, "acme", "first", "d", day).await, 2);
+}

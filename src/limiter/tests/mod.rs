@@ -1,0 +1,133 @@
+//! Limiter behaviour tests on a real embedded store with a hand-driven clock: the rig and
+//! helpers here, the tests beside the idea they test (decision, sync, store failure, strict
+//! mode, memory caps).
+
+mod caps;
+mod decision;
+mod failure;
+mod strict;
+mod sync;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{CheckInput, Decision, Limiter, LimiterConfig};
+use crate::clock::{Clock, ManualClock};
+use crate::domain::{ClientId, OnStoreFailure, Policy, PolicyDoc, TenantId};
+use crate::metrics::Metrics;
+use crate::store::embedded::EmbeddedStore;
+use crate::store::faulty::{Fault, FaultyStore};
+use crate::store::{CounterKey, CounterRange, Delta, DynStore};
+use crate::sync::{SyncConfig, Syncer};
+
+const T0: i64 = 1_767_225_600_000; // 2026-01-01T00:00:00Z
+
+struct Rig {
+    _dir: tempfile::TempDir,
+    metrics: Arc<Metrics>,
+    store: DynStore,
+    faulty: Arc<FaultyStore>,
+    clock: ManualClock,
+    limiter: Arc<Limiter>,
+    syncer: Syncer,
+}
+
+fn rig() -> Rig {
+    // Generous: most tests are about decisions, not deadlines (a loaded machine makes redb
+    // commits slow, and a missed deadline hands the check to on_store_failure).
+    rig_with_deadline(Duration::from_secs(10))
+}
+
+fn rig_with_deadline(store_timeout: Duration) -> Rig {
+    rig_with(LimiterConfig {
+        shards: 8,
+        idle_ms: 60_000,
+        store_timeout,
+        ..LimiterConfig::default()
+    })
+}
+
+fn rig_with(cfg: LimiterConfig) -> Rig {
+    let dir = tempfile::tempdir().unwrap();
+    let store: DynStore = Arc::new(EmbeddedStore::open(dir.path()).unwrap());
+    let faulty = FaultyStore::new(store.clone());
+    let clock = ManualClock::new(T0);
+    let metrics = Arc::new(Metrics::new(false));
+    let limiter = Arc::new(Limiter::new(
+        faulty.clone(),
+        Arc::new(clock.clone()),
+        metrics.clone(),
+        cfg,
+    ));
+    let syncer = Syncer::new(limiter.clone(), metrics.clone(), SyncConfig::default());
+    Rig {
+        _dir: dir,
+        metrics,
+        store,
+        faulty,
+        clock,
+        limiter,
+        syncer,
+    }
+}
+
+fn policy(json: serde_json::Value) -> Policy {
+    let doc: PolicyDoc = serde_json::from_value(json).unwrap();
+    Policy::from_doc(&doc, false).unwrap()
+}
+
+fn ids(t: &str, c: &str) -> (TenantId, ClientId) {
+    (TenantId::parse(t).unwrap(), ClientId::parse(c).unwrap())
+}
+
+async fn check(r: &Rig, p: &Policy, t: &TenantId, c: &ClientId, cost: u64) -> Decision {
+    r.limiter
+        .check(
+            p,
+            CheckInput {
+                tenant: t,
+                client: c,
+                resource: None,
+                cost,
+            },
+        )
+        .await
+}
+
+/// The store's total of a counter's current bucket.
+async fn stored(r: &Rig, t: &str, subject: &str, limit: &str, grain: crate::domain::Grain) -> i64 {
+    let now = r.clock.now_ms();
+    let got = r
+        .store
+        .read(&[CounterRange {
+            key: CounterKey {
+                tenant: t.into(),
+                subject: subject.into(),
+                limit: limit.into(),
+                grain,
+            },
+            from: 0,
+            to: now + 86_400_000,
+        }])
+        .await
+        .unwrap();
+    got[0].iter().map(|b| b.total).sum()
+}
+
+fn capped(max_counters: usize, max_clients_per_tenant: usize) -> Rig {
+    rig_with(LimiterConfig {
+        shards: 8,
+        store_timeout: Duration::from_secs(10),
+        max_counters,
+        max_clients_per_tenant,
+        ..LimiterConfig::default()
+    })
+}
+
+/// A metric's value in the Prometheus text, by its full series name.
+fn metric(r: &Rig, series: &str) -> f64 {
+    let text = r.metrics.render();
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{series} not in\n{text}"))
+}

@@ -1,0 +1,126 @@
+//! The sync hooks and eviction: every admitted hit is written once, nothing unwritten leaves
+//! memory, and what the store counts reaches memory.
+
+use super::*;
+
+#[tokio::test]
+async fn sync_writes_every_admitted_hit_exactly_once() {
+    let r = rig();
+    let p = policy(serde_json::json!({"limits": [
+        {"id": "d", "max": 1000, "period": "day"},
+        {"id": "t", "max": 1000, "period": "day", "scope": "tenant"}]}));
+    let (t, c) = ids("acme", "k1");
+    for _ in 0..7 {
+        check(&r, &p, &t, &c, 2).await;
+    }
+    let round = r.syncer.round().await.unwrap();
+    assert_eq!(round.written_hits, 28, "7 x 2 on each of two counters");
+    assert_eq!(round.pending_after, 0);
+    // A second round writes nothing more.
+    assert_eq!(r.syncer.round().await.unwrap().written_hits, 0);
+    let day = p.limits[0].kind.grain();
+    assert_eq!(stored(&r, "acme", "k1", "d", day).await, 14);
+    assert_eq!(stored(&r, "acme", "*", "t", day).await, 14);
+    // The local estimate did not double count: 14 used, 986 left.
+    let d = check(&r, &p, &t, &c, 0).await;
+    assert_eq!(d.binding.unwrap().remaining, 986);
+}
+
+#[tokio::test]
+async fn hits_admitted_while_a_sync_is_in_flight_stay_pending() {
+    let r = rig();
+    let p = policy(serde_json::json!({"limits": [{"id": "d", "max": 1000, "period": "day"}]}));
+    let (t, c) = ids("acme", "k1");
+    check(&r, &p, &t, &c, 3).await;
+    let batch = r.limiter.collect(r.clock.now_ms());
+    check(&r, &p, &t, &c, 4).await; // admitted between snapshot and write
+    r.store.increment(&batch.deltas).await.unwrap();
+    r.limiter.written(&batch.deltas);
+    assert_eq!(r.limiter.pending_hits(), 4);
+    r.syncer.round().await.unwrap();
+    assert_eq!(r.limiter.pending_hits(), 0);
+    assert_eq!(
+        stored(&r, "acme", "k1", "d", p.limits[0].kind.grain()).await,
+        7
+    );
+}
+
+#[tokio::test]
+async fn while_the_store_is_down_hits_wait_and_are_written_when_it_returns() {
+    let r = rig();
+    let p = policy(serde_json::json!({"limits": [{"id": "d", "max": 1000, "period": "day"}]}));
+    let (t, c) = ids("acme", "k1");
+    check(&r, &p, &t, &c, 1).await;
+    r.faulty.set(Fault::Failing);
+    for _ in 0..5 {
+        assert!(check(&r, &p, &t, &c, 1).await.allowed);
+    }
+    assert!(r.syncer.round().await.is_err());
+    assert_eq!(r.limiter.pending_hits(), 6);
+    r.faulty.set(Fault::Healthy);
+    r.syncer.round().await.unwrap();
+    assert_eq!(r.limiter.pending_hits(), 0);
+    assert_eq!(
+        stored(&r, "acme", "k1", "d", p.limits[0].kind.grain()).await,
+        6
+    );
+}
+
+#[tokio::test]
+async fn idle_keys_leave_memory_and_come_back_from_the_store() {
+    let r = rig();
+    let p = policy(serde_json::json!({"limits": [{"id": "d", "max": 5, "period": "day"}]}));
+    let (t, c) = ids("acme", "k1");
+    assert!(check(&r, &p, &t, &c, 5).await.allowed);
+    r.syncer.round().await.unwrap();
+    r.clock.advance(61_000);
+    r.syncer.round().await.unwrap();
+    assert_eq!(r.limiter.evict(r.clock.now_ms()).0, 0, "evicted");
+    assert!(
+        !check(&r, &p, &t, &c, 1).await.allowed,
+        "re-read, not reset to zero"
+    );
+}
+
+#[tokio::test]
+async fn a_client_slower_than_its_window_is_decided_in_memory() {
+    let r = rig();
+    let p = policy(serde_json::json!({"limits": [{"id": "s", "max": 5, "window": "1s"}]}));
+    let (t, c) = ids("acme", "k1");
+    check(&r, &p, &t, &c, 1).await;
+    r.syncer.round().await.unwrap();
+    for _ in 0..3 {
+        r.clock.advance(1_200);
+        r.syncer.round().await.unwrap();
+        // With the store hanging, a check that needed it would wait for the deadline and be
+        // decided by on_store_failure; a check from memory is not.
+        r.faulty.set(Fault::Hanging);
+        let d = check(&r, &p, &t, &c, 1).await;
+        r.faulty.set(Fault::Healthy);
+        assert!(d.allowed);
+        assert_eq!(d.store_failure, None, "the check went to the store");
+    }
+}
+
+#[tokio::test]
+async fn hits_the_store_counts_directly_reach_the_counters_held_in_memory_at_once() {
+    let r = capped(1_000, 1);
+    let p = policy(serde_json::json!({"limits": [
+        {"id": "c", "max": 10, "period": "day"},
+        {"id": "t", "max": 3, "period": "day", "scope": "tenant"}]}));
+    let (t, k1) = ids("acme", "k1");
+    assert!(
+        check(&r, &p, &t, &k1, 1).await.allowed,
+        "k1 and the tenant held in memory"
+    );
+    r.syncer.round().await.unwrap();
+    // k2 is beyond the tenant's client cap: the store counts its hits, tenant counter included.
+    let (_, k2) = ids("acme", "k2");
+    assert!(check(&r, &p, &t, &k2, 1).await.allowed);
+    assert!(check(&r, &p, &t, &k2, 1).await.allowed);
+    // Alone, this instance reads counters back only every few rounds; the tenant counter in
+    // memory must know of k2's hits without one.
+    let d = check(&r, &p, &t, &k1, 1).await;
+    assert!(!d.allowed, "the tenant's 3 are used: {d:?}");
+    assert_eq!(d.binding.unwrap().limit_id.as_str(), "t");
+}

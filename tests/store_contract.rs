@@ -18,7 +18,10 @@ use futures::FutureExt;
 use quotad::domain::{ClientId, Grain, TenantId};
 use quotad::migrate;
 use quotad::store::scylla::{ScyllaOptions, ScyllaStore};
-use quotad::store::{BucketTotal, CounterKey, CounterRange, Delta, PolicyKey, Store, StoreError};
+use quotad::store::{
+    BucketTotal, CounterKey, CounterRange, CounterStore, Delta, PolicyKey, PolicyStore, Store,
+    StoreError,
+};
 use scylla::client::session_builder::SessionBuilder;
 
 const ENV: &str = "QUOTAD_TEST_SCYLLA_NODES";

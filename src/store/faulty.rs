@@ -1,5 +1,8 @@
 //! A store wrapper whose calls can be made to fail or hang, for tests of outages.
-
+//!
+//! Test support only: compiled for the crate's own tests and with the `test-support` feature
+//! (which the integration tests enable through a dev-dependency on this crate), never into
+//! the shipped binary.
 //!
 //! It wraps a real store (the embedded one in tests): while healthy every call goes through;
 //! while `Failing` every call returns `Unavailable` before touching the inner store (so nothing

@@ -12,6 +12,7 @@
 //! never retry one that may have landed: [`StoreError::Uncertain`] says so.
 
 pub mod embedded;
+#[cfg(any(test, feature = "test-support"))]
 pub mod faulty;
 pub mod scylla;
 

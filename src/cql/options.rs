@@ -99,7 +99,7 @@ impl ScyllaOptions {
             ));
         }
         if self.request_timeout.is_zero() {
-            return Err("timeout_ms: must be positive".into());
+            return Err("request_timeout_ms: must be positive".into());
         }
         if self.max_concurrency == 0 {
             return Err("max_concurrency: must be positive".into());
@@ -167,7 +167,9 @@ mod tests {
         assert!(with(|o| o.keyspace = "Bad-Name".into())
             .unwrap_err()
             .starts_with("keyspace"));
-        assert!(with(|o| o.request_timeout = Duration::ZERO).is_err());
+        assert!(with(|o| o.request_timeout = Duration::ZERO)
+            .unwrap_err()
+            .starts_with("request_timeout_ms"));
         assert!(with(|o| o.consistency = Consistency::Serial).is_err());
         let o = ScyllaOptions {
             username: Some("quotad".into()),

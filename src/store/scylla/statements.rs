@@ -1,5 +1,5 @@
-//! Every CQL statement the store runs, in one table (the `statements!` invocation below): its text, whether
-//! the driver may retry it, and the Rust types bound to it and read from it.
+//! Every CQL statement the store runs, in one table (the `statements!` invocation below): its
+//! text, whether the driver may retry it, and the Rust types bound to it and read from it.
 //!
 //! The table makes both the prepared set ([`Statements`], prepared once at connect) and the
 //! catalog a unit test checks against the migrations' schema, so a statement cannot be
@@ -150,17 +150,25 @@ statements! {
     /// `get_policy` at LOCAL_SERIAL: the read inside a compare-and-set loop must see the
     /// latest committed (or in-flight) transaction, or the loop spins on stale versions.
     get_policy_serial: GET_POLICY_CQL, idempotent: true, binds: PolicyKeyValues<'static>,
-        row: PolicyRow, setup: |p: &mut PreparedStatement| p.set_consistency(Consistency::LocalSerial);
+        row: PolicyRow, setup: at_local_serial;
     insert_policy: INSERT_POLICY_CQL, idempotent: false, binds: InsertPolicyValues<'static>;
     update_policy: UPDATE_POLICY_CQL, idempotent: false, binds: UpdatePolicyValues<'static>;
     delete_policy: DELETE_POLICY_CQL, idempotent: false, binds: PolicyKeyValues<'static>;
     list_policies: LIST_POLICIES_CQL, idempotent: true, binds: ListPoliciesValues<'static>,
         row: PolicyRow;
     load_policies: LOAD_POLICIES_CQL, idempotent: true, binds: LoadPoliciesValues,
-        row: PolicyRow, setup: |p: &mut PreparedStatement| p.set_page_size(POLICY_PAGE_SIZE);
+        row: PolicyRow, setup: in_policy_pages;
     bump_generation: BUMP_GENERATION_CQL, idempotent: false, binds: BumpGenerationValues<'static>;
     read_generation: READ_GENERATION_CQL, idempotent: true, binds: ReadGenerationValues<'static>,
         row: GenerationRow;
+}
+
+fn at_local_serial(p: &mut PreparedStatement) {
+    p.set_consistency(Consistency::LocalSerial);
+}
+
+fn in_policy_pages(p: &mut PreparedStatement) {
+    p.set_page_size(POLICY_PAGE_SIZE);
 }
 
 async fn prepare(session: &Session, cql: &str, idempotent: bool) -> StoreResult<PreparedStatement> {

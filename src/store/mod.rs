@@ -1,4 +1,4 @@
-//! The store: durable counters and policies behind one trait.
+//! The store: durable counters and policies behind two narrow traits.
 //!
 //! Two narrow traits: [`CounterStore`] (the limiter and the sync task: increments, reads,
 //! expiry) and [`PolicyStore`] (the admin API and the policy cache). [`Store`] is both, and is

@@ -8,6 +8,7 @@
 pub mod api;
 pub mod clock;
 pub mod config;
+pub mod cql;
 pub mod domain;
 pub mod limiter;
 pub mod metrics;

@@ -23,8 +23,8 @@ use quotad::domain::{ClientId, Policy, PolicyDoc, TenantId};
 use quotad::limiter::{CheckInput, Limiter, LimiterConfig};
 use quotad::metrics::Metrics;
 use quotad::store::{
-    BucketTotal, CounterKey, CounterRange, Delta, PolicyKey, PolicyRecord, Store, StoreError,
-    StoreResult,
+    BucketTotal, CounterKey, CounterRange, CounterStore, Delta, PolicyKey, PolicyRecord,
+    PolicyStore, Store, StoreError, StoreResult,
 };
 use quotad::sync::{SyncConfig, Syncer};
 use rand::{Rng, SeedableRng};
@@ -57,7 +57,7 @@ fn unsupported<T>() -> StoreResult<T> {
 }
 
 #[async_trait]
-impl Store for ShardView {
+impl CounterStore for ShardView {
     fn kind(&self) -> &'static str {
         "simulation"
     }
@@ -90,6 +90,13 @@ impl Store for ShardView {
     async fn delete_expired(&self, _now_ms: i64, _budget: usize) -> StoreResult<u64> {
         Ok(0)
     }
+    async fn ping(&self) -> StoreResult<()> {
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl PolicyStore for ShardView {
     async fn put_policy(
         &self,
         _: &PolicyKey,
@@ -116,9 +123,6 @@ impl Store for ShardView {
     }
     async fn policies_generation(&self) -> StoreResult<u64> {
         Ok(0)
-    }
-    async fn ping(&self) -> StoreResult<()> {
-        Ok(())
     }
 }
 

@@ -24,8 +24,8 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 
 use super::{
-    BucketTotal, CounterKey, CounterRange, Delta, PolicyKey, PolicyRecord, Store, StoreError,
-    StoreResult,
+    BucketTotal, CounterKey, CounterRange, CounterStore, Delta, PolicyKey, PolicyRecord,
+    PolicyStore, StoreError, StoreResult,
 };
 use crate::domain::{ClientId, Grain, TenantId};
 
@@ -236,7 +236,7 @@ fn bump_generation(tx: &redb::WriteTransaction) -> StoreResult<()> {
 }
 
 #[async_trait]
-impl Store for EmbeddedStore {
+impl CounterStore for EmbeddedStore {
     fn kind(&self) -> &'static str {
         "embedded"
     }
@@ -319,6 +319,14 @@ impl Store for EmbeddedStore {
         .await
     }
 
+    async fn ping(&self) -> StoreResult<()> {
+        self.blocking(move |db| db.begin_read().map(|_| ()).map_err(err))
+            .await
+    }
+}
+
+#[async_trait]
+impl PolicyStore for EmbeddedStore {
     async fn put_policy(
         &self,
         key: &PolicyKey,
@@ -475,11 +483,6 @@ impl Store for EmbeddedStore {
             Ok(g.unwrap_or(0))
         })
         .await
-    }
-
-    async fn ping(&self) -> StoreResult<()> {
-        self.blocking(move |db| db.begin_read().map(|_| ()).map_err(err))
-            .await
     }
 }
 

@@ -1,5 +1,9 @@
 //! A store wrapper whose calls can be made to fail or hang, for tests of outages.
 //!
+//! Test support only: compiled for the crate's own tests and with the `test-support` feature
+//! (which the integration tests enable through a dev-dependency on this crate), never into
+//! the shipped binary.
+//!
 //! It wraps a real store (the embedded one in tests): while healthy every call goes through;
 //! while `Failing` every call returns `Unavailable` before touching the inner store (so nothing
 //! is written); while `Hanging` every call waits forever (callers' deadlines must save them).
@@ -11,8 +15,8 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 use super::{
-    BucketTotal, CounterRange, Delta, DynStore, PolicyKey, PolicyRecord, Store, StoreError,
-    StoreResult,
+    BucketTotal, CounterRange, CounterStore, Delta, DynStore, PolicyKey, PolicyRecord, PolicyStore,
+    StoreError, StoreResult,
 };
 use crate::domain::TenantId;
 
@@ -61,7 +65,7 @@ impl FaultyStore {
 }
 
 #[async_trait]
-impl Store for FaultyStore {
+impl CounterStore for FaultyStore {
     fn kind(&self) -> &'static str {
         self.inner.kind()
     }
@@ -85,6 +89,18 @@ impl Store for FaultyStore {
         self.gate().await?;
         self.inner.delete_expired(now_ms, budget).await
     }
+    async fn ping(&self) -> StoreResult<()> {
+        self.gate().await?;
+        self.inner.ping().await
+    }
+    async fn flush(&self) -> StoreResult<()> {
+        self.gate().await?;
+        self.inner.flush().await
+    }
+}
+
+#[async_trait]
+impl PolicyStore for FaultyStore {
     async fn put_policy(
         &self,
         key: &PolicyKey,
@@ -117,13 +133,5 @@ impl Store for FaultyStore {
     async fn policies_generation(&self) -> StoreResult<u64> {
         self.gate().await?;
         self.inner.policies_generation().await
-    }
-    async fn ping(&self) -> StoreResult<()> {
-        self.gate().await?;
-        self.inner.ping().await
-    }
-    async fn flush(&self) -> StoreResult<()> {
-        self.gate().await?;
-        self.inner.flush().await
     }
 }

@@ -1,14 +1,18 @@
-//! The store: durable counters and policies behind one trait.
+//! The store: durable counters and policies behind two narrow traits.
 //!
-//! The limiter and the sync task only know [`Store`]; `embedded` (redb, one process) and
-//! `scylla` (Cassandra/ScyllaDB counter tables, many instances) implement it. Both run the same
-//! contract suite (`tests/store_contract.rs`).
+//! Two narrow traits: [`CounterStore`] (the limiter and the sync task: increments, reads,
+//! expiry) and [`PolicyStore`] (the admin API and the policy cache). [`Store`] is both, and is
+//! what a backend implements: `embedded` (redb, one process) and `scylla` (Cassandra/ScyllaDB
+//! counter tables, many instances). Both run the same contract suite
+//! (`tests/store_contract.rs`). `kind` and `ping` are on [`CounterStore`]: readiness means
+//! "counters answer", and the counters are the hot path.
 //!
 //! Counter writes are increments, never sets: Cassandra counters cannot be set, and increments
 //! from many instances add up without coordination. Increments are not idempotent, so callers
 //! never retry one that may have landed: [`StoreError::Uncertain`] says so.
 
 pub mod embedded;
+#[cfg(any(test, feature = "test-support"))]
 pub mod faulty;
 pub mod scylla;
 
@@ -100,8 +104,9 @@ impl StoreError {
 
 pub type StoreResult<T> = Result<T, StoreError>;
 
+/// Durable counters: what the limiter and the sync task need.
 #[async_trait]
-pub trait Store: Send + Sync + 'static {
+pub trait CounterStore: Send + Sync + 'static {
     /// A short name for logs and metrics (`embedded`, `scylla`).
     fn kind(&self) -> &'static str;
 
@@ -127,6 +132,18 @@ pub trait Store: Send + Sync + 'static {
     /// [`Grain::retention_ms`]), at most `budget` of them; returns how many went.
     async fn delete_expired(&self, now_ms: i64, budget: usize) -> StoreResult<u64>;
 
+    /// Succeeds while the store answers (`/readyz`).
+    async fn ping(&self) -> StoreResult<()>;
+
+    /// Makes everything written so far durable before shutdown.
+    async fn flush(&self) -> StoreResult<()> {
+        Ok(())
+    }
+}
+
+/// Stored policies: what the admin API and the policy cache need.
+#[async_trait]
+pub trait PolicyStore: Send + Sync + 'static {
     /// Creates or replaces a policy; returns the record written (version bumped).
     async fn put_policy(
         &self,
@@ -153,15 +170,16 @@ pub trait Store: Send + Sync + 'static {
 
     /// A number that changes whenever any policy changes, so instances can poll cheaply.
     async fn policies_generation(&self) -> StoreResult<u64>;
-
-    /// Succeeds while the store answers (`/readyz`).
-    async fn ping(&self) -> StoreResult<()>;
-
-    /// Makes everything written so far durable before shutdown.
-    async fn flush(&self) -> StoreResult<()> {
-        Ok(())
-    }
 }
+
+/// A whole backend: counters and policies. Implemented by every type that implements both.
+pub trait Store: CounterStore + PolicyStore {}
+
+impl<T: CounterStore + PolicyStore> Store for T {}
 
 /// The handle everyone shares.
 pub type DynStore = Arc<dyn Store>;
+/// The counter half of a [`DynStore`] (`Arc<dyn Store>` upcasts to it).
+pub type DynCounterStore = Arc<dyn CounterStore>;
+/// The policy half of a [`DynStore`].
+pub type DynPolicyStore = Arc<dyn PolicyStore>;

@@ -1,0 +1,17 @@
+//! What talking CQL needs, shared by the store and `quotad migrate`: the connection options,
+//! the one way a session is built, the keyspace-name rule, and reading a lightweight
+//! transaction's `[applied]`.
+//!
+//! A leaf: it imports neither `store` nor `migrate`, so both can import it without a circle.
+//! Statements themselves live beside the code that runs them (`store::scylla::statements`,
+//! `migrate::statements`).
+
+mod keyspace;
+mod options;
+#[cfg(test)]
+pub(crate) mod schema_check;
+mod session;
+
+pub use keyspace::validate_keyspace;
+pub use options::{parse_consistency, ScyllaOptions, MAX_SHARDS};
+pub(crate) use session::{lwt_applied, session_builder};

@@ -1,0 +1,187 @@
+//! The janitor: deletes counter partitions no window can need any more.
+//!
+//! Counter tables take no TTL, so expiry sweeps the table's partition keys in token order (a
+//! cursor kept in memory, `budget` partitions deleted per call) and deletes a partition when
+//! `epoch end + grain.retention_ms() <= now` ([`partition_expired`]). The planner
+//! ([`plan_sweep`]) is pure; the store methods here only page through the ring and delete.
+
+use futures::stream::{self, StreamExt};
+
+use super::errors::{internal, map_exec, Op};
+use super::partition::partition_expired;
+use super::statements::{PartitionRow, PartitionValues, ScanValues};
+use super::ScyllaStore;
+use crate::domain::Grain;
+use crate::store::StoreResult;
+
+/// Most partition keys one `delete_expired` call examines, so a call stays short even on a
+/// huge table with little to delete.
+const MAX_SWEEP_PER_CALL: usize = 20_000;
+
+/// What one page of the janitor's sweep does.
+#[derive(Debug, PartialEq, Eq)]
+struct Sweep {
+    /// Expired partitions to delete, at most the budget.
+    doomed: Vec<PartitionRow>,
+    /// Where the sweep continues: the token of the last partition dealt with, or `i64::MIN`
+    /// (start over) when the page reached the end of the ring.
+    next: i64,
+}
+
+/// Picks the expired partitions of a page of `(key, token)` in token order, up to `budget`.
+/// Stops *before* the first expired partition over budget, so the next call starts there.
+fn plan_sweep(
+    page: &[(PartitionRow, i64)],
+    cursor: i64,
+    page_limit: usize,
+    now_ms: i64,
+    budget: usize,
+) -> Sweep {
+    let mut doomed = Vec::new();
+    let mut next = None;
+    for (row, token) in page {
+        // A grain code this version does not know is left alone.
+        let expired = Grain::from_code(row.3).is_some_and(|g| partition_expired(g, row.4, now_ms));
+        if expired {
+            if doomed.len() == budget {
+                return Sweep {
+                    doomed,
+                    next: next.unwrap_or(cursor),
+                };
+            }
+            doomed.push(row.clone());
+        }
+        next = Some(*token);
+    }
+    Sweep {
+        doomed,
+        next: match next {
+            Some(t) if page.len() >= page_limit => t,
+            _ => i64::MIN,
+        },
+    }
+}
+
+impl ScyllaStore {
+    /// Deletes whole expired partitions (see the module comment), at most `budget` per call;
+    /// returns how many partitions went (a partition holds up to 64 buckets). Each call
+    /// continues the sweep where the last stopped and ends at the end of a lap of the token
+    /// ring, or after examining `MAX_SWEEP_PER_CALL` keys. So 0 means "nothing expired from
+    /// where this call started to the end of the ring" (on a table under 20,000 partitions);
+    /// calling until 0 twice in a row sweeps everything.
+    pub(super) async fn sweep_expired(&self, now_ms: i64, budget: usize) -> StoreResult<u64> {
+        let mut deleted = 0u64;
+        let mut scanned = 0usize;
+        let scan_limit = budget.saturating_mul(4).clamp(100, 5_000);
+        while (deleted as usize) < budget && scanned < MAX_SWEEP_PER_CALL {
+            let cursor = *self
+                .janitor_cursor
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            let page = self.scan_partitions(cursor, scan_limit).await?;
+            scanned += page.len();
+            let sweep = plan_sweep(&page, cursor, scan_limit, now_ms, budget - deleted as usize);
+            self.delete_partitions(&sweep.doomed).await?;
+            deleted += sweep.doomed.len() as u64;
+            // Only now: if a delete failed, the next sweep looks at the same partitions again
+            // (deleting twice is harmless).
+            *self
+                .janitor_cursor
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) = sweep.next;
+            if sweep.next == i64::MIN {
+                // A lap is complete; the next call starts the next one.
+                break;
+            }
+        }
+        Ok(deleted)
+    }
+
+    /// The next `limit` counter partition keys after `cursor` in token order, with tokens.
+    async fn scan_partitions(
+        &self,
+        cursor: i64,
+        limit: usize,
+    ) -> StoreResult<Vec<(PartitionRow, i64)>> {
+        let values: ScanValues = (cursor, i32::try_from(limit).unwrap_or(i32::MAX));
+        let res = self
+            .session
+            .execute_unpaged(&self.st.scan_partitions, values)
+            .await
+            .map_err(|e| map_exec(e, Op::Read))?;
+        let rows = res.into_rows_result().map_err(internal)?;
+        let mut out = Vec::with_capacity(rows.rows_num());
+        for row in rows.rows::<PartitionRow>().map_err(internal)? {
+            let row = row.map_err(internal)?;
+            // The driver computes the token exactly as the server does (Murmur3 over the
+            // serialized key), so the cursor needs no token() in the SELECT.
+            let key: PartitionValues<'_> = (&row.0, &row.1, &row.2, row.3, row.4, row.5);
+            let token = self
+                .st
+                .delete_partition
+                .calculate_token(&key)
+                .map_err(internal)?
+                .map(|t| t.value())
+                .ok_or_else(|| internal("no token for a counter partition"))?;
+            out.push((row, token));
+        }
+        Ok(out)
+    }
+
+    async fn delete_partitions(&self, doomed: &[PartitionRow]) -> StoreResult<()> {
+        let outcomes: Vec<StoreResult<()>> = stream::iter(0..doomed.len())
+            .map(|i| async move {
+                let row = &doomed[i];
+                let key: PartitionValues<'_> = (&row.0, &row.1, &row.2, row.3, row.4, row.5);
+                self.session
+                    .execute_unpaged(&self.st.delete_partition, key)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| map_exec(e, Op::Write))
+            })
+            .buffer_unordered(self.max_concurrency)
+            .collect()
+            .await;
+        outcomes.into_iter().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sweep_deletes_expired_partitions_within_budget_and_resumes_after_them() {
+        let g = Grain::Fixed(1_000);
+        let now = 10 * 64_000 + g.retention_ms();
+        // epoch 0..9 are expired at `now`, epoch 10 is not; an unknown grain code never is.
+        let row = |epoch: i64, grain: i64| -> PartitionRow {
+            ("t".into(), "s".into(), "l".into(), grain, epoch, 0)
+        };
+        let page: Vec<(PartitionRow, i64)> = vec![
+            (row(10, 1_000), -50),
+            (row(1, 1_000), -40),
+            (row(2, 0), -30),
+            (row(3, 1_000), -20),
+            (row(4, 1_000), -10),
+        ];
+        let s = plan_sweep(&page, i64::MIN, 5, now, 2);
+        assert_eq!(s.doomed, vec![row(1, 1_000), row(3, 1_000)]);
+        assert_eq!(
+            s.next, -20,
+            "resumes before the first partition over budget"
+        );
+        let s = plan_sweep(&page[4..], -20, 5, now, 2);
+        assert_eq!(s.doomed, vec![row(4, 1_000)]);
+        assert_eq!(s.next, i64::MIN, "a short page ends the lap");
+        let s = plan_sweep(&page, i64::MIN, 5, now, 10);
+        assert_eq!(s.doomed.len(), 3);
+        assert_eq!(s.next, -10, "a full page continues after its last key");
+        let s = plan_sweep(&page[1..], -45, 4, now, 1);
+        // Past the deleted one and the one it leaves alone, up to the next it has no budget for.
+        assert_eq!((s.doomed.len(), s.next), (1, -30));
+        assert_eq!(plan_sweep(&[], 7, 5, now, 1).next, i64::MIN);
+        // Nothing expires early.
+        assert!(plan_sweep(&page, i64::MIN, 5, 0, 10).doomed.is_empty());
+    }
+}

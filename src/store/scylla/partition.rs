@@ -1,0 +1,276 @@
+//! Partition arithmetic: which partition a bucket or a policy lives in.
+//!
+//! A counter partition is `(tenant, subject, limit_id, grain, epoch, shard)`; the epoch is a
+//! coarse time bucket: [`FIXED_EPOCH_BUCKETS`] buckets of a fixed grain, or one calendar year
+//! of monthly buckets. So a partition holds at most 64 rows, a window's buckets lie in at most
+//! two partitions per shard, and a partition can be deleted whole once its last bucket is past
+//! the grain's retention ([`partition_expired`]). Policies are spread over [`POLICY_PARTS`]
+//! partitions by a stable hash of the tenant. Pure functions: no driver, no I/O.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Datelike, TimeZone, Utc};
+
+use crate::domain::Grain;
+use crate::store::{CounterKey, Delta, StoreError, StoreResult};
+
+/// Buckets of a fixed grain per partition. At least a window's 33 buckets, so a window spans
+/// at most two partitions per shard; small, so partitions stay tiny and expire soon after
+/// their last bucket.
+pub(crate) const FIXED_EPOCH_BUCKETS: i64 = 64;
+/// Policies are spread over this many partitions. Part of the stored data: changing it needs a
+/// data migration.
+pub(crate) const POLICY_PARTS: i16 = 16;
+/// Most partitions one range may span; a wider range is a caller bug, not a workload.
+const MAX_EPOCHS_PER_RANGE: i64 = 64;
+
+/// The epoch (coarse time bucket of the partition key) holding the bucket that starts at
+/// `start_ms`.
+pub(crate) fn epoch_of(grain: Grain, start_ms: i64) -> StoreResult<i64> {
+    match grain {
+        Grain::Fixed(g) => Ok(start_ms.div_euclid(epoch_span(g)?)),
+        Grain::Month => Ok(i64::from(
+            DateTime::<Utc>::from_timestamp_millis(start_ms)
+                .ok_or_else(|| {
+                    StoreError::Internal(format!("bucket start {start_ms} out of range"))
+                })?
+                .year(),
+        )),
+    }
+}
+
+fn epoch_span(g: i64) -> StoreResult<i64> {
+    if g <= 0 {
+        return Err(StoreError::Internal(format!("grain {g} is not positive")));
+    }
+    g.checked_mul(FIXED_EPOCH_BUCKETS)
+        .ok_or_else(|| StoreError::Internal(format!("grain {g} too large")))
+}
+
+/// Where an epoch ends (exclusive, Unix ms); None when out of the representable range.
+pub(crate) fn epoch_end(grain: Grain, epoch: i64) -> Option<i64> {
+    match grain {
+        Grain::Fixed(g) => epoch.checked_add(1)?.checked_mul(epoch_span(g).ok()?),
+        Grain::Month => {
+            let year = i32::try_from(epoch.checked_add(1)?).ok()?;
+            Utc.with_ymd_and_hms(year, 1, 1, 0, 0, 0)
+                .single()
+                .map(|d| d.timestamp_millis())
+        }
+    }
+}
+
+/// Whether no window can need any bucket of the partition at `now_ms`: its last bucket ends
+/// by `epoch_end`, and a bucket is needed for `retention_ms` after its start.
+pub(crate) fn partition_expired(grain: Grain, epoch: i64, now_ms: i64) -> bool {
+    epoch_end(grain, epoch)
+        .and_then(|end| end.checked_add(grain.retention_ms()))
+        .is_some_and(|horizon| horizon <= now_ms)
+}
+
+/// The epochs a range `[from, to]` of bucket starts touches.
+pub(crate) fn epochs_of_range(
+    grain: Grain,
+    from: i64,
+    to: i64,
+) -> StoreResult<std::ops::RangeInclusive<i64>> {
+    let (a, b) = (epoch_of(grain, from)?, epoch_of(grain, to)?);
+    if b.saturating_sub(a) >= MAX_EPOCHS_PER_RANGE {
+        return Err(StoreError::Internal(format!(
+            "a read range of {} ms on grain {:?} spans more than {MAX_EPOCHS_PER_RANGE} partitions",
+            to.saturating_sub(from),
+            grain
+        )));
+    }
+    Ok(a..=b)
+}
+
+/// The policy partition of a tenant: FNV-1a (stable across versions and platforms, unlike
+/// std's hasher) modulo [`POLICY_PARTS`].
+pub(crate) fn policy_part(tenant: &str) -> i16 {
+    let mut h: u32 = 0x811c_9dc5;
+    for b in tenant.bytes() {
+        h ^= u32::from(b);
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    (h % POLICY_PARTS as u32) as i16
+}
+
+/// One counter partition written by this instance.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct PartitionWrite {
+    pub(crate) key: CounterKey,
+    pub(crate) epoch: i64,
+    /// (bucket start, summed delta), by start, zero sums dropped.
+    pub(crate) rows: Vec<(i64, i64)>,
+}
+
+/// Groups increments by partition, summing duplicates; an increment that sums to zero is not
+/// sent at all.
+pub(crate) fn group_increments(deltas: &[Delta]) -> StoreResult<Vec<PartitionWrite>> {
+    let mut by_part: BTreeMap<(&CounterKey, i64), BTreeMap<i64, i64>> = BTreeMap::new();
+    for d in deltas {
+        let epoch = epoch_of(d.key.grain, d.start)?;
+        let sum = by_part
+            .entry((&d.key, epoch))
+            .or_default()
+            .entry(d.start)
+            .or_insert(0);
+        *sum = sum
+            .checked_add(d.delta)
+            .ok_or_else(|| StoreError::Internal("increment overflows i64".into()))?;
+    }
+    Ok(by_part
+        .into_iter()
+        .map(|((key, epoch), rows)| PartitionWrite {
+            key: key.clone(),
+            epoch,
+            rows: rows.into_iter().filter(|&(_, d)| d != 0).collect(),
+        })
+        .filter(|p| !p.rows.is_empty())
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn fixed_epochs_hold_64_buckets_and_a_window_spans_at_most_two() {
+        for g in [100, 1_000, 60_000, 3_600_000, 86_400_000] {
+            let grain = Grain::Fixed(g);
+            assert_eq!(epoch_of(grain, 0).unwrap(), 0);
+            assert_eq!(epoch_of(grain, 64 * g - 1).unwrap(), 0);
+            assert_eq!(epoch_of(grain, 64 * g).unwrap(), 1);
+            assert_eq!(epoch_of(grain, -1).unwrap(), -1);
+            assert_eq!(epoch_end(grain, 0), Some(64 * g));
+            // The longest window: 32 buckets plus the partial one.
+            let t = 63 * g;
+            let r = epochs_of_range(grain, t - 32 * g, t).unwrap();
+            assert!(r.end() - r.start() <= 1);
+        }
+        assert!(epoch_of(Grain::Fixed(0), 5).is_err());
+        assert!(epochs_of_range(Grain::Fixed(1_000), 0, 1_000 * 64 * 100).is_err());
+    }
+
+    #[test]
+    fn monthly_buckets_are_grouped_by_year() {
+        let t = |s: &str| DateTime::parse_from_rfc3339(s).unwrap().timestamp_millis();
+        assert_eq!(
+            epoch_of(Grain::Month, t("2024-02-01T00:00:00Z")).unwrap(),
+            2024
+        );
+        assert_eq!(
+            epoch_of(Grain::Month, t("2024-12-01T00:00:00Z")).unwrap(),
+            2024
+        );
+        assert_eq!(
+            epoch_end(Grain::Month, 2024),
+            Some(t("2025-01-01T00:00:00Z"))
+        );
+        let dec = t("2024-12-01T00:00:00Z");
+        let needed_until = dec + Grain::Month.retention_ms();
+        assert!(!partition_expired(Grain::Month, 2024, needed_until - 1));
+        assert!(partition_expired(
+            Grain::Month,
+            2024,
+            t("2025-01-01T00:00:00Z") + Grain::Month.retention_ms()
+        ));
+    }
+
+    #[test]
+    fn a_partition_expires_only_after_its_last_bucket_did() {
+        let g = Grain::Fixed(1_000);
+        let last_start = 64_000 - 1_000;
+        assert!(!partition_expired(g, 0, last_start + g.retention_ms() - 1));
+        assert!(!partition_expired(g, 0, 64_000 + g.retention_ms() - 1));
+        assert!(partition_expired(g, 0, 64_000 + g.retention_ms()));
+        // Out-of-range arithmetic never expires anything.
+        assert!(!partition_expired(g, i64::MAX / 2, i64::MAX));
+        assert!(!partition_expired(Grain::Month, i64::MAX, i64::MAX));
+    }
+
+    proptest! {
+        #[test]
+        fn no_needed_bucket_is_ever_in_an_expired_partition(
+            start in -4_000_000_000_000i64..4_000_000_000_000,
+            gi in 0usize..6,
+            age in 0i64..10_000_000_000,
+        ) {
+            let grain = [Grain::Fixed(100), Grain::Fixed(1_000), Grain::Fixed(60_000),
+                Grain::Fixed(3_600_000), Grain::Fixed(86_400_000), Grain::Month][gi];
+            let start = grain.bucket_start(start);
+            let epoch = epoch_of(grain, start).unwrap();
+            let now = start + age;
+            if partition_expired(grain, epoch, now) {
+                prop_assert!(now >= start + grain.retention_ms());
+            }
+            // And the bucket is inside its epoch.
+            prop_assert!(start < epoch_end(grain, epoch).unwrap());
+            prop_assert!(epoch == i64::MIN || start >= epoch_end(grain, epoch - 1).unwrap());
+        }
+    }
+
+    fn key(tenant: &str, limit: &str, grain: Grain) -> CounterKey {
+        CounterKey {
+            tenant: tenant.into(),
+            subject: "k1".into(),
+            limit: limit.into(),
+            grain,
+        }
+    }
+
+    #[test]
+    fn increments_are_grouped_per_partition_and_summed() {
+        let a = key("acme", "l1", Grain::Fixed(1_000));
+        let b = key("acme", "l2", Grain::Fixed(1_000));
+        let d = |k: &CounterKey, start, delta| Delta {
+            key: k.clone(),
+            start,
+            delta,
+        };
+        let parts = group_increments(&[
+            d(&a, 1_000, 2),
+            d(&a, 1_000, 3),
+            d(&a, 2_000, 1),
+            d(&a, 64_000, 7), // next epoch
+            d(&b, 1_000, 1),
+            d(&b, 2_000, 4),
+            d(&b, 2_000, -4), // sums to nothing: not sent
+        ])
+        .unwrap();
+        type Got<'a> = (&'a str, i64, Vec<(i64, i64)>);
+        let got: Vec<Got<'_>> = parts
+            .iter()
+            .map(|p| (&*p.key.limit, p.epoch, p.rows.clone()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("l1", 0, vec![(1_000, 5), (2_000, 1)]),
+                ("l1", 1, vec![(64_000, 7)]),
+                ("l2", 0, vec![(1_000, 1)]),
+            ]
+        );
+        assert!(group_increments(&[d(&a, 0, 1), d(&b, 0, -1)])
+            .unwrap()
+            .iter()
+            .all(|p| p.rows.len() == 1));
+        assert!(group_increments(&[]).unwrap().is_empty());
+    }
+
+    #[test]
+    fn policy_parts_are_stable_and_in_range() {
+        // Pinned: these values are part of the stored data.
+        assert_eq!(policy_part(""), (0x811c_9dc5u32 % 16) as i16);
+        assert_eq!(policy_part("a"), (0xe40c_292cu32 % 16) as i16);
+        let mut seen = [false; POLICY_PARTS as usize];
+        for i in 0..1000 {
+            let p = policy_part(&format!("tenant-{i}"));
+            assert!((0..POLICY_PARTS).contains(&p));
+            seen[p as usize] = true;
+        }
+        assert!(seen.iter().all(|s| *s), "tenants spread over every part");
+    }
+}

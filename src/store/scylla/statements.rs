@@ -1,0 +1,184 @@
+//! Every CQL statement the store runs, in one table (the `statements!` invocation below): its
+//! text, whether the driver may retry it, and the Rust types bound to it and read from it.
+//!
+//! The table makes both the prepared set ([`Statements`], prepared once at connect) and the
+//! catalog a unit test checks against the migrations' schema, so a statement cannot be
+//! prepared without being checked. Unqualified table names: the session runs in the
+//! configured keyspace. Every partition-key column is bound, so the driver routes each request
+//! to a replica (and, on ScyllaDB, to the owning shard) of its partition.
+
+use scylla::client::session::Session;
+use scylla::statement::prepared::PreparedStatement;
+use scylla::statement::Consistency;
+use scylla::value::{Counter, CqlTimestamp};
+
+use super::errors::map_prepare;
+use crate::store::StoreResult;
+
+/// Rows per page when loading every policy: bodies are up to 64 KiB each.
+const POLICY_PAGE_SIZE: i32 = 100;
+
+pub(crate) const INCREMENT_CQL: &str = "UPDATE counters SET hits = hits + ? WHERE tenant = ? \
+     AND subject = ? AND limit_id = ? AND grain = ? AND epoch = ? AND shard = ? \
+     AND bucket_start = ?";
+pub(crate) type IncrementValues<'a> = (Counter, &'a str, &'a str, &'a str, i64, i64, i16, i64);
+
+pub(crate) const READ_BUCKETS_CQL: &str = "SELECT bucket_start, hits FROM counters WHERE \
+     tenant = ? AND subject = ? AND limit_id = ? AND grain = ? AND epoch = ? AND shard = ? \
+     AND bucket_start >= ? AND bucket_start <= ?";
+pub(crate) type ReadBucketsValues<'a> = (&'a str, &'a str, &'a str, i64, i64, i16, i64, i64);
+pub(crate) type BucketRow = (i64, Option<Counter>);
+
+/// The janitor's sweep: partition keys in token order after a cursor.
+pub(crate) const SCAN_PARTITIONS_CQL: &str = "SELECT DISTINCT tenant, subject, limit_id, grain, \
+     epoch, shard FROM counters WHERE token(tenant, subject, limit_id, grain, epoch, shard) > ? \
+     LIMIT ?";
+pub(crate) type ScanValues = (i64, i32);
+pub(crate) type PartitionRow = (String, String, String, i64, i64, i16);
+
+pub(crate) const DELETE_PARTITION_CQL: &str = "DELETE FROM counters WHERE tenant = ? AND \
+     subject = ? AND limit_id = ? AND grain = ? AND epoch = ? AND shard = ?";
+pub(crate) type PartitionValues<'a> = (&'a str, &'a str, &'a str, i64, i64, i16);
+
+pub(crate) const GET_POLICY_CQL: &str = "SELECT tenant, client, body, version, updated_at FROM \
+     policies WHERE part = ? AND kind = ? AND tenant = ? AND client = ?";
+pub(crate) type PolicyKeyValues<'a> = (i16, i8, &'a str, &'a str);
+pub(crate) type PolicyRow = (String, String, String, i64, CqlTimestamp);
+
+pub(crate) const INSERT_POLICY_CQL: &str = "INSERT INTO policies (part, kind, tenant, client, \
+     body, version, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?) IF NOT EXISTS";
+pub(crate) type InsertPolicyValues<'a> = (i16, i8, &'a str, &'a str, &'a str, i64, CqlTimestamp);
+
+pub(crate) const UPDATE_POLICY_CQL: &str = "UPDATE policies SET body = ?, version = ?, \
+     updated_at = ? WHERE part = ? AND kind = ? AND tenant = ? AND client = ? IF version = ?";
+pub(crate) type UpdatePolicyValues<'a> =
+    (&'a str, i64, CqlTimestamp, i16, i8, &'a str, &'a str, i64);
+
+pub(crate) const DELETE_POLICY_CQL: &str =
+    "DELETE FROM policies WHERE part = ? AND kind = ? AND tenant = ? AND client = ? IF EXISTS";
+
+pub(crate) const LIST_POLICIES_CQL: &str = "SELECT tenant, client, body, version, updated_at \
+     FROM policies WHERE part = ? AND kind = ? AND tenant > ? LIMIT ?";
+pub(crate) type ListPoliciesValues<'a> = (i16, i8, &'a str, i32);
+
+pub(crate) const LOAD_POLICIES_CQL: &str =
+    "SELECT tenant, client, body, version, updated_at FROM policies WHERE part = ?";
+pub(crate) type LoadPoliciesValues = (i16,);
+
+pub(crate) const BUMP_GENERATION_CQL: &str =
+    "UPDATE policy_generation SET generation = generation + ? WHERE id = ?";
+pub(crate) type BumpGenerationValues<'a> = (Counter, &'a str);
+
+pub(crate) const READ_GENERATION_CQL: &str =
+    "SELECT generation FROM policy_generation WHERE id = ?";
+pub(crate) type ReadGenerationValues<'a> = (&'a str,);
+pub(crate) type GenerationRow = (Option<Counter>,);
+
+/// One entry of the table, for code that walks every statement.
+#[cfg(test)]
+pub(crate) struct Entry {
+    /// The field of [`Statements`].
+    pub name: &'static str,
+    pub cql: &'static str,
+    /// CQL types of the bound values, in marker order.
+    pub binds: Vec<&'static str>,
+    /// CQL types of the row read back; None for statements that read no rows.
+    pub row: Option<Vec<&'static str>>,
+}
+
+/// Declares the table once: the `Statements` struct, its preparation, and (under test) the
+/// catalog of every entry with its types.
+///
+/// `idempotent`: only statements that change nothing, or whose repetition is harmless, may be
+/// retried or speculatively executed by the driver. Counter increments and LWTs stay
+/// non-idempotent. `setup` adjusts one prepared statement (consistency, page size).
+macro_rules! statements {
+    ($(
+        $(#[$doc:meta])*
+        $field:ident: $cql:ident, idempotent: $idem:expr, binds: $binds:ty
+        $(, row: $row:ty)? $(, setup: $setup:expr)? ;
+    )*) => {
+        /// Every statement the store runs, prepared once per session.
+        pub(crate) struct Statements {
+            $( $(#[$doc])* pub(crate) $field: PreparedStatement, )*
+        }
+
+        impl Statements {
+            /// Prepares the whole table; fails on the first statement the server refuses.
+            pub(crate) async fn prepare(session: &Session) -> StoreResult<Self> {
+                Ok(Self {
+                    $( $field: {
+                        #[allow(unused_mut)]
+                        let mut p = prepare(session, $cql, $idem).await?;
+                        $( ($setup)(&mut p); )?
+                        p
+                    }, )*
+                })
+            }
+        }
+
+        /// Every entry of the table with the CQL types of what is bound and read.
+        #[cfg(test)]
+        pub(crate) fn catalog() -> Vec<Entry> {
+            use crate::cql::schema_check::names;
+            vec![$(
+                Entry {
+                    name: stringify!($field),
+                    cql: $cql,
+                    binds: names::<$binds>(),
+                    row: {
+                        #[allow(unused_mut, unused_assignments)]
+                        let mut row = None;
+                        $( row = Some(names::<$row>()); )?
+                        row
+                    },
+                },
+            )*]
+        }
+    };
+}
+
+statements! {
+    increment: INCREMENT_CQL, idempotent: false, binds: IncrementValues<'static>;
+    read_buckets: READ_BUCKETS_CQL, idempotent: true, binds: ReadBucketsValues<'static>,
+        row: BucketRow;
+    scan_partitions: SCAN_PARTITIONS_CQL, idempotent: true, binds: ScanValues,
+        row: PartitionRow;
+    delete_partition: DELETE_PARTITION_CQL, idempotent: true, binds: PartitionValues<'static>;
+    get_policy: GET_POLICY_CQL, idempotent: true, binds: PolicyKeyValues<'static>,
+        row: PolicyRow;
+    /// `get_policy` at LOCAL_SERIAL: the read inside a compare-and-set loop must see the
+    /// latest committed (or in-flight) transaction, or the loop spins on stale versions.
+    get_policy_serial: GET_POLICY_CQL, idempotent: true, binds: PolicyKeyValues<'static>,
+        row: PolicyRow, setup: at_local_serial;
+    insert_policy: INSERT_POLICY_CQL, idempotent: false, binds: InsertPolicyValues<'static>;
+    update_policy: UPDATE_POLICY_CQL, idempotent: false, binds: UpdatePolicyValues<'static>;
+    delete_policy: DELETE_POLICY_CQL, idempotent: false, binds: PolicyKeyValues<'static>;
+    list_policies: LIST_POLICIES_CQL, idempotent: true, binds: ListPoliciesValues<'static>,
+        row: PolicyRow;
+    load_policies: LOAD_POLICIES_CQL, idempotent: true, binds: LoadPoliciesValues,
+        row: PolicyRow, setup: in_policy_pages;
+    bump_generation: BUMP_GENERATION_CQL, idempotent: false, binds: BumpGenerationValues<'static>;
+    read_generation: READ_GENERATION_CQL, idempotent: true, binds: ReadGenerationValues<'static>,
+        row: GenerationRow;
+}
+
+fn at_local_serial(p: &mut PreparedStatement) {
+    p.set_consistency(Consistency::LocalSerial);
+}
+
+fn in_policy_pages(p: &mut PreparedStatement) {
+    p.set_page_size(POLICY_PAGE_SIZE);
+}
+
+async fn prepare(session: &Session, cql: &str, idempotent: bool) -> StoreResult<PreparedStatement> {
+    let mut p = session
+        .prepare(cql)
+        .await
+        .map_err(|e| map_prepare(cql, e))?;
+    p.set_is_idempotent(idempotent);
+    Ok(p)
+}
+
+#[cfg(test)]
+mod tests;

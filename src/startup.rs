@@ -39,7 +39,7 @@ pub async fn open_store(settings: &Settings) -> Result<DynStore, StartError> {
             let s = ScyllaStore::connect(opts)
                 .await
                 .map_err(|e| StartError(format!("scylla store: {e}")))?;
-            tracing::info!(shard = s.shard(), "scylla store connected");
+            tracing::info!("scylla store connected");
             Ok(Arc::new(s))
         }
     }
@@ -54,8 +54,6 @@ pub fn scylla_options(settings: &Settings) -> Result<ScyllaOptions, StartError> 
         consistency: parse_consistency(&st.consistency)
             .map_err(|e| StartError(format!("store.consistency: {e}")))?,
         request_timeout: st.request_timeout_ms.get(),
-        shard: st.shard,
-        shards: st.shards,
         replication: st.replication.clone(),
         local_dc: st.local_dc.clone(),
         username: st.username.clone(),
@@ -99,11 +97,7 @@ impl Application {
                 shards: settings.limiter.shards,
                 idle_ms: settings.limiter.idle_ms.0 as i64,
                 store_timeout: settings.store.timeout_ms.get(),
-                // Each instance of a fleet writes its own shard; the embedded store has one.
-                instances: match settings.store.kind {
-                    StoreKind::Embedded => 1,
-                    StoreKind::Scylla => settings.store.shards.max(1) as u32,
-                },
+                fleet: Arc::new(crate::fleet::Membership::alone()),
                 sync_interval_ms: settings.sync.interval_ms.0 as i64,
                 max_counters: settings.limiter.max_counters,
                 max_clients_per_tenant: settings.limiter.max_clients_per_tenant,

@@ -79,12 +79,18 @@ impl Limiter {
     /// This instance's share of a counter read back over `r`.
     pub(super) fn share(&self, totals: &[BucketTotal], r: &CounterRange, now: i64) -> f32 {
         let settled = now - 2 * self.cfg.sync_interval_ms;
-        share_of(totals, r.key.grain, r.from, settled, self.cfg.instances)
+        share_of(
+            totals,
+            r.key.grain,
+            r.from,
+            settled,
+            self.cfg.fleet.members(),
+        )
     }
 
     pub(super) fn fleet(&self, policy: &Policy) -> Fleet {
         Fleet {
-            shares: self.cfg.instances > 1 && policy.consistency == Consistency::Cached,
+            shares: self.cfg.fleet.members() > 1 && policy.consistency == Consistency::Cached,
             sync_interval_ms: self.cfg.sync_interval_ms,
         }
     }

@@ -164,10 +164,9 @@ pub struct StoreSettings {
     pub request_timeout_ms: DurationMs,
     /// Cassandra/Scylla consistency level, e.g. `local_quorum`, `quorum`, `one`.
     pub consistency: String,
-    /// This instance's write shard (0..shards); give every instance of a fleet its own.
-    pub shard: i16,
-    /// How many write shards a counter is spread over (readers sum them).
-    pub shards: i16,
+    /// Pins this instance to one write shard (0..256). Unset (the default): it claims any free
+    /// shard through the store. A pin that a live instance holds stops start-up.
+    pub shard: Option<i16>,
     /// Replication of the keyspace `quotad migrate` creates (a CQL map).
     pub replication: String,
     /// The local datacenter (set it with several: LOCAL_QUORUM is local to the coordinator).
@@ -188,8 +187,7 @@ impl Default for StoreSettings {
             timeout_ms: DurationMs(50),
             request_timeout_ms: DurationMs(2_000),
             consistency: "local_quorum".into(),
-            shard: 0,
-            shards: 1,
+            shard: None,
             replication: "{'class': 'SimpleStrategy', 'replication_factor': 1}".into(),
             local_dc: None,
             username: None,
@@ -302,6 +300,25 @@ impl Default for LimiterSettings {
     }
 }
 
+/// Fleet membership on the scylla store (`crate::fleet`).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FleetSettings {
+    /// How often an instance renews its shard lease and reads who else is live.
+    pub heartbeat_ms: DurationMs,
+    /// How long a lease lives unrenewed: a killed instance leaves N this long after it died.
+    pub lease_ttl_ms: DurationMs,
+}
+
+impl Default for FleetSettings {
+    fn default() -> Self {
+        Self {
+            heartbeat_ms: DurationMs(1_000),
+            lease_ttl_ms: DurationMs(5_000),
+        }
+    }
+}
+
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct MetricsSettings {
@@ -333,6 +350,7 @@ pub struct Settings {
     pub sync: SyncSettings,
     pub quotas: QuotaSettings,
     pub limiter: LimiterSettings,
+    pub fleet: FleetSettings,
     pub metrics: MetricsSettings,
     pub log: LogSettings,
 }
@@ -440,13 +458,17 @@ impl Settings {
                 format!("{ks:?} must be 1 to 48 letters, digits or _, starting with a letter"),
             );
         }
-        if self.store.shards < 1 || self.store.shard < 0 || self.store.shard >= self.store.shards {
+        let max = crate::store::lease::MAX_SHARDS;
+        if let Some(s) = self.store.shard.filter(|s| !(0..max).contains(s)) {
+            return bad("store.shard", format!("{s} must be in 0..{max}"));
+        }
+        if self.fleet.heartbeat_ms.0 == 0 {
+            return bad("fleet.heartbeat_ms", "must be more than 0".into());
+        }
+        if self.fleet.lease_ttl_ms.0 < 1_000 || self.fleet.lease_ttl_ms.0 < 2 * self.fleet.heartbeat_ms.0 {
             return bad(
-                "store.shard",
-                format!(
-                    "shard {} must be in 0..store.shards ({})",
-                    self.store.shard, self.store.shards
-                ),
+                "fleet.lease_ttl_ms",
+                "must be at least 1s and at least two heartbeats (fleet.heartbeat_ms)".into(),
             );
         }
         if self.store.kind == StoreKind::Scylla && self.store.nodes.is_empty() {

@@ -186,6 +186,20 @@ impl TestApp {
     }
 }
 
+/// POSTs raw bytes with this content type (or none).
+pub async fn post_raw(
+    app: &TestApp,
+    path: &str,
+    ct: Option<&str>,
+    body: Vec<u8>,
+) -> reqwest::Response {
+    let mut req = app.http.post(app.url(path)).body(body);
+    if let Some(ct) = ct {
+        req = req.header("content-type", ct);
+    }
+    req.send().await.unwrap()
+}
+
 /// Asserts the contract's error shape and returns the body.
 pub async fn assert_error(r: reqwest::Response, status: u16, code: &str) -> Value {
     assert_eq!(r.status().as_u16(), status, "status");

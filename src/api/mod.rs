@@ -15,6 +15,7 @@ mod openapi;
 mod ops;
 mod params;
 mod quotas;
+mod responses;
 mod routes;
 mod state;
 mod usage;

@@ -9,6 +9,7 @@ use utoipa::{IntoParams, ToSchema};
 use super::body::{json_body, parse_json};
 use super::error::{ApiError, ErrorBody};
 use super::params::{path_ids, query};
+use super::responses::{AdminErrors, BodyErrors};
 use super::state::AppState;
 use crate::domain::{Consistency, LimitDoc, Mode, OnStoreFailure, Policy, PolicyDoc, TenantId};
 use crate::store::{PolicyKey, PolicyRecord};
@@ -151,13 +152,8 @@ fn not_found(key: &PolicyKey) -> ApiError {
     responses(
         (status = 200, description = "Replaced", body = PolicyView),
         (status = 201, description = "Created", body = PolicyView),
-        (status = 400, description = "invalid_argument: a bad path, query or body, naming the field", body = ErrorBody),
-        (status = 401, description = "unauthenticated: no token, or a wrong one", body = ErrorBody),
-        (status = 403, description = "permission_denied: a valid token without the right to this", body = ErrorBody),
-        (status = 413, description = "payload_too_large: the body is over 64 KiB", body = ErrorBody),
-        (status = 415, description = "unsupported_media_type: the body is not application/json", body = ErrorBody),
-        (status = 500, description = "internal: a fault of the store or the server, never bad input", body = ErrorBody),
-        (status = 503, description = "unavailable: the store does not answer; try again", body = ErrorBody),
+        BodyErrors,
+        AdminErrors,
     ),
     security(("bearer" = [])),
 )]
@@ -178,12 +174,8 @@ pub async fn put_tenant(
     params(("tenant" = String, Path, pattern = "^[A-Za-z0-9._~:@-]{1,128}$", description = "The tenant", example = "acme")),
     responses(
         (status = 200, description = "The policy", body = PolicyView),
-        (status = 400, description = "invalid_argument: a bad path, query or body, naming the field", body = ErrorBody),
-        (status = 401, description = "unauthenticated: no token, or a wrong one", body = ErrorBody),
-        (status = 403, description = "permission_denied: a valid token without the right to this", body = ErrorBody),
         (status = 404, description = "not_found: the tenant has no quota", body = ErrorBody),
-        (status = 500, description = "internal: a fault of the store or the server, never bad input", body = ErrorBody),
-        (status = 503, description = "unavailable: the store does not answer; try again", body = ErrorBody),
+        AdminErrors,
     ),
     security(("bearer" = [])),
 )]
@@ -203,12 +195,8 @@ pub async fn get_tenant(
     params(("tenant" = String, Path, pattern = "^[A-Za-z0-9._~:@-]{1,128}$", description = "The tenant", example = "acme")),
     responses(
         (status = 204, description = "Deleted"),
-        (status = 400, description = "invalid_argument: a bad path, query or body, naming the field", body = ErrorBody),
-        (status = 401, description = "unauthenticated: no token, or a wrong one", body = ErrorBody),
-        (status = 403, description = "permission_denied: a valid token without the right to this", body = ErrorBody),
         (status = 404, description = "not_found: the tenant has no quota", body = ErrorBody),
-        (status = 500, description = "internal: a fault of the store or the server, never bad input", body = ErrorBody),
-        (status = 503, description = "unavailable: the store does not answer; try again", body = ErrorBody),
+        AdminErrors,
     ),
     security(("bearer" = [])),
 )]
@@ -230,13 +218,8 @@ pub async fn delete_tenant(
     responses(
         (status = 200, description = "Replaced", body = PolicyView),
         (status = 201, description = "Created", body = PolicyView),
-        (status = 400, description = "invalid_argument: a bad path, query or body, naming the field", body = ErrorBody),
-        (status = 401, description = "unauthenticated: no token, or a wrong one", body = ErrorBody),
-        (status = 403, description = "permission_denied: a valid token without the right to this", body = ErrorBody),
-        (status = 413, description = "payload_too_large: the body is over 64 KiB", body = ErrorBody),
-        (status = 415, description = "unsupported_media_type: the body is not application/json", body = ErrorBody),
-        (status = 500, description = "internal: a fault of the store or the server, never bad input", body = ErrorBody),
-        (status = 503, description = "unavailable: the store does not answer; try again", body = ErrorBody),
+        BodyErrors,
+        AdminErrors,
     ),
     security(("bearer" = [])),
 )]
@@ -257,12 +240,8 @@ pub async fn put_client(
     params(("tenant" = String, Path, pattern = "^[A-Za-z0-9._~:@-]{1,128}$", description = "The tenant", example = "acme"), ("client" = String, Path, pattern = "^[A-Za-z0-9._~:@-]{1,128}$", description = "A client of the tenant", example = "key-123")),
     responses(
         (status = 200, description = "The override", body = PolicyView),
-        (status = 400, description = "invalid_argument: a bad path, query or body, naming the field", body = ErrorBody),
-        (status = 401, description = "unauthenticated: no token, or a wrong one", body = ErrorBody),
-        (status = 403, description = "permission_denied: a valid token without the right to this", body = ErrorBody),
         (status = 404, description = "not_found: the tenant has no override for this client", body = ErrorBody),
-        (status = 500, description = "internal: a fault of the store or the server, never bad input", body = ErrorBody),
-        (status = 503, description = "unavailable: the store does not answer; try again", body = ErrorBody),
+        AdminErrors,
     ),
     security(("bearer" = [])),
 )]
@@ -282,12 +261,8 @@ pub async fn get_client(
     params(("tenant" = String, Path, pattern = "^[A-Za-z0-9._~:@-]{1,128}$", description = "The tenant", example = "acme"), ("client" = String, Path, pattern = "^[A-Za-z0-9._~:@-]{1,128}$", description = "A client of the tenant", example = "key-123")),
     responses(
         (status = 204, description = "Deleted"),
-        (status = 400, description = "invalid_argument: a bad path, query or body, naming the field", body = ErrorBody),
-        (status = 401, description = "unauthenticated: no token, or a wrong one", body = ErrorBody),
-        (status = 403, description = "permission_denied: a valid token without the right to this", body = ErrorBody),
         (status = 404, description = "not_found: the tenant has no override for this client", body = ErrorBody),
-        (status = 500, description = "internal: a fault of the store or the server, never bad input", body = ErrorBody),
-        (status = 503, description = "unavailable: the store does not answer; try again", body = ErrorBody),
+        AdminErrors,
     ),
     security(("bearer" = [])),
 )]
@@ -323,11 +298,7 @@ const PAGE_MAX: usize = 1000;
     params(ListQuery),
     responses(
         (status = 200, description = "A page; `next` is the `after` of the next page, null on the last", body = QuotaList),
-        (status = 400, description = "invalid_argument: a bad path, query or body, naming the field", body = ErrorBody),
-        (status = 401, description = "unauthenticated: no token, or a wrong one", body = ErrorBody),
-        (status = 403, description = "permission_denied: a valid token without the right to this", body = ErrorBody),
-        (status = 500, description = "internal: a fault of the store or the server, never bad input", body = ErrorBody),
-        (status = 503, description = "unavailable: the store does not answer; try again", body = ErrorBody),
+        AdminErrors,
     ),
     security(("bearer" = [])),
 )]

@@ -7,6 +7,7 @@ use utoipa::{IntoParams, ToSchema};
 
 use super::error::{ApiError, ErrorBody};
 use super::params::{path_ids, query};
+use super::responses::AdminErrors;
 use super::state::AppState;
 use crate::domain::validate_resource;
 use crate::limiter::Usage;
@@ -68,12 +69,8 @@ impl<'a> UsageLimit<'a> {
     params(("tenant" = String, Path, pattern = "^[A-Za-z0-9._~:@-]{1,128}$", description = "The tenant", example = "acme"), ("client" = String, Path, pattern = "^[A-Za-z0-9._~:@-]{1,128}$", description = "A client of the tenant", example = "key-123"), UsageQuery),
     responses(
         (status = 200, description = "One entry per applicable limit", body = UsageView),
-        (status = 400, description = "invalid_argument: a bad path, query or body, naming the field", body = ErrorBody),
-        (status = 401, description = "unauthenticated: no token, or a wrong one", body = ErrorBody),
-        (status = 403, description = "permission_denied: a valid token without the right to this", body = ErrorBody),
         (status = 404, description = "not_found: the tenant has no quota", body = ErrorBody),
-        (status = 500, description = "internal: a fault of the store or the server, never bad input", body = ErrorBody),
-        (status = 503, description = "unavailable: the store does not answer; try again", body = ErrorBody),
+        AdminErrors,
     ),
     security(("bearer" = [])),
 )]

@@ -137,3 +137,21 @@ pub fn query_config() -> web::QueryConfig {
     web::QueryConfig::default()
         .error_handler(|e, _| ApiError::invalid("query", e.to_string()).into())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_method_of_a_path_is_routed_once() {
+        let mut seen = std::collections::HashSet::new();
+        for r in &ROUTES {
+            assert!(
+                seen.insert((&r.method, r.path)),
+                "{} {} twice",
+                r.method,
+                r.path
+            );
+        }
+    }
+}

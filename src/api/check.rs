@@ -9,8 +9,9 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use super::body::{json_body, parse_json};
 use super::error::{ApiError, ErrorBody};
-use super::{json_body, parse_json, AppState};
+use super::state::AppState;
 use crate::domain::{parse_cost, validate_resource, ClientId, TenantId};
 use crate::limiter::{CheckInput, Decision};
 use crate::metrics::DecisionLabel;

@@ -3,11 +3,12 @@
 //!
 //! It is derived at start-up (utoipa) from the types the handlers really parse and send (the
 //! check and batch bodies and answers, the policy document, the error body) and from the
-//! `#[utoipa::path]` attribute on each handler, which lists its answers. Bodies that the admin
-//! and ops handlers build as `serde_json::Value` are described by the `*View` types below; the
-//! HTTP tests (`tests/api/openapi.rs`) hold real answers against the served document and check
-//! that every route the server has is in it, and `scripts/fuzz-api.sh` runs schemathesis
-//! against it. Objects the server refuses extra fields in are `additionalProperties: false`.
+//! `#[utoipa::path]` attribute on each handler, which lists its answers. It only points inward:
+//! it names handlers and the types they answer with, which live beside them; nothing but the
+//! route that serves it uses this module. The HTTP tests (`tests/api/openapi*.rs`) hold real
+//! answers against the served document and check that it lists exactly the route table
+//! (`super::ROUTES`), and `scripts/fuzz-api.sh` runs schemathesis against it. Objects the
+//! server refuses extra fields in are `additionalProperties: false`.
 
 use std::sync::OnceLock;
 
@@ -15,97 +16,10 @@ use actix_web::HttpResponse;
 use utoipa::openapi::header::HeaderBuilder;
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::openapi::{ContentBuilder, ObjectBuilder, Ref, ResponseBuilder, Type};
-use utoipa::{Modify, OpenApi, ToSchema};
+use utoipa::{Modify, OpenApi};
 
 use super::error::ErrorBody;
-use super::{admin, check, ops};
-use crate::domain::{Consistency, LimitDoc, Mode, OnStoreFailure};
-
-/// A policy as the admin API shows it: the canonical document, every default spelled out, with
-/// its bookkeeping. (Built as JSON by `admin::render`; this type only describes it.)
-#[allow(dead_code)]
-#[derive(ToSchema)]
-#[serde(deny_unknown_fields)]
-#[schema(as = PolicyRecord)]
-pub struct PolicyView {
-    #[schema(pattern = "^[A-Za-z0-9._~:@-]{1,128}$")]
-    tenant: String,
-    /// Present on a client override.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = String, pattern = "^[A-Za-z0-9._~:@-]{1,128}$")]
-    client: Option<String>,
-    #[schema(min_items = 1, max_items = 16)]
-    limits: Vec<LimitDoc>,
-    #[schema(value_type = Mode)]
-    mode: String,
-    #[schema(value_type = Consistency)]
-    consistency: String,
-    #[schema(value_type = OnStoreFailure)]
-    on_store_failure: String,
-    /// 1 on creation, one more at each replacement.
-    #[schema(minimum = 1)]
-    version: u64,
-    #[schema(format = DateTime)]
-    updated_at: String,
-}
-
-/// A page of `GET /v1/quotas`.
-#[allow(dead_code)]
-#[derive(ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct QuotaList {
-    quotas: Vec<PolicyView>,
-    /// The `after` of the next page; null on the last page.
-    #[schema(required = true, pattern = "^[A-Za-z0-9._~:@-]{1,128}$")]
-    next: Option<String>,
-}
-
-/// `GET /v1/usage/{tenant}/{client}`.
-#[allow(dead_code)]
-#[derive(ToSchema)]
-#[serde(deny_unknown_fields)]
-#[schema(as = Usage)]
-pub struct UsageView {
-    tenant: String,
-    client: String,
-    limits: Vec<UsageLimit>,
-}
-
-/// One applicable limit's count.
-#[allow(dead_code)]
-#[derive(ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct UsageLimit {
-    #[schema(pattern = "^[A-Za-z0-9._~:@-]{1,128}$")]
-    limit_id: String,
-    count: u64,
-    #[schema(minimum = 1)]
-    limit: u64,
-    remaining: u64,
-    #[schema(minimum = 0)]
-    reset_after_ms: i64,
-}
-
-/// `GET /healthz`.
-#[allow(dead_code)]
-#[derive(ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct Health {
-    #[schema(example = "ok")]
-    status: String,
-}
-
-/// `GET /readyz` while the store answers.
-#[allow(dead_code)]
-#[derive(ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct Ready {
-    #[schema(example = "ready")]
-    status: String,
-    /// The configured store (`embedded`, `scylla`).
-    #[schema(example = "embedded")]
-    store: String,
-}
+use super::{check, ops, quotas, usage};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -122,14 +36,14 @@ pub struct Ready {
     paths(
         check::check,
         check::batch,
-        admin::list,
-        admin::put_tenant,
-        admin::get_tenant,
-        admin::delete_tenant,
-        admin::put_client,
-        admin::get_client,
-        admin::delete_client,
-        admin::usage,
+        quotas::list,
+        quotas::put_tenant,
+        quotas::get_tenant,
+        quotas::delete_tenant,
+        quotas::put_client,
+        quotas::get_client,
+        quotas::delete_client,
+        usage::usage,
         ops::healthz,
         ops::readyz,
         ops::metrics,

@@ -1,11 +1,34 @@
-//! `/healthz`, `/readyz`, `/metrics`.
+//! `/healthz`, `/readyz`, `/metrics`: for orchestrators and scrapers, without auth, and the
+//! [`Health`] and [`Ready`] answers.
+
+use std::time::Duration;
 
 use actix_web::{web, HttpResponse};
-use serde_json::json;
+use serde::Serialize;
+use utoipa::ToSchema;
 
 use super::error::{ApiError, ErrorBody};
-use super::openapi::{Health, Ready};
-use super::AppState;
+use super::state::AppState;
+
+/// `GET /healthz`.
+// `deny_unknown_fields` only tells the OpenAPI document that an answer has no other fields.
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Health {
+    #[schema(example = "ok")]
+    status: &'static str,
+}
+
+/// `GET /readyz` while the store answers.
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Ready {
+    #[schema(example = "ready")]
+    status: &'static str,
+    /// The configured store (`embedded`, `scylla`).
+    #[schema(example = "embedded")]
+    store: &'static str,
+}
 
 /// 200 while the process serves.
 #[utoipa::path(
@@ -16,7 +39,7 @@ use super::AppState;
     responses((status = 200, description = "The process serves", body = Health)),
 )]
 pub async fn healthz() -> HttpResponse {
-    HttpResponse::Ok().json(json!({"status": "ok"}))
+    HttpResponse::Ok().json(Health { status: "ok" })
 }
 
 /// 200 while the store answers within the store deadline, else 503.
@@ -31,17 +54,13 @@ pub async fn healthz() -> HttpResponse {
     ),
 )]
 pub async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
-    match tokio::time::timeout(
-        state
-            .store_timeout
-            .max(std::time::Duration::from_millis(500)),
-        state.store.ping(),
-    )
-    .await
-    {
-        Ok(Ok(())) => {
-            Ok(HttpResponse::Ok().json(json!({"status": "ready", "store": state.store.kind()})))
-        }
+    // A probe waits at least half a second, however short the store deadline of checks is.
+    let deadline = state.store_timeout.max(Duration::from_millis(500));
+    match tokio::time::timeout(deadline, state.store.ping()).await {
+        Ok(Ok(())) => Ok(HttpResponse::Ok().json(Ready {
+            status: "ready",
+            store: state.store.kind(),
+        })),
         Ok(Err(e)) => Err(ApiError::Unavailable(format!(
             "the store does not answer: {e}"
         ))),

@@ -47,6 +47,50 @@ pub async fn spawn_in(dir: Arc<tempfile::TempDir>, tweak: impl FnOnce(&mut Setti
     launch(app, dir)
 }
 
+/// Starts an app and returns, with it, what it logged while starting (plain text, no colours).
+/// The log is caught for the start-up only: a subscriber of this future, not a global one.
+pub async fn spawn_logged(tweak: impl FnOnce(&mut Settings)) -> (TestApp, String) {
+    use tracing::instrument::WithSubscriber;
+    let dir = Arc::new(tempfile::tempdir().unwrap());
+    let mut s = settings(dir.path());
+    tweak(&mut s);
+    let log = Log::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_max_level(tracing::Level::INFO)
+        .with_writer(log.clone())
+        .finish();
+    let app = Application::build(s)
+        .with_subscriber(subscriber)
+        .await
+        .expect("app starts");
+    let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+    (launch(app, dir), text)
+}
+
+/// A log sink the test can read back.
+#[derive(Clone, Default)]
+struct Log(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Log {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Log {
+    type Writer = Log;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        self.clone()
+    }
+}
+
 /// Starts an app on a given store (several instances on one store).
 pub async fn spawn_on_store(store: DynStore, tweak: impl FnOnce(&mut Settings)) -> TestApp {
     let dir = Arc::new(tempfile::tempdir().unwrap());
@@ -140,6 +184,20 @@ impl TestApp {
         assert_eq!(r.status(), 200);
         r.json().await.unwrap()
     }
+}
+
+/// POSTs raw bytes with this content type (or none).
+pub async fn post_raw(
+    app: &TestApp,
+    path: &str,
+    ct: Option<&str>,
+    body: Vec<u8>,
+) -> reqwest::Response {
+    let mut req = app.http.post(app.url(path)).body(body);
+    if let Some(ct) = ct {
+        req = req.header("content-type", ct);
+    }
+    req.send().await.unwrap()
 }
 
 /// Asserts the contract's error shape and returns the body.

@@ -1,11 +1,16 @@
 //! HTTP tests: the real server on a real port (127.0.0.1:0), spoken to over HTTP.
 
 mod access;
+mod answers;
 mod checks;
+mod conformance;
 mod errors;
+mod fuzz;
+mod headers;
 mod helpers;
 mod lifecycle;
 mod memory;
 mod openapi;
 mod outage;
 mod quotas;
+mod routing;

@@ -108,19 +108,52 @@ async fn the_admin_api_needs_the_admin_token() {
     }
 }
 
+/// The admin token a start-up logged (`admin_token=<hex>`), and how many times it logged one.
+fn logged_admin_token(log: &str) -> (String, usize) {
+    let mut found = log.match_indices("admin_token=");
+    let (i, _) = found
+        .next()
+        .unwrap_or_else(|| panic!("no admin token logged:\n{log}"));
+    let token: String = log[i + "admin_token=".len()..]
+        .chars()
+        .take_while(char::is_ascii_hexdigit)
+        .collect();
+    (token, 1 + found.count())
+}
+
 #[tokio::test]
 async fn without_a_configured_admin_token_a_random_one_guards_the_admin_api() {
-    let app = spawn_with(|s| s.auth.admin_token = quotad::config::Secret::default()).await;
-    let r = app.http.get(app.url("/v1/quotas")).send().await.unwrap();
-    assert_error(r, 401, "unauthenticated").await;
-    let r = app
-        .http
-        .get(app.url("/v1/quotas"))
-        .bearer_auth("")
-        .send()
-        .await
-        .unwrap();
-    assert_error(r, 401, "unauthenticated").await;
+    let unset = |s: &mut quotad::config::Settings| s.auth.admin_token = Default::default();
+    let (app, log) = spawn_logged(unset).await;
+    let (token, times) = logged_admin_token(&log);
+    assert_eq!(times, 1, "logged once:\n{log}");
+    assert_eq!(token.len(), 64, "256 random bits in hex: {token}");
+    let get = |tok: Option<&str>| {
+        let mut r = app.http.get(app.url("/v1/quotas"));
+        if let Some(t) = tok {
+            r = r.bearer_auth(t);
+        }
+        r.send()
+    };
+    assert_error(get(None).await.unwrap(), 401, "unauthenticated").await;
+    assert_error(get(Some("")).await.unwrap(), 401, "unauthenticated").await;
+    assert_error(get(Some(ADMIN)).await.unwrap(), 401, "unauthenticated").await;
+    // The logged token is the one that works.
+    assert_eq!(get(Some(&token)).await.unwrap().status(), 200);
+
+    // Another start makes another token: the first one does not open the second server.
+    let (other, log) = spawn_logged(unset).await;
+    let (second, _) = logged_admin_token(&log);
+    assert_ne!(second, token, "two starts, two tokens");
+    let with = |tok: &str| {
+        other
+            .http
+            .get(other.url("/v1/quotas"))
+            .bearer_auth(tok.to_owned())
+            .send()
+    };
+    assert_error(with(&token).await.unwrap(), 401, "unauthenticated").await;
+    assert_eq!(with(&second).await.unwrap().status(), 200);
 }
 
 #[tokio::test]

@@ -1,40 +1,79 @@
-//! The admin API: `/v1/quotas` (tenant policies and client overrides) and `/v1/usage`.
+//! `/v1/quotas`: tenants' policies and clients' overrides (admin), and the [`PolicyView`] and
+//! [`QuotaList`] they answer with. A change is enforced at once by this instance (its policy
+//! cache reloads) and by the others within `quotas.refresh_ms`.
 
 use actix_web::{web, HttpRequest, HttpResponse};
-use serde::Deserialize;
-use serde_json::{json, Value};
-use utoipa::IntoParams;
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
 
+use super::body::{json_body, parse_json};
 use super::error::{ApiError, ErrorBody};
-use super::openapi::{PolicyView, QuotaList, UsageView};
-use super::{json_body, parse_json, AppState};
-use crate::domain::{validate_resource, ClientId, Policy, PolicyDoc, TenantId};
+use super::params::{path_ids, query};
+use super::responses::{AdminErrors, BodyErrors};
+use super::state::AppState;
+use crate::domain::{Consistency, LimitDoc, Mode, OnStoreFailure, Policy, PolicyDoc, TenantId};
 use crate::store::{PolicyKey, PolicyRecord};
 
-fn path_ids(req: &HttpRequest) -> Result<(TenantId, Option<ClientId>), ApiError> {
-    let tenant = TenantId::parse(req.match_info().get("tenant").unwrap_or_default())?;
-    let client = req
-        .match_info()
-        .get("client")
-        .map(ClientId::parse)
-        .transpose()?;
-    Ok((tenant, client))
+/// A policy as the admin API shows it: the canonical document, every default spelled out, with
+/// its bookkeeping.
+// `deny_unknown_fields` only tells the OpenAPI document that it has no other fields. Fields are
+// in alphabetical order, the order serde_json gives a map's keys, which answers always had.
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(as = PolicyRecord)]
+pub struct PolicyView {
+    /// Present on a client override.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = String, pattern = "^[A-Za-z0-9._~:@-]{1,128}$")]
+    client: Option<String>,
+    // `consistency`, `mode` and `on_store_failure` are always there: the store holds the
+    // canonical document (`put` writes `Policy::to_doc`), passed on as stored.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Consistency, required = true)]
+    consistency: Option<String>,
+    #[schema(min_items = 1, max_items = 16)]
+    limits: Vec<LimitDoc>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Mode, required = true)]
+    mode: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = OnStoreFailure, required = true)]
+    on_store_failure: Option<String>,
+    #[schema(pattern = "^[A-Za-z0-9._~:@-]{1,128}$")]
+    tenant: String,
+    #[schema(format = DateTime)]
+    updated_at: String,
+    /// 1 on creation, one more at each replacement.
+    #[schema(minimum = 1)]
+    version: u64,
 }
 
-/// A record as the API shows it: the policy document plus its bookkeeping.
-fn render(r: &PolicyRecord) -> Result<Value, ApiError> {
-    let mut v: Value = serde_json::from_str(&r.body)
-        .map_err(|e| ApiError::Internal(format!("stored policy is not JSON: {e}")))?;
-    let obj = v
-        .as_object_mut()
-        .ok_or_else(|| ApiError::Internal("stored policy is not an object".into()))?;
-    obj.insert("tenant".into(), json!(r.key.tenant));
-    if let Some(c) = &r.key.client {
-        obj.insert("client".into(), json!(c));
+impl PolicyView {
+    /// The stored record as the API shows it.
+    fn of(r: &PolicyRecord) -> Result<Self, ApiError> {
+        let doc: PolicyDoc = serde_json::from_str(&r.body)
+            .map_err(|e| ApiError::Internal(format!("stored policy is not a policy: {e}")))?;
+        Ok(PolicyView {
+            tenant: r.key.tenant.to_string(),
+            client: r.key.client.as_ref().map(ToString::to_string),
+            limits: doc.limits,
+            mode: doc.mode,
+            consistency: doc.consistency,
+            on_store_failure: doc.on_store_failure,
+            version: r.version,
+            updated_at: r.updated_at.to_rfc3339(),
+        })
     }
-    obj.insert("version".into(), json!(r.version));
-    obj.insert("updated_at".into(), json!(r.updated_at.to_rfc3339()));
-    Ok(v)
+}
+
+/// A page of `GET /v1/quotas`.
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct QuotaList {
+    /// The `after` of the next page; null on the last page.
+    #[schema(required = true, pattern = "^[A-Za-z0-9._~:@-]{1,128}$")]
+    next: Option<String>,
+    quotas: Vec<PolicyView>,
 }
 
 async fn put(
@@ -64,7 +103,7 @@ async fn put(
     } else {
         HttpResponse::Ok()
     };
-    Ok(res.json(render(&record)?))
+    Ok(res.json(PolicyView::of(&record)?))
 }
 
 async fn get(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
@@ -73,7 +112,7 @@ async fn get(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpRespons
     who.may_manage(tenant.as_str())?;
     let key = PolicyKey { tenant, client };
     match state.store.get_policy(&key).await? {
-        Some(r) => Ok(HttpResponse::Ok().json(render(&r)?)),
+        Some(r) => Ok(HttpResponse::Ok().json(PolicyView::of(&r)?)),
         None => Err(not_found(&key)),
     }
 }
@@ -113,13 +152,8 @@ fn not_found(key: &PolicyKey) -> ApiError {
     responses(
         (status = 200, description = "Replaced", body = PolicyView),
         (status = 201, description = "Created", body = PolicyView),
-        (status = 400, description = "invalid_argument: a bad path, query or body, naming the field", body = ErrorBody),
-        (status = 401, description = "unauthenticated: no token, or a wrong one", body = ErrorBody),
-        (status = 403, description = "permission_denied: a valid token without the right to this", body = ErrorBody),
-        (status = 413, description = "payload_too_large: the body is over 64 KiB", body = ErrorBody),
-        (status = 415, description = "unsupported_media_type: the body is not application/json", body = ErrorBody),
-        (status = 500, description = "internal: a fault of the store or the server, never bad input", body = ErrorBody),
-        (status = 503, description = "unavailable: the store does not answer; try again", body = ErrorBody),
+        BodyErrors,
+        AdminErrors,
     ),
     security(("bearer" = [])),
 )]
@@ -130,6 +164,7 @@ pub async fn put_tenant(
 ) -> Result<HttpResponse, ApiError> {
     put(req, payload, state).await
 }
+
 #[utoipa::path(
     get,
     path = "/v1/quotas/{tenant}",
@@ -139,12 +174,8 @@ pub async fn put_tenant(
     params(("tenant" = String, Path, pattern = "^[A-Za-z0-9._~:@-]{1,128}$", description = "The tenant", example = "acme")),
     responses(
         (status = 200, description = "The policy", body = PolicyView),
-        (status = 400, description = "invalid_argument: a bad path, query or body, naming the field", body = ErrorBody),
-        (status = 401, description = "unauthenticated: no token, or a wrong one", body = ErrorBody),
-        (status = 403, description = "permission_denied: a valid token without the right to this", body = ErrorBody),
         (status = 404, description = "not_found: the tenant has no quota", body = ErrorBody),
-        (status = 500, description = "internal: a fault of the store or the server, never bad input", body = ErrorBody),
-        (status = 503, description = "unavailable: the store does not answer; try again", body = ErrorBody),
+        AdminErrors,
     ),
     security(("bearer" = [])),
 )]
@@ -154,6 +185,7 @@ pub async fn get_tenant(
 ) -> Result<HttpResponse, ApiError> {
     get(req, state).await
 }
+
 #[utoipa::path(
     delete,
     path = "/v1/quotas/{tenant}",
@@ -163,12 +195,8 @@ pub async fn get_tenant(
     params(("tenant" = String, Path, pattern = "^[A-Za-z0-9._~:@-]{1,128}$", description = "The tenant", example = "acme")),
     responses(
         (status = 204, description = "Deleted"),
-        (status = 400, description = "invalid_argument: a bad path, query or body, naming the field", body = ErrorBody),
-        (status = 401, description = "unauthenticated: no token, or a wrong one", body = ErrorBody),
-        (status = 403, description = "permission_denied: a valid token without the right to this", body = ErrorBody),
         (status = 404, description = "not_found: the tenant has no quota", body = ErrorBody),
-        (status = 500, description = "internal: a fault of the store or the server, never bad input", body = ErrorBody),
-        (status = 503, description = "unavailable: the store does not answer; try again", body = ErrorBody),
+        AdminErrors,
     ),
     security(("bearer" = [])),
 )]
@@ -178,6 +206,7 @@ pub async fn delete_tenant(
 ) -> Result<HttpResponse, ApiError> {
     delete(req, state).await
 }
+
 #[utoipa::path(
     put,
     path = "/v1/quotas/{tenant}/clients/{client}",
@@ -189,13 +218,8 @@ pub async fn delete_tenant(
     responses(
         (status = 200, description = "Replaced", body = PolicyView),
         (status = 201, description = "Created", body = PolicyView),
-        (status = 400, description = "invalid_argument: a bad path, query or body, naming the field", body = ErrorBody),
-        (status = 401, description = "unauthenticated: no token, or a wrong one", body = ErrorBody),
-        (status = 403, description = "permission_denied: a valid token without the right to this", body = ErrorBody),
-        (status = 413, description = "payload_too_large: the body is over 64 KiB", body = ErrorBody),
-        (status = 415, description = "unsupported_media_type: the body is not application/json", body = ErrorBody),
-        (status = 500, description = "internal: a fault of the store or the server, never bad input", body = ErrorBody),
-        (status = 503, description = "unavailable: the store does not answer; try again", body = ErrorBody),
+        BodyErrors,
+        AdminErrors,
     ),
     security(("bearer" = [])),
 )]
@@ -206,6 +230,7 @@ pub async fn put_client(
 ) -> Result<HttpResponse, ApiError> {
     put(req, payload, state).await
 }
+
 #[utoipa::path(
     get,
     path = "/v1/quotas/{tenant}/clients/{client}",
@@ -215,12 +240,8 @@ pub async fn put_client(
     params(("tenant" = String, Path, pattern = "^[A-Za-z0-9._~:@-]{1,128}$", description = "The tenant", example = "acme"), ("client" = String, Path, pattern = "^[A-Za-z0-9._~:@-]{1,128}$", description = "A client of the tenant", example = "key-123")),
     responses(
         (status = 200, description = "The override", body = PolicyView),
-        (status = 400, description = "invalid_argument: a bad path, query or body, naming the field", body = ErrorBody),
-        (status = 401, description = "unauthenticated: no token, or a wrong one", body = ErrorBody),
-        (status = 403, description = "permission_denied: a valid token without the right to this", body = ErrorBody),
         (status = 404, description = "not_found: the tenant has no override for this client", body = ErrorBody),
-        (status = 500, description = "internal: a fault of the store or the server, never bad input", body = ErrorBody),
-        (status = 503, description = "unavailable: the store does not answer; try again", body = ErrorBody),
+        AdminErrors,
     ),
     security(("bearer" = [])),
 )]
@@ -230,6 +251,7 @@ pub async fn get_client(
 ) -> Result<HttpResponse, ApiError> {
     get(req, state).await
 }
+
 #[utoipa::path(
     delete,
     path = "/v1/quotas/{tenant}/clients/{client}",
@@ -239,12 +261,8 @@ pub async fn get_client(
     params(("tenant" = String, Path, pattern = "^[A-Za-z0-9._~:@-]{1,128}$", description = "The tenant", example = "acme"), ("client" = String, Path, pattern = "^[A-Za-z0-9._~:@-]{1,128}$", description = "A client of the tenant", example = "key-123")),
     responses(
         (status = 204, description = "Deleted"),
-        (status = 400, description = "invalid_argument: a bad path, query or body, naming the field", body = ErrorBody),
-        (status = 401, description = "unauthenticated: no token, or a wrong one", body = ErrorBody),
-        (status = 403, description = "permission_denied: a valid token without the right to this", body = ErrorBody),
         (status = 404, description = "not_found: the tenant has no override for this client", body = ErrorBody),
-        (status = 500, description = "internal: a fault of the store or the server, never bad input", body = ErrorBody),
-        (status = 503, description = "unavailable: the store does not answer; try again", body = ErrorBody),
+        AdminErrors,
     ),
     security(("bearer" = [])),
 )]
@@ -271,15 +289,6 @@ struct ListQuery {
 const PAGE_DEFAULT: usize = 100;
 const PAGE_MAX: usize = 1000;
 
-fn query<T: for<'de> Deserialize<'de>>(req: &HttpRequest) -> Result<T, ApiError> {
-    web::Query::<T>::from_query(req.query_string())
-        .map(web::Query::into_inner)
-        .map_err(|e| {
-            let msg = e.to_string();
-            ApiError::invalid("query", msg)
-        })
-}
-
 #[utoipa::path(
     get,
     path = "/v1/quotas",
@@ -289,11 +298,7 @@ fn query<T: for<'de> Deserialize<'de>>(req: &HttpRequest) -> Result<T, ApiError>
     params(ListQuery),
     responses(
         (status = 200, description = "A page; `next` is the `after` of the next page, null on the last", body = QuotaList),
-        (status = 400, description = "invalid_argument: a bad path, query or body, naming the field", body = ErrorBody),
-        (status = 401, description = "unauthenticated: no token, or a wrong one", body = ErrorBody),
-        (status = 403, description = "permission_denied: a valid token without the right to this", body = ErrorBody),
-        (status = 500, description = "internal: a fault of the store or the server, never bad input", body = ErrorBody),
-        (status = 503, description = "unavailable: the store does not answer; try again", body = ErrorBody),
+        AdminErrors,
     ),
     security(("bearer" = [])),
 )]
@@ -335,65 +340,9 @@ pub async fn list(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpRe
     } else {
         None
     };
-    let quotas = records.iter().map(render).collect::<Result<Vec<_>, _>>()?;
-    Ok(HttpResponse::Ok().json(json!({ "quotas": quotas, "next": next })))
-}
-
-#[derive(Deserialize, IntoParams)]
-#[serde(deny_unknown_fields)]
-#[into_params(parameter_in = Query)]
-struct UsageQuery {
-    /// Show the limits that would apply to a check on this resource.
-    #[param(pattern = "^[ -~]{1,256}$")]
-    resource: Option<String>,
-}
-
-#[utoipa::path(
-    get,
-    path = "/v1/usage/{tenant}/{client}",
-    tag = "usage",
-    operation_id = "get_usage",
-    summary = "What a client has used of each applicable limit; consumes nothing",
-    params(("tenant" = String, Path, pattern = "^[A-Za-z0-9._~:@-]{1,128}$", description = "The tenant", example = "acme"), ("client" = String, Path, pattern = "^[A-Za-z0-9._~:@-]{1,128}$", description = "A client of the tenant", example = "key-123"), UsageQuery),
-    responses(
-        (status = 200, description = "One entry per applicable limit", body = UsageView),
-        (status = 400, description = "invalid_argument: a bad path, query or body, naming the field", body = ErrorBody),
-        (status = 401, description = "unauthenticated: no token, or a wrong one", body = ErrorBody),
-        (status = 403, description = "permission_denied: a valid token without the right to this", body = ErrorBody),
-        (status = 404, description = "not_found: the tenant has no quota", body = ErrorBody),
-        (status = 500, description = "internal: a fault of the store or the server, never bad input", body = ErrorBody),
-        (status = 503, description = "unavailable: the store does not answer; try again", body = ErrorBody),
-    ),
-    security(("bearer" = [])),
-)]
-pub async fn usage(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
-    let who = state.auth.admin(&req)?;
-    let (tenant, client) = path_ids(&req)?;
-    who.may_manage(tenant.as_str())?;
-    let client = client.ok_or_else(|| ApiError::invalid("client", "client is required"))?;
-    let q: UsageQuery = query(&req)?;
-    if let Some(r) = &q.resource {
-        validate_resource("resource", r)?;
-    }
-    let policy = state
-        .policies
-        .resolve(tenant.as_str(), client.as_str())
-        .ok_or_else(|| ApiError::NotFound(format!("tenant {tenant} has no quota")))?;
-    let usage = state
-        .limiter
-        .usage(&policy, &tenant, &client, q.resource.as_deref())
-        .await?;
-    let limits: Vec<Value> = usage
+    let quotas = records
         .iter()
-        .map(|u| {
-            json!({
-                "limit_id": u.limit_id,
-                "count": u.count,
-                "limit": u.limit,
-                "remaining": u.remaining,
-                "reset_after_ms": u.reset_after_ms,
-            })
-        })
-        .collect();
-    Ok(HttpResponse::Ok().json(json!({ "tenant": tenant, "client": client, "limits": limits })))
+        .map(PolicyView::of)
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(HttpResponse::Ok().json(QuotaList { quotas, next }))
 }

@@ -1,0 +1,21 @@
+//! What every handler shares, built once at start-up and handed over as `web::Data`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::auth::Auth;
+use crate::limiter::Limiter;
+use crate::metrics::Metrics;
+use crate::policy::PolicyCache;
+use crate::store::DynStore;
+
+/// What handlers share; built once, cheap to clone.
+#[derive(Clone)]
+pub struct AppState {
+    pub limiter: Arc<Limiter>,
+    pub policies: Arc<PolicyCache>,
+    pub store: DynStore,
+    pub metrics: Arc<Metrics>,
+    pub auth: Arc<Auth>,
+    pub store_timeout: Duration,
+}

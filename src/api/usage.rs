@@ -1,0 +1,99 @@
+//! `GET /v1/usage/{tenant}/{client}`: what a client has used of each limit that applies to it,
+//! read without consuming anything, and the [`UsageView`] it answers with.
+
+use actix_web::{web, HttpRequest, HttpResponse};
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+
+use super::error::{ApiError, ErrorBody};
+use super::params::{path_ids, query};
+use super::responses::AdminErrors;
+use super::state::AppState;
+use crate::domain::validate_resource;
+use crate::limiter::Usage;
+
+#[derive(Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+struct UsageQuery {
+    /// Show the limits that would apply to a check on this resource.
+    #[param(pattern = "^[ -~]{1,256}$")]
+    resource: Option<String>,
+}
+
+/// `GET /v1/usage/{tenant}/{client}`.
+// `deny_unknown_fields` only tells the OpenAPI document that the answer has no other fields.
+// Fields are in alphabetical order, the order serde_json gives a map's keys, which answers
+// always had.
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(as = Usage)]
+pub struct UsageView<'a> {
+    client: &'a str,
+    limits: Vec<UsageLimit<'a>>,
+    tenant: &'a str,
+}
+
+/// One applicable limit's count.
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UsageLimit<'a> {
+    count: u64,
+    #[schema(minimum = 1)]
+    limit: u64,
+    #[schema(value_type = String, pattern = "^[A-Za-z0-9._~:@-]{1,128}$")]
+    limit_id: &'a str,
+    remaining: u64,
+    #[schema(minimum = 0)]
+    reset_after_ms: i64,
+}
+
+impl<'a> UsageLimit<'a> {
+    fn of(u: &'a Usage) -> Self {
+        UsageLimit {
+            count: u.count,
+            limit: u.limit,
+            limit_id: u.limit_id.as_str(),
+            remaining: u.remaining,
+            reset_after_ms: u.reset_after_ms,
+        }
+    }
+}
+
+#[utoipa::path(
+    get,
+    path = "/v1/usage/{tenant}/{client}",
+    tag = "usage",
+    operation_id = "get_usage",
+    summary = "What a client has used of each applicable limit; consumes nothing",
+    params(("tenant" = String, Path, pattern = "^[A-Za-z0-9._~:@-]{1,128}$", description = "The tenant", example = "acme"), ("client" = String, Path, pattern = "^[A-Za-z0-9._~:@-]{1,128}$", description = "A client of the tenant", example = "key-123"), UsageQuery),
+    responses(
+        (status = 200, description = "One entry per applicable limit", body = UsageView),
+        (status = 404, description = "not_found: the tenant has no quota", body = ErrorBody),
+        AdminErrors,
+    ),
+    security(("bearer" = [])),
+)]
+pub async fn usage(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    let who = state.auth.admin(&req)?;
+    let (tenant, client) = path_ids(&req)?;
+    who.may_manage(tenant.as_str())?;
+    let client = client.ok_or_else(|| ApiError::invalid("client", "client is required"))?;
+    let q: UsageQuery = query(&req)?;
+    if let Some(r) = &q.resource {
+        validate_resource("resource", r)?;
+    }
+    let policy = state
+        .policies
+        .resolve(tenant.as_str(), client.as_str())
+        .ok_or_else(|| ApiError::NotFound(format!("tenant {tenant} has no quota")))?;
+    let usage = state
+        .limiter
+        .usage(&policy, &tenant, &client, q.resource.as_deref())
+        .await?;
+    Ok(HttpResponse::Ok().json(UsageView {
+        client: client.as_str(),
+        limits: usage.iter().map(UsageLimit::of).collect(),
+        tenant: tenant.as_str(),
+    }))
+}

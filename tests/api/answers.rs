@@ -1,0 +1,262 @@
+//! Real answers of every kind, held against what the OpenAPI document says of them: a session
+//! that puts, reads, checks, lists and deletes, in steps, each answer checked as it comes.
+
+use std::collections::BTreeSet;
+
+use serde_json::{json, Value};
+
+use crate::conformance::Conformance;
+use crate::helpers::*;
+use crate::openapi::{documented, fetch_doc};
+
+#[tokio::test]
+async fn real_answers_match_the_document() {
+    let app = spawn_app().await;
+    let mut c = Conformance::new(fetch_doc(&app).await);
+    quota_answers(&mut c, &app).await;
+    check_answers(&mut c, &app).await;
+    batch_and_usage_answers(&mut c, &app).await;
+    deletes_and_ops_answers(&mut c, &app).await;
+
+    // Every operation was exercised, and each answer kind the contract names at least once.
+    let ops: BTreeSet<(String, String)> = c
+        .seen
+        .iter()
+        .map(|(m, p, _)| (m.clone(), p.clone()))
+        .collect();
+    assert_eq!(ops, documented(&c.doc));
+    let statuses: BTreeSet<u16> = c.seen.iter().map(|s| s.2).collect();
+    for s in [200, 201, 204, 400, 401, 404, 413, 429] {
+        assert!(statuses.contains(&s), "no {s} seen: {statuses:?}");
+    }
+}
+
+/// Puts, reads and lists tenants' policies and an override, well and badly.
+async fn quota_answers(c: &mut Conformance, app: &TestApp) {
+    let a = Some(ADMIN);
+    let policy = json!({"limits": [
+        {"id": "per-minute", "max": 2, "window": "1m"},
+        {"id": "monthly", "max": 1000, "period": "month", "scope": "tenant"},
+        {"id": "writes", "max": 1, "window": "10s", "resource": "PUT /p/*"}]});
+    let q = "/v1/quotas/{tenant}";
+    let o = "/v1/quotas/{tenant}/clients/{client}";
+    c.send(app, "put", q, "/v1/quotas/acme", Some(policy.clone()), a)
+        .await;
+    c.send(app, "put", q, "/v1/quotas/acme", Some(policy), a)
+        .await;
+    c.send(
+        app,
+        "put",
+        q,
+        "/v1/quotas/dry",
+        Some(json!({"mode": "dry_run", "limits": [{"id": "one", "max": 1, "period": "day"}]})),
+        a,
+    )
+    .await;
+    c.send(
+        app,
+        "put",
+        q,
+        "/v1/quotas/bad",
+        Some(json!({"limits": []})),
+        a,
+    )
+    .await;
+    c.send(
+        app,
+        "put",
+        q,
+        "/v1/quotas/bad",
+        Some(json!({"limits": [{"id": "x", "max": 1, "windw": "1s"}]})),
+        a,
+    )
+    .await;
+    c.send(
+        app,
+        "put",
+        q,
+        "/v1/quotas/acme",
+        Some(json!({"limits": []})),
+        None,
+    )
+    .await;
+    c.send(
+        app,
+        "put",
+        q,
+        "/v1/quotas/acme",
+        Some(json!({"limits": []})),
+        Some("wrong"),
+    )
+    .await;
+    let r = app
+        .http
+        .put(app.url("/v1/quotas/acme"))
+        .bearer_auth(ADMIN)
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 415);
+    c.send(app, "get", q, "/v1/quotas/acme", None, a).await;
+    c.send(app, "get", q, "/v1/quotas/nobody", None, a).await;
+    c.send(app, "get", q, "/v1/quotas/a%20b", None, a).await;
+    c.send(
+        app,
+        "put",
+        o,
+        "/v1/quotas/acme/clients/vip",
+        Some(json!({"limits": [{"id": "per-minute", "max": 50, "window": "1m"}]})),
+        a,
+    )
+    .await;
+    c.send(app, "get", o, "/v1/quotas/acme/clients/vip", None, a)
+        .await;
+    c.send(app, "get", o, "/v1/quotas/acme/clients/nobody", None, a)
+        .await;
+    c.send(app, "get", "/v1/quotas", "/v1/quotas?limit=1", None, a)
+        .await;
+    c.send(app, "get", "/v1/quotas", "/v1/quotas", None, a)
+        .await;
+    c.send(app, "get", "/v1/quotas", "/v1/quotas?limit=0", None, a)
+        .await;
+    c.send(app, "get", "/v1/quotas", "/v1/quotas?bogus=1", None, a)
+        .await;
+}
+
+/// Checks admitted, denied, dry-run, without a quota and malformed.
+async fn check_answers(c: &mut Conformance, app: &TestApp) {
+    let check = "/v1/check";
+    let body = json!({"tenant": "acme", "client": "k1", "resource": "PUT /p/1"});
+    let (s1, _) = c
+        .send(app, "post", check, check, Some(body.clone()), None)
+        .await;
+    assert_eq!(s1, 200);
+    let (s2, v) = c
+        .send(app, "post", check, check, Some(body.clone()), None)
+        .await;
+    assert_eq!((s2, v["limit_id"].as_str()), (429, Some("writes")), "{v}");
+    let (_, v) = c
+        .send(
+            app,
+            "post",
+            check,
+            check,
+            Some(json!({"tenant": "acme", "client": "k2", "cost": 5})),
+            None,
+        )
+        .await;
+    assert_eq!(v["retry_after_ms"], Value::Null, "{v}");
+    let (_, v) = c
+        .send(
+            app,
+            "post",
+            check,
+            check,
+            Some(json!({"tenant": "dry", "client": "k", "cost": 0})),
+            None,
+        )
+        .await;
+    assert_eq!(v["allowed"], true);
+    c.send(
+        app,
+        "post",
+        check,
+        check,
+        Some(json!({"tenant": "dry", "client": "k"})),
+        None,
+    )
+    .await;
+    let (_, v) = c
+        .send(
+            app,
+            "post",
+            check,
+            check,
+            Some(json!({"tenant": "dry", "client": "k"})),
+            None,
+        )
+        .await;
+    assert_eq!(v["dry_run_denied"], true, "{v}");
+    c.send(
+        app,
+        "post",
+        check,
+        check,
+        Some(json!({"tenant": "nobody", "client": "k"})),
+        None,
+    )
+    .await;
+    c.send(
+        app,
+        "post",
+        check,
+        check,
+        Some(json!({"tenant": "acme", "client": "k", "cots": 1})),
+        None,
+    )
+    .await;
+    let big = json!({"tenant": "acme", "client": "k", "resource": "x".repeat(70_000)});
+    c.send(app, "post", check, check, Some(big), None).await;
+}
+
+/// A batch with a failed item, an empty batch, and usage reads.
+async fn batch_and_usage_answers(c: &mut Conformance, app: &TestApp) {
+    let a = Some(ADMIN);
+    let u = "/v1/usage/{tenant}/{client}";
+    let batch = "/v1/check/batch";
+    let (_, v) = c
+        .send(
+            app,
+            "post",
+            batch,
+            batch,
+            Some(json!({"checks": [
+            {"tenant": "acme", "client": "k3"},
+            {"tenant": "nobody", "client": "k3"},
+            {"tenant": "acme", "client": "k3", "resource": "GET /"}]})),
+            None,
+        )
+        .await;
+    assert_eq!(v["results"][1]["error"]["code"], "not_found", "{v}");
+    c.send(app, "post", batch, batch, Some(json!({"checks": []})), None)
+        .await;
+
+    c.send(app, "get", u, "/v1/usage/acme/k1", None, a).await;
+    c.send(
+        app,
+        "get",
+        u,
+        "/v1/usage/acme/k1?resource=PUT%20/p/1",
+        None,
+        a,
+    )
+    .await;
+    c.send(app, "get", u, "/v1/usage/nobody/k1", None, a).await;
+}
+
+/// Deletes (the second one of each a 404), and the ops routes.
+async fn deletes_and_ops_answers(c: &mut Conformance, app: &TestApp) {
+    let a = Some(ADMIN);
+    let q = "/v1/quotas/{tenant}";
+    let o = "/v1/quotas/{tenant}/clients/{client}";
+    c.send(app, "delete", o, "/v1/quotas/acme/clients/vip", None, a)
+        .await;
+    c.send(app, "delete", o, "/v1/quotas/acme/clients/vip", None, a)
+        .await;
+    c.send(app, "delete", q, "/v1/quotas/dry", None, a).await;
+    c.send(app, "delete", q, "/v1/quotas/dry", None, a).await;
+
+    c.send(app, "get", "/healthz", "/healthz", None, None).await;
+    c.send(app, "get", "/readyz", "/readyz", None, None).await;
+    c.send(app, "get", "/metrics", "/metrics", None, None).await;
+    c.send(
+        app,
+        "get",
+        "/v1/openapi.json",
+        "/v1/openapi.json",
+        None,
+        None,
+    )
+    .await;
+}

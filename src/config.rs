@@ -465,7 +465,9 @@ impl Settings {
         if self.fleet.heartbeat_ms.0 == 0 {
             return bad("fleet.heartbeat_ms", "must be more than 0".into());
         }
-        if self.fleet.lease_ttl_ms.0 < 1_000 || self.fleet.lease_ttl_ms.0 < 2 * self.fleet.heartbeat_ms.0 {
+        if self.fleet.lease_ttl_ms.0 < 1_000
+            || self.fleet.lease_ttl_ms.0 < 2 * self.fleet.heartbeat_ms.0
+        {
             return bad(
                 "fleet.lease_ttl_ms",
                 "must be at least 1s and at least two heartbeats (fleet.heartbeat_ms)".into(),

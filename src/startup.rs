@@ -12,6 +12,7 @@ use tokio::task::JoinHandle;
 use crate::api::{self, AppState, Auth};
 use crate::clock::{Clock, SystemClock};
 use crate::config::{Role, Settings, StoreKind};
+use crate::fleet::{Fleet, FleetConfig, Membership};
 use crate::limiter::{Limiter, LimiterConfig};
 use crate::metrics::Metrics;
 use crate::policy::PolicyCache;
@@ -73,6 +74,8 @@ pub struct Application {
     shutdown: watch::Sender<bool>,
     sync: JoinHandle<u64>,
     refresh: JoinHandle<()>,
+    /// The fleet heartbeat (scylla store), told to release the lease after the drain.
+    fleet: Option<(watch::Sender<bool>, JoinHandle<()>)>,
 }
 
 impl Application {
@@ -89,6 +92,10 @@ impl Application {
         clock: Arc<dyn Clock>,
     ) -> Result<Self, StartError> {
         let metrics = Arc::new(Metrics::new(settings.metrics.tenant_labels));
+        let fleet = join_fleet(&settings, &store, &metrics).await?;
+        let membership = fleet
+            .as_ref()
+            .map_or_else(|| Arc::new(Membership::alone()), Fleet::membership);
         let limiter = Arc::new(Limiter::new(
             store.clone(),
             clock,
@@ -97,7 +104,7 @@ impl Application {
                 shards: settings.limiter.shards,
                 idle_ms: settings.limiter.idle_ms.0 as i64,
                 store_timeout: settings.store.timeout_ms.get(),
-                fleet: Arc::new(crate::fleet::Membership::alone()),
+                fleet: membership.clone(),
                 sync_interval_ms: settings.sync.interval_ms.0 as i64,
                 max_counters: settings.limiter.max_counters,
                 max_clients_per_tenant: settings.limiter.max_clients_per_tenant,
@@ -131,6 +138,7 @@ impl Application {
             metrics: metrics.clone(),
             auth: Arc::new(auth),
             store_timeout: settings.store.timeout_ms.get(),
+            fleet: membership,
         };
 
         let listener = TcpListener::bind(&settings.server.bind)
@@ -178,6 +186,10 @@ impl Application {
         );
         let sync = tokio::spawn(syncer.run(rx.clone()));
         let refresh = tokio::spawn(policies.run(settings.quotas.refresh_ms.get(), rx));
+        let fleet = fleet.map(|f| {
+            let (leave, rx) = watch::channel(false);
+            (leave, tokio::spawn(f.run(rx)))
+        });
         tracing::info!(port, store = store.kind(), "quotad listening");
         Ok(Self {
             port,
@@ -187,6 +199,7 @@ impl Application {
             shutdown,
             sync,
             refresh,
+            fleet,
         })
     }
 
@@ -218,8 +231,36 @@ impl Application {
             tracing::error!(error = %e, "sync task failed");
             u64::MAX
         });
+        // The lease is held through the drain (its writes go to this instance's shard), and
+        // given back only after it, so another instance can take the shard at once.
+        if let Some((leave, task)) = self.fleet {
+            let _ = leave.send(true);
+            let _ = task.await;
+        }
         served.map(|_| unsynced)
     }
+}
+
+/// Claims a write shard before serving, on a store that a fleet can share (scylla). The embedded
+/// store is one process: a fleet of one, with nothing to claim.
+async fn join_fleet(
+    settings: &Settings,
+    store: &DynStore,
+    metrics: &Arc<Metrics>,
+) -> Result<Option<Fleet>, StartError> {
+    if settings.store.kind != StoreKind::Scylla {
+        return Ok(None);
+    }
+    let cfg = FleetConfig {
+        heartbeat: settings.fleet.heartbeat_ms.get(),
+        lease_ttl: settings.fleet.lease_ttl_ms.get(),
+        pin: settings.store.shard,
+        timeout: settings.store.request_timeout_ms.get(),
+    };
+    Fleet::join(store.clone(), cfg, metrics.clone())
+        .await
+        .map(Some)
+        .map_err(|e| StartError(format!("joining the fleet: {e}")))
 }
 
 /// A 256-bit random token, hex.

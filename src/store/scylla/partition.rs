@@ -14,8 +14,8 @@ use chrono::{DateTime, Datelike, TimeZone, Utc};
 use crate::domain::Grain;
 use crate::store::{CounterKey, Delta, StoreError, StoreResult};
 
-/// Buckets of a fixed grain per partition. At least a window's 33 buckets, so a window spans
-/// at most two partitions per shard; small, so partitions stay tiny and expire soon after
+/// Buckets of a fixed grain per partition. More than a window overlaps
+/// ([`crate::domain::MAX_BUCKETS_PER_WINDOW`]), so a window spans at most two partitions per shard; small, so partitions stay tiny and expire soon after
 /// their last bucket.
 pub(crate) const FIXED_EPOCH_BUCKETS: i64 = 64;
 /// Policies are spread over this many partitions. Part of the stored data: changing it needs a

@@ -19,7 +19,6 @@ use super::statements::{
     RenewShardValues, UsedRow, USED_PART,
 };
 use super::ScyllaStore;
-use crate::cql::lwt_applied;
 use crate::store::lease::{pick_shard, ttl_secs, Claim, LeaseStore, Member, Roster};
 use crate::store::{StoreError, StoreResult};
 
@@ -28,20 +27,6 @@ use crate::store::{StoreError, StoreResult};
 const MAX_CLAIM_ATTEMPTS: usize = 16;
 
 impl ScyllaStore {
-    async fn conditional(
-        &self,
-        st: &scylla::statement::prepared::PreparedStatement,
-        values: impl scylla::serialize::row::SerializeRow,
-    ) -> StoreResult<bool> {
-        let res = self
-            .session
-            .execute_unpaged(st, values)
-            .await
-            .map_err(|e| map_exec(e, Op::Write))?;
-        let rows = res.into_rows_result().map_err(internal)?;
-        lwt_applied(&rows).map_err(StoreError::Internal)
-    }
-
     async fn members(&self) -> StoreResult<Vec<Member>> {
         let res = self
             .session
@@ -64,7 +49,7 @@ impl ScyllaStore {
     async fn try_claim(&self, shard: i16, owner: &str, ttl: Duration) -> StoreResult<bool> {
         let now = CqlTimestamp(Utc::now().timestamp_millis());
         let values: ClaimShardValues<'_> = (shard, owner, now, ttl_secs(ttl));
-        let applied = self.conditional(&self.st.claim_shard, values).await?;
+        let applied = self.lwt(&self.st.claim_shard, values).await?;
         if applied {
             let used: MarkUsedValues = (USED_PART, shard);
             self.session
@@ -115,12 +100,12 @@ impl LeaseStore for ScyllaStore {
     async fn renew(&self, shard: i16, owner: &str, ttl: Duration) -> StoreResult<bool> {
         let now = CqlTimestamp(Utc::now().timestamp_millis());
         let values: RenewShardValues<'_> = (ttl_secs(ttl), owner, now, shard, owner);
-        self.conditional(&self.st.renew_shard, values).await
+        self.lwt(&self.st.renew_shard, values).await
     }
 
     async fn release(&self, shard: i16, owner: &str) -> StoreResult<bool> {
         let values: ReleaseShardValues<'_> = (shard, owner);
-        self.conditional(&self.st.release_shard, values).await
+        self.lwt(&self.st.release_shard, values).await
     }
 
     async fn roster(&self) -> StoreResult<Roster> {

@@ -21,13 +21,14 @@ use futures::stream::{self, StreamExt, TryStreamExt};
 use scylla::client::execution_profile::ExecutionProfile;
 use scylla::client::session::Session;
 use scylla::statement::batch::{Batch, BatchType};
+use scylla::statement::prepared::PreparedStatement;
 use scylla::statement::SerialConsistency;
 use scylla::value::Counter;
 
 use super::errors::{combine_write_outcomes, internal, map_exec, map_new_session, Op};
 use super::partition::{epochs_of_range, group_increments, PartitionWrite};
 use super::statements::{BucketRow, IncrementValues, ReadBucketsValues, Statements};
-use crate::cql::{session_builder, ScyllaOptions};
+use crate::cql::{lwt_applied, session_builder, ScyllaOptions};
 use crate::store::{
     BucketTotal, CounterKey, CounterRange, CounterStore, Delta, PolicyStore, StoreError,
     StoreResult,
@@ -95,6 +96,21 @@ impl ScyllaStore {
         self.shard
             .store(write.map_or(-1, i32::from), Ordering::Relaxed);
         self.read_shards.store(Arc::new(read.to_vec()));
+    }
+
+    /// Runs a prepared lightweight transaction; returns its `[applied]`.
+    pub(super) async fn lwt(
+        &self,
+        st: &PreparedStatement,
+        values: impl scylla::serialize::row::SerializeRow,
+    ) -> StoreResult<bool> {
+        let res = self
+            .session
+            .execute_unpaged(st, values)
+            .await
+            .map_err(|e| map_exec(e, Op::Write))?;
+        let rows = res.into_rows_result().map_err(internal)?;
+        lwt_applied(&rows).map_err(StoreError::Internal)
     }
 
     async fn write_partition(&self, p: &PartitionWrite, shard: i16) -> StoreResult<()> {

@@ -101,7 +101,7 @@ fn comma_list<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> 
     })
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ServerSettings {
     /// Listen address.
@@ -145,7 +145,7 @@ pub enum StoreKind {
     Scylla,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct StoreSettings {
     pub kind: StoreKind,
@@ -198,7 +198,7 @@ impl Default for StoreSettings {
     }
 }
 
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AuthSettings {
     /// Bearer token for the admin API; a random one is made (and logged once) when empty and
@@ -222,7 +222,7 @@ pub enum Role {
     Check,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TokenSettings {
     /// A name for logs (never the token).
@@ -236,7 +236,7 @@ pub struct TokenSettings {
     pub tenants: Option<Vec<String>>,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SyncSettings {
     /// How often admitted hits are written to the store.
@@ -260,7 +260,7 @@ impl Default for SyncSettings {
     }
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct QuotaSettings {
     /// A policy change made elsewhere is enforced here within this time.
@@ -278,7 +278,7 @@ impl Default for QuotaSettings {
     }
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LimiterSettings {
     /// Lock shards of the in-memory counters.
@@ -302,14 +302,14 @@ impl Default for LimiterSettings {
     }
 }
 
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct MetricsSettings {
     /// Adds `quotad_tenant_checks_total{tenant,decision}`. Off by default: one series per tenant.
     pub tenant_labels: bool,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LogSettings {
     /// A tracing filter, e.g. `info` or `quotad=debug,info`.
@@ -324,7 +324,7 @@ impl Default for LogSettings {
     }
 }
 
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Settings {
     pub server: ServerSettings,
@@ -385,8 +385,18 @@ impl Settings {
         Ok(s)
     }
 
+    /// Checks what deserializing cannot: ranges, addresses, names, tokens, the default policy.
+    /// The first bad value stops start-up with a message that names its key.
     fn validate(&self) -> Result<(), ConfigError> {
-        let bad = |k: &str, why: String| Err(ConfigError(format!("{k}: {why}")));
+        self.validate_server()?;
+        self.validate_store()?;
+        self.validate_limits()?;
+        self.validate_tokens()?;
+        self.default_policy()?;
+        Ok(())
+    }
+
+    fn validate_server(&self) -> Result<(), ConfigError> {
         if self.server.bind.parse::<SocketAddr>().is_err() {
             return bad(
                 "server.bind",
@@ -405,31 +415,25 @@ impl Settings {
                 format!("must be 1024..={HEADER_BYTES_CEILING}"),
             );
         }
-        if self.sync.interval_ms.0 == 0 {
-            return bad("sync.interval_ms", "must be more than 0".into());
+        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
+            return bad("log.level", e.to_string());
         }
-        if self.quotas.refresh_ms.0 == 0 {
-            return bad("quotas.refresh_ms", "must be more than 0".into());
-        }
-        if self.store.timeout_ms.0 == 0 {
+        Ok(())
+    }
+
+    fn validate_store(&self) -> Result<(), ConfigError> {
+        let st = &self.store;
+        if st.timeout_ms.0 == 0 {
             return bad("store.timeout_ms", "must be more than 0".into());
         }
-        if self.limiter.shards == 0 || self.limiter.shards > 65_536 {
-            return bad("limiter.shards", "must be 1..=65536".into());
+        // Only the scylla driver uses it; named here so the message names the setting.
+        if st.kind == StoreKind::Scylla && st.request_timeout_ms.0 == 0 {
+            return bad("store.request_timeout_ms", "must be more than 0".into());
         }
-        if !(1..=1 << 20).contains(&self.store.cache_mb) {
+        if !(1..=1 << 20).contains(&st.cache_mb) {
             return bad("store.cache_mb", "must be 1..=1048576 (MiB)".into());
         }
-        if self.limiter.max_counters == 0 {
-            return bad("limiter.max_counters", "must be at least 1".into());
-        }
-        if self.limiter.max_clients_per_tenant == 0 {
-            return bad(
-                "limiter.max_clients_per_tenant",
-                "must be at least 1".into(),
-            );
-        }
-        let ks = &self.store.keyspace;
+        let ks = &st.keyspace;
         if ks.is_empty()
             || ks.len() > 48
             || !ks.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'_')
@@ -440,21 +444,45 @@ impl Settings {
                 format!("{ks:?} must be 1 to 48 letters, digits or _, starting with a letter"),
             );
         }
-        if self.store.shards < 1 || self.store.shard < 0 || self.store.shard >= self.store.shards {
+        if st.shards < 1 || st.shard < 0 || st.shard >= st.shards {
             return bad(
                 "store.shard",
                 format!(
                     "shard {} must be in 0..store.shards ({})",
-                    self.store.shard, self.store.shards
+                    st.shard, st.shards
                 ),
             );
         }
-        if self.store.kind == StoreKind::Scylla && self.store.nodes.is_empty() {
+        if st.kind == StoreKind::Scylla && st.nodes.is_empty() {
             return bad("store.nodes", "at least one host:port is needed".into());
         }
-        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
-            return bad("log.level", e.to_string());
+        Ok(())
+    }
+
+    /// Intervals and the limiter's memory bounds.
+    fn validate_limits(&self) -> Result<(), ConfigError> {
+        if self.sync.interval_ms.0 == 0 {
+            return bad("sync.interval_ms", "must be more than 0".into());
         }
+        if self.quotas.refresh_ms.0 == 0 {
+            return bad("quotas.refresh_ms", "must be more than 0".into());
+        }
+        if self.limiter.shards == 0 || self.limiter.shards > 65_536 {
+            return bad("limiter.shards", "must be 1..=65536".into());
+        }
+        if self.limiter.max_counters == 0 {
+            return bad("limiter.max_counters", "must be at least 1".into());
+        }
+        if self.limiter.max_clients_per_tenant == 0 {
+            return bad(
+                "limiter.max_clients_per_tenant",
+                "must be at least 1".into(),
+            );
+        }
+        Ok(())
+    }
+
+    fn validate_tokens(&self) -> Result<(), ConfigError> {
         for (i, t) in self.auth.tokens.iter().enumerate() {
             let k = format!("auth.tokens[{i}]");
             if t.sha256.len() != 64 || hex::decode(&t.sha256).is_err() {
@@ -484,7 +512,6 @@ impl Settings {
                 }
             }
         }
-        self.default_policy()?;
         Ok(())
     }
 
@@ -499,6 +526,11 @@ impl Settings {
             })
             .transpose()
     }
+}
+
+/// A bad value: the key, and why.
+fn bad(key: &str, why: String) -> Result<(), ConfigError> {
+    Err(ConfigError(format!("{key}: {why}")))
 }
 
 #[cfg(test)]
@@ -661,5 +693,36 @@ mod tests {
         let e = Settings::load_from(Some(&f), env(&[])).unwrap_err().0;
         assert!(e.contains("quotas.default.limits[0].max"), "{e}");
         assert!(Settings::load_from(Some(Path::new("/no/such.toml")), env(&[])).is_err());
+    }
+
+    #[test]
+    fn config_default_toml_is_the_built_in_defaults() {
+        // The file spells the defaults out for operators; the `Default` impls are the source.
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(DEFAULT_FILE);
+        let from_file: Settings = config::Config::builder()
+            .add_source(config::File::from(path.as_path()).required(true))
+            .build()
+            .unwrap()
+            .try_deserialize()
+            .unwrap();
+        assert_eq!(from_file, Settings::default());
+        assert_eq!(
+            Settings::load_from(None, env(&[])).unwrap(),
+            Settings::default()
+        );
+    }
+
+    #[test]
+    fn a_zero_request_timeout_is_named() {
+        let e = Settings::load_from(
+            None,
+            env(&[
+                ("QUOTAD__STORE__KIND", "scylla"),
+                ("QUOTAD__STORE__REQUEST_TIMEOUT_MS", "0"),
+            ]),
+        )
+        .unwrap_err()
+        .0;
+        assert!(e.starts_with("store.request_timeout_ms:"), "{e}");
     }
 }

@@ -71,7 +71,6 @@ pub struct Application {
     port: u16,
     server: Server,
     admin_token: String,
-    limiter: Arc<Limiter>,
     shutdown: watch::Sender<bool>,
     sync: JoinHandle<u64>,
     refresh: JoinHandle<()>,
@@ -123,7 +122,7 @@ impl Application {
         let (server, port) = http_server(&settings, state)?;
 
         let (shutdown, rx) = watch::channel(false);
-        let syncer = Syncer::new(limiter.clone(), metrics, sync_config(&settings));
+        let syncer = Syncer::new(limiter, metrics, sync_config(&settings));
         let sync = tokio::spawn(syncer.run(rx.clone()));
         let refresh = tokio::spawn(policies.run(settings.quotas.refresh_ms.get(), rx));
         tracing::info!(port, store = store.kind(), "quotad listening");
@@ -131,7 +130,6 @@ impl Application {
             port,
             server,
             admin_token,
-            limiter,
             shutdown,
             sync,
             refresh,
@@ -144,10 +142,6 @@ impl Application {
 
     pub fn admin_token(&self) -> &str {
         &self.admin_token
-    }
-
-    pub fn limiter(&self) -> &Arc<Limiter> {
-        &self.limiter
     }
 
     /// Stops the server gracefully (what SIGTERM does).

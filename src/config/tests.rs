@@ -80,6 +80,8 @@ fn unknown_keys_and_bad_values_are_named() {
         (("QUOTAD__SYNC__INTERVAL_MS", "soon"), "soon"),
         (("QUOTAD__NOPE__X", "1"), "nope"),
         (("QUOTAD__STORE__KEYSPACE", "bad-name"), "store.keyspace"),
+        // Unquoted CQL names are case-insensitive: one rule with `quotad migrate`, lowercase.
+        (("QUOTAD__STORE__KEYSPACE", "Quota"), "store.keyspace"),
         (("QUOTAD__LOG__LEVEL", "=[="), "log.level"),
         (("QUOTAD__STORE__CACHE_MB", "0"), "store.cache_mb"),
         (

@@ -55,16 +55,9 @@ impl Settings {
         if !(1..=1 << 20).contains(&st.cache_mb) {
             return bad("store.cache_mb", "must be 1..=1048576 (MiB)".into());
         }
-        let ks = &st.keyspace;
-        if ks.is_empty()
-            || ks.len() > 48
-            || !ks.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'_')
-            || !ks.as_bytes()[0].is_ascii_alphabetic()
-        {
-            return bad(
-                "store.keyspace",
-                format!("{ks:?} must be 1 to 48 letters, digits or _, starting with a letter"),
-            );
+        // The one keyspace rule, shared with `quotad migrate` and the store.
+        if let Err(e) = crate::cql::validate_keyspace(&st.keyspace) {
+            return bad("store.keyspace", e);
         }
         if st.shards < 1 || st.shard < 0 || st.shard >= st.shards {
             return bad(

@@ -4,10 +4,38 @@
 //! Tenant and client ids never become labels unless `metrics.tenant_labels` is on: label
 //! cardinality would otherwise grow with every id a caller invents.
 
+use prometheus::core::Collector;
 use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
+
+/// Buckets of the check duration, seconds: a check decided in memory takes microseconds.
+const CHECK_SECONDS: [f64; 15] = [
+    0.000_005, 0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005,
+    0.01, 0.025, 0.05, 0.1, 0.25,
+];
+/// Buckets of a store operation's duration, seconds.
+const STORE_SECONDS: [f64; 14] = [
+    0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+];
+
+// The names and help texts are fixed, so building a metric cannot fail.
+fn counter(name: &str, help: &str) -> IntCounter {
+    IntCounter::new(name, help).expect("valid metric")
+}
+
+fn counter_vec(name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric")
+}
+
+fn gauge(name: &str, help: &str) -> IntGauge {
+    IntGauge::new(name, help).expect("valid metric")
+}
+
+fn histogram(name: &str, help: &str, buckets: Vec<f64>) -> Histogram {
+    Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets)).expect("valid metric")
+}
 
 pub struct Metrics {
     registry: Registry,
@@ -113,140 +141,108 @@ impl DecisionLabel {
 impl Metrics {
     pub fn new(tenant_labels: bool) -> Self {
         let registry = Registry::new();
-        let checks = IntCounterVec::new(
-            Opts::new("quotad_checks_total", "Checks decided, by decision."),
+        let checks = counter_vec(
+            "quotad_checks_total",
+            "Checks decided, by decision.",
             &["decision"],
-        )
-        .expect("valid metric");
+        );
         let tenant_checks = tenant_labels.then(|| {
-            IntCounterVec::new(
-                Opts::new(
-                    "quotad_tenant_checks_total",
-                    "Checks decided, by tenant and decision (metrics.tenant_labels = true).",
-                ),
+            counter_vec(
+                "quotad_tenant_checks_total",
+                "Checks decided, by tenant and decision (metrics.tenant_labels = true).",
                 &["tenant", "decision"],
             )
-            .expect("valid metric")
         });
-        let check_duration = Histogram::with_opts(
-            HistogramOpts::new(
+        let m = Self {
+            decided: DecisionLabel::ALL.map(|d| checks.with_label_values(&[d.as_str()])),
+            tenant_checks,
+            check_duration: histogram(
                 "quotad_check_duration_seconds",
                 "Time to decide one check, from parsed request to answer.",
-            )
-            .buckets(vec![
-                0.000_005, 0.000_01, 0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001,
-                0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
-            ]),
-        )
-        .expect("valid metric");
-        let store_ops = IntCounterVec::new(
-            Opts::new(
+                CHECK_SECONDS.to_vec(),
+            ),
+            store_ops: counter_vec(
                 "quotad_store_operations_total",
                 "Store operations, by operation and outcome (ok, unavailable, uncertain, error, timeout).",
+                &["op", "outcome"],
             ),
-            &["op", "outcome"],
-        )
-        .expect("valid metric");
-        let store_duration = HistogramVec::new(
-            HistogramOpts::new(
-                "quotad_store_operation_duration_seconds",
-                "Store operation latency.",
+            store_duration: HistogramVec::new(
+                HistogramOpts::new(
+                    "quotad_store_operation_duration_seconds",
+                    "Store operation latency.",
+                )
+                .buckets(STORE_SECONDS.to_vec()),
+                &["op"],
             )
-            .buckets(vec![
-                0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
-                0.5, 1.0, 2.5,
-            ]),
-            &["op"],
-        )
-        .expect("valid metric");
-        let sync_pending = IntGauge::new(
-            "quotad_sync_pending_hits",
-            "Admitted hits held in memory, not yet written to the store.",
-        )
-        .expect("valid metric");
-        let active_counters = IntGauge::new(
-            "quotad_active_counters",
-            "Counters (key x limit) held in memory.",
-        )
-        .expect("valid metric");
-        let store_failure_decisions = IntCounterVec::new(
-            Opts::new(
+            .expect("valid metric"),
+            sync_pending: gauge(
+                "quotad_sync_pending_hits",
+                "Admitted hits held in memory, not yet written to the store.",
+            ),
+            active_counters: gauge(
+                "quotad_active_counters",
+                "Counters (key x limit) held in memory.",
+            ),
+            store_failure_decisions: counter_vec(
                 "quotad_store_failure_decisions_total",
                 "Checks decided while the store failed, by the policy's on_store_failure rule.",
+                &["rule"],
             ),
-            &["rule"],
-        )
-        .expect("valid metric");
-        let uncertain_hits = IntCounter::new(
-            "quotad_store_uncertain_hits_total",
-            "Hits in increments whose outcome is unknown (timed out after sending); never resent.",
-        )
-        .expect("valid metric");
-        let unsynced_hits_at_exit = IntGauge::new(
-            "quotad_unsynced_hits_at_exit",
-            "Admitted hits that could not be written before shutdown gave up.",
-        )
-        .expect("valid metric");
-        let compensation_failures = IntCounter::new(
-            "quotad_strict_compensation_failures_total",
-            "Strict-mode denials whose compensating decrement failed (the count errs high).",
-        )
-        .expect("valid metric");
-        let memory_cap_checks = IntCounterVec::new(
-            Opts::new(
+            uncertain_hits: counter(
+                "quotad_store_uncertain_hits_total",
+                "Hits in increments whose outcome is unknown (timed out after sending); never resent.",
+            ),
+            unsynced_hits_at_exit: gauge(
+                "quotad_unsynced_hits_at_exit",
+                "Admitted hits that could not be written before shutdown gave up.",
+            ),
+            compensation_failures: counter(
+                "quotad_strict_compensation_failures_total",
+                "Strict-mode denials whose compensating decrement failed (the count errs high).",
+            ),
+            memory_cap_checks: counter_vec(
                 "quotad_memory_cap_checks_total",
                 "Checks decided through the store, without a counter in memory, because a memory \
                  cap was reached (cap = counters | tenant_clients).",
+                &["cap"],
             ),
-            &["cap"],
-        )
-        .expect("valid metric");
-        for cap in ["counters", "tenant_clients"] {
-            memory_cap_checks.with_label_values(&[cap]);
-        }
-        let unrecorded_hits = IntCounter::new(
-            "quotad_unrecorded_hits_total",
-            "Hits admitted (on_store_failure = allow) that could be neither written to the \
-             failing store nor held in memory (at a memory cap); each is also logged.",
-        )
-        .expect("valid metric");
-        for c in [
-            Box::new(checks.clone()) as Box<dyn prometheus::core::Collector>,
-            Box::new(check_duration.clone()),
-            Box::new(store_ops.clone()),
-            Box::new(store_duration.clone()),
-            Box::new(sync_pending.clone()),
-            Box::new(active_counters.clone()),
-            Box::new(store_failure_decisions.clone()),
-            Box::new(uncertain_hits.clone()),
-            Box::new(unsynced_hits_at_exit.clone()),
-            Box::new(compensation_failures.clone()),
-            Box::new(memory_cap_checks.clone()),
-            Box::new(unrecorded_hits.clone()),
-        ] {
-            registry.register(c).expect("unique metric");
-        }
-        if let Some(t) = &tenant_checks {
-            registry
-                .register(Box::new(t.clone()))
-                .expect("unique metric");
-        }
-        Self {
-            decided: DecisionLabel::ALL.map(|d| checks.with_label_values(&[d.as_str()])),
-            tenant_checks,
-            check_duration,
-            store_ops,
-            store_duration,
-            sync_pending,
-            active_counters,
-            store_failure_decisions,
-            uncertain_hits,
-            unsynced_hits_at_exit,
-            compensation_failures,
-            memory_cap_checks,
-            unrecorded_hits,
+            unrecorded_hits: counter(
+                "quotad_unrecorded_hits_total",
+                "Hits admitted (on_store_failure = allow) that could be neither written to the \
+                 failing store nor held in memory (at a memory cap); each is also logged.",
+            ),
             fleet: FleetMetrics::new(&registry),
             registry,
+        };
+        // Both caps are exported from the start, at zero, so an alert can watch them.
+        for cap in ["counters", "tenant_clients"] {
+            m.memory_cap_checks.with_label_values(&[cap]);
+        }
+        m.register(checks);
+        m
+    }
+
+    /// Registers every metric (`checks` is held only through its resolved children).
+    fn register(&self, checks: IntCounterVec) {
+        let mut all: Vec<Box<dyn Collector>> = vec![
+            Box::new(checks),
+            Box::new(self.check_duration.clone()),
+            Box::new(self.store_ops.clone()),
+            Box::new(self.store_duration.clone()),
+            Box::new(self.sync_pending.clone()),
+            Box::new(self.active_counters.clone()),
+            Box::new(self.store_failure_decisions.clone()),
+            Box::new(self.uncertain_hits.clone()),
+            Box::new(self.unsynced_hits_at_exit.clone()),
+            Box::new(self.compensation_failures.clone()),
+            Box::new(self.memory_cap_checks.clone()),
+            Box::new(self.unrecorded_hits.clone()),
+        ];
+        if let Some(t) = &self.tenant_checks {
+            all.push(Box::new(t.clone()));
+        }
+        for c in all {
+            self.registry.register(c).expect("unique metric");
         }
     }
 

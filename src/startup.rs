@@ -70,7 +70,6 @@ pub struct Application {
     port: u16,
     server: Server,
     admin_token: String,
-    limiter: Arc<Limiter>,
     shutdown: watch::Sender<bool>,
     sync: JoinHandle<u64>,
     refresh: JoinHandle<()>,
@@ -100,15 +99,7 @@ impl Application {
             store.clone(),
             clock,
             metrics.clone(),
-            LimiterConfig {
-                shards: settings.limiter.shards,
-                idle_ms: settings.limiter.idle_ms.0 as i64,
-                store_timeout: settings.store.timeout_ms.get(),
-                fleet: membership.clone(),
-                sync_interval_ms: settings.sync.interval_ms.0 as i64,
-                max_counters: settings.limiter.max_counters,
-                max_clients_per_tenant: settings.limiter.max_clients_per_tenant,
-            },
+            limiter_config(&settings, membership.clone()),
         ));
         let default_policy = settings
             .default_policy()
@@ -119,18 +110,12 @@ impl Application {
             .await
             .map_err(|e| StartError(format!("loading policies: {e}")))?;
 
-        let mut admin_token = settings.auth.admin_token.expose().to_owned();
-        let scoped = &settings.auth.tokens;
-        if admin_token.is_empty() && !scoped.iter().any(|t| t.role == Role::Admin) {
-            admin_token = random_token();
-            // Logged once, on purpose: the admin API is never open by accident, and the
-            // operator who started the process can still use it.
-            tracing::warn!(
-                admin_token = %admin_token,
-                "no admin token configured; generated one for this run"
-            );
-        }
-        let auth = Auth::new(&admin_token, settings.auth.check_token.expose(), scoped);
+        let admin_token = admin_token(&settings);
+        let auth = Auth::new(
+            &admin_token,
+            settings.auth.check_token.expose(),
+            &settings.auth.tokens,
+        );
         let state = AppState {
             limiter: limiter.clone(),
             policies: policies.clone(),
@@ -140,50 +125,10 @@ impl Application {
             store_timeout: settings.store.timeout_ms.get(),
             fleet: membership,
         };
-
-        let listener = TcpListener::bind(&settings.server.bind)
-            .map_err(|e| StartError(format!("cannot listen on {}: {e}", settings.server.bind)))?;
-        let port = listener
-            .local_addr()
-            .map_err(|e| StartError(e.to_string()))?
-            .port();
-        let data = web::Data::new(state);
-        let max_header_bytes = settings.server.max_header_bytes;
-        let mut server = HttpServer::new(move || {
-            App::new()
-                .wrap(middleware::from_fn(move |req, next| {
-                    api::limit_header_bytes(max_header_bytes, req, next)
-                }))
-                .app_data(data.clone())
-                .app_data(api::query_config())
-                .configure(api::routes)
-        })
-        .keep_alive(settings.server.keep_alive_ms.get())
-        .client_request_timeout(settings.server.request_timeout_ms.get())
-        .max_connections(settings.server.max_connections)
-        .shutdown_timeout(settings.server.shutdown_timeout_ms.get().as_secs().max(1));
-        if settings.server.workers > 0 {
-            server = server.workers(settings.server.workers);
-        }
-        let server = server
-            .listen(listener)
-            .map_err(|e| StartError(format!("cannot serve: {e}")))?
-            .run();
+        let (server, port) = http_server(&settings, state)?;
 
         let (shutdown, rx) = watch::channel(false);
-        let syncer = Syncer::new(
-            limiter.clone(),
-            metrics,
-            SyncConfig {
-                interval: settings.sync.interval_ms.get(),
-                timeout: settings.sync.timeout_ms.get(),
-                janitor_interval: settings.sync.janitor_interval_ms.get(),
-                janitor_budget: 10_000,
-                drain_timeout: settings.sync.drain_timeout_ms.get(),
-                // A tenth of the interval: enough for the fleet's writes of a tick to land.
-                settle: settings.sync.interval_ms.get() / 10,
-            },
-        );
+        let syncer = Syncer::new(limiter, metrics, sync_config(&settings));
         let sync = tokio::spawn(syncer.run(rx.clone()));
         let refresh = tokio::spawn(policies.run(settings.quotas.refresh_ms.get(), rx));
         let fleet = fleet.map(|f| {
@@ -195,7 +140,6 @@ impl Application {
             port,
             server,
             admin_token,
-            limiter,
             shutdown,
             sync,
             refresh,
@@ -209,10 +153,6 @@ impl Application {
 
     pub fn admin_token(&self) -> &str {
         &self.admin_token
-    }
-
-    pub fn limiter(&self) -> &Arc<Limiter> {
-        &self.limiter
     }
 
     /// Stops the server gracefully (what SIGTERM does).
@@ -267,4 +207,78 @@ async fn join_fleet(
 fn random_token() -> String {
     let bytes: [u8; 32] = rand::random();
     hex::encode(bytes)
+}
+
+fn limiter_config(settings: &Settings, fleet: Arc<Membership>) -> LimiterConfig {
+    LimiterConfig {
+        shards: settings.limiter.shards,
+        idle_ms: settings.limiter.idle_ms.0 as i64,
+        store_timeout: settings.store.timeout_ms.get(),
+        fleet,
+        sync_interval_ms: settings.sync.interval_ms.0 as i64,
+        max_counters: settings.limiter.max_counters,
+        max_clients_per_tenant: settings.limiter.max_clients_per_tenant,
+    }
+}
+
+/// The configured admin token; without one (and without a scoped admin token), a random one.
+fn admin_token(settings: &Settings) -> String {
+    let configured = settings.auth.admin_token.expose();
+    let scoped_admin = settings.auth.tokens.iter().any(|t| t.role == Role::Admin);
+    if !configured.is_empty() || scoped_admin {
+        return configured.to_owned();
+    }
+    let token = random_token();
+    // Logged once, on purpose: the admin API is never open by accident, and the operator who
+    // started the process can still use it.
+    tracing::warn!(
+        admin_token = %token,
+        "no admin token configured; generated one for this run"
+    );
+    token
+}
+
+/// Binds the listener (port 0 picks a free one) and starts the HTTP server on it.
+fn http_server(settings: &Settings, state: AppState) -> Result<(Server, u16), StartError> {
+    let listener = TcpListener::bind(&settings.server.bind)
+        .map_err(|e| StartError(format!("cannot listen on {}: {e}", settings.server.bind)))?;
+    let port = listener
+        .local_addr()
+        .map_err(|e| StartError(e.to_string()))?
+        .port();
+    let data = web::Data::new(state);
+    let max_header_bytes = settings.server.max_header_bytes;
+    let mut server = HttpServer::new(move || {
+        App::new()
+            .wrap(middleware::from_fn(move |req, next| {
+                api::limit_header_bytes(max_header_bytes, req, next)
+            }))
+            .app_data(data.clone())
+            .app_data(api::query_config())
+            .configure(api::routes)
+    })
+    .keep_alive(settings.server.keep_alive_ms.get())
+    .client_request_timeout(settings.server.request_timeout_ms.get())
+    .max_connections(settings.server.max_connections)
+    .shutdown_timeout(settings.server.shutdown_timeout_ms.get().as_secs().max(1));
+    if settings.server.workers > 0 {
+        server = server.workers(settings.server.workers);
+    }
+    let server = server
+        .listen(listener)
+        .map_err(|e| StartError(format!("cannot serve: {e}")))?
+        .run();
+    Ok((server, port))
+}
+
+fn sync_config(settings: &Settings) -> SyncConfig {
+    SyncConfig {
+        interval: settings.sync.interval_ms.get(),
+        timeout: settings.sync.timeout_ms.get(),
+        janitor_interval: settings.sync.janitor_interval_ms.get(),
+        janitor_budget: 10_000,
+        drain_timeout: settings.sync.drain_timeout_ms.get(),
+        // A tenth of the interval: enough for the fleet's writes of a tick to land.
+        settle: settings.sync.interval_ms.get() / 10,
+    }
 }

@@ -46,11 +46,7 @@ impl Limiter {
     ) -> Decision {
         tracing::warn!(error = %e, rule = ?policy.on_store_failure, "store failed on the check path");
         let rule = policy.on_store_failure;
-        self.metrics.store_failure_decision(match rule {
-            OnStoreFailure::Local => "local",
-            OnStoreFailure::Allow => "allow",
-            OnStoreFailure::Deny => "deny",
-        });
+        self.metrics.store_failure_decision(rule.as_str());
         let mut d = match rule {
             OnStoreFailure::Deny => self.without_memory(policy, limits, input, rule),
             OnStoreFailure::Local | OnStoreFailure::Allow => {

@@ -1,0 +1,43 @@
+//! The `auth` section: the admin and check tokens, and scoped tokens with a role.
+
+use serde::Deserialize;
+
+use super::Secret;
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthSettings {
+    /// Bearer token for the admin API; a random one is made (and logged once) when empty and
+    /// no `admin` entry is in `tokens`.
+    pub admin_token: Secret,
+    /// Bearer token for `/v1/check`; empty (and no `check` entry in `tokens`) = checks need none.
+    pub check_token: Secret,
+    /// Tokens with a role and optionally a tenant scope, stored as SHA-256 hashes
+    /// (`quotad hash-token` prints one).
+    pub tokens: Vec<TokenSettings>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// Everything, for every tenant.
+    Admin,
+    /// Manage and read the listed tenants' quotas and usage (and check them).
+    TenantAdmin,
+    /// Call `/v1/check` for the listed tenants (all when none are listed).
+    Check,
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenSettings {
+    /// A name for logs (never the token).
+    #[serde(default)]
+    pub name: String,
+    /// Hex SHA-256 of the token.
+    pub sha256: String,
+    pub role: Role,
+    /// The tenants this token may act on; required for `tenant_admin`, optional for `check`.
+    #[serde(default)]
+    pub tenants: Option<Vec<String>>,
+}

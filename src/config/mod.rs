@@ -1,0 +1,88 @@
+//! Configuration: built-in defaults, then `config/default.toml` (if present), then the file
+//! given with `--config`, then environment variables `QUOTAD__<SECTION>__<KEY>`.
+//!
+//! Every section refuses unknown keys and every value is checked, so a typo or a bad value
+//! stops start-up with a message that names it. Durations read as `250ms`, `1s`, `10m` (a bare
+//! number is milliseconds). Secrets never print: `Secret` shows `***` in logs and debug output.
+
+use std::path::Path;
+
+use serde::Deserialize;
+
+mod auth;
+mod sections;
+mod validate;
+mod values;
+
+pub use auth::{AuthSettings, Role, TokenSettings};
+pub use sections::{
+    FleetSettings, LimiterSettings, LogSettings, MetricsSettings, QuotaSettings, ServerSettings,
+    StoreKind, StoreSettings, SyncSettings, HEADER_BYTES_CEILING,
+};
+pub use values::{DurationMs, Secret};
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Settings {
+    pub server: ServerSettings,
+    pub store: StoreSettings,
+    pub auth: AuthSettings,
+    pub sync: SyncSettings,
+    pub quotas: QuotaSettings,
+    pub limiter: LimiterSettings,
+    pub fleet: FleetSettings,
+    pub metrics: MetricsSettings,
+    pub log: LogSettings,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("configuration: {0}")]
+pub struct ConfigError(pub String);
+
+/// The file read first when it exists (relative to the working directory).
+pub const DEFAULT_FILE: &str = "config/default.toml";
+
+impl Settings {
+    /// Loads the layers; `file` is the `--config` argument.
+    pub fn load(file: Option<&Path>) -> Result<Settings, ConfigError> {
+        Self::load_from(file, std::env::vars())
+    }
+
+    /// As `load`, with the environment given (tests).
+    pub fn load_from(
+        file: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Settings, ConfigError> {
+        let mut b = config::Config::builder();
+        if Path::new(DEFAULT_FILE).exists() {
+            b = b.add_source(config::File::from(Path::new(DEFAULT_FILE)).required(true));
+        }
+        if let Some(f) = file {
+            if !f.exists() {
+                return Err(ConfigError(format!(
+                    "config file {} does not exist",
+                    f.display()
+                )));
+            }
+            b = b.add_source(config::File::from(f).required(true));
+        }
+        let vars: config::Map<String, String> = env
+            .into_iter()
+            .filter(|(k, _)| k.starts_with("QUOTAD__"))
+            .collect();
+        b = b.add_source(
+            config::Environment::with_prefix("QUOTAD")
+                .separator("__")
+                .source(Some(vars)),
+        );
+        let c = b.build().map_err(|e| ConfigError(e.to_string()))?;
+        let s: Settings = c
+            .try_deserialize()
+            .map_err(|e| ConfigError(e.to_string()))?;
+        s.validate()?;
+        Ok(s)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,214 @@
+//! The sections of the configuration and their built-in defaults.
+//!
+//! The `Default` impls are the source of every default: `config/default.toml` spells the same
+//! values out for operators, and a test holds the two equal.
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+use super::values::comma_list;
+use super::{DurationMs, Secret};
+use crate::domain::PolicyDoc;
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerSettings {
+    /// Listen address.
+    pub bind: String,
+    /// HTTP worker threads; 0 = one per core.
+    pub workers: usize,
+    /// A client must send its whole request head within this time.
+    pub request_timeout_ms: DurationMs,
+    /// Idle keep-alive connections close after this.
+    pub keep_alive_ms: DurationMs,
+    /// Most open connections per worker.
+    pub max_connections: usize,
+    /// In-flight requests get this long to finish at shutdown.
+    pub shutdown_timeout_ms: DurationMs,
+    /// Most bytes of request header fields, counted as `name: value\r\n` each; more gets 431.
+    pub max_header_bytes: usize,
+}
+
+/// The most `server.max_header_bytes` may be: actix-http refuses a request head (request line and
+/// header fields) of 128 KiB or more by itself, with a bare 431, before quotad sees it.
+pub const HEADER_BYTES_CEILING: usize = 128 * 1024;
+
+impl Default for ServerSettings {
+    fn default() -> Self {
+        Self {
+            bind: "127.0.0.1:8080".into(),
+            workers: 0,
+            request_timeout_ms: DurationMs(5_000),
+            keep_alive_ms: DurationMs(5_000),
+            max_connections: 25_000,
+            shutdown_timeout_ms: DurationMs(10_000),
+            max_header_bytes: 16 * 1024,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StoreKind {
+    Embedded,
+    Scylla,
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StoreSettings {
+    pub kind: StoreKind,
+    /// Directory of the embedded store.
+    pub path: PathBuf,
+    /// Page cache of the embedded store, MiB.
+    pub cache_mb: usize,
+    /// Cassandra/Scylla contact points, `host:port`.
+    #[serde(deserialize_with = "comma_list")]
+    pub nodes: Vec<String>,
+    pub keyspace: String,
+    /// Deadline of a store call on the check path (first touch of a key, strict mode).
+    pub timeout_ms: DurationMs,
+    /// Cassandra/Scylla driver timeout of one request (sync batches included). A counter write
+    /// that runs out of it is uncertain and never resent.
+    pub request_timeout_ms: DurationMs,
+    /// Cassandra/Scylla consistency level, e.g. `local_quorum`, `quorum`, `one`.
+    pub consistency: String,
+    /// Pins this instance to one write shard (0..256). Unset (the default): it claims any free
+    /// shard through the store. A pin that a live instance holds stops start-up.
+    pub shard: Option<i16>,
+    /// Replication of the keyspace `quotad migrate` creates (a CQL map).
+    pub replication: String,
+    /// The local datacenter (set it with several: LOCAL_QUORUM is local to the coordinator).
+    pub local_dc: Option<String>,
+    /// Password authentication to Cassandra/Scylla, when both are set.
+    pub username: Option<String>,
+    pub password: Option<Secret>,
+}
+
+impl Default for StoreSettings {
+    fn default() -> Self {
+        Self {
+            kind: StoreKind::Embedded,
+            path: PathBuf::from("./data"),
+            cache_mb: 256,
+            nodes: vec!["127.0.0.1:9042".into()],
+            keyspace: "quota".into(),
+            timeout_ms: DurationMs(50),
+            request_timeout_ms: DurationMs(2_000),
+            consistency: "local_quorum".into(),
+            shard: None,
+            replication: "{'class': 'SimpleStrategy', 'replication_factor': 1}".into(),
+            local_dc: None,
+            username: None,
+            password: None,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SyncSettings {
+    /// How often admitted hits are written to the store.
+    pub interval_ms: DurationMs,
+    /// Deadline of one sync write or read.
+    pub timeout_ms: DurationMs,
+    /// How often the janitor deletes expired buckets.
+    pub janitor_interval_ms: DurationMs,
+    /// How long shutdown keeps trying to write pending hits.
+    pub drain_timeout_ms: DurationMs,
+}
+
+impl Default for SyncSettings {
+    fn default() -> Self {
+        Self {
+            interval_ms: DurationMs(250),
+            timeout_ms: DurationMs(5_000),
+            janitor_interval_ms: DurationMs(60_000),
+            drain_timeout_ms: DurationMs(10_000),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct QuotaSettings {
+    /// A policy change made elsewhere is enforced here within this time.
+    pub refresh_ms: DurationMs,
+    /// The policy of tenants that have none of their own (none: such tenants get 404).
+    pub default: Option<PolicyDoc>,
+}
+
+impl Default for QuotaSettings {
+    fn default() -> Self {
+        Self {
+            refresh_ms: DurationMs(1_000),
+            default: None,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LimiterSettings {
+    /// Lock shards of the in-memory counters.
+    pub shards: usize,
+    /// Counters untouched this long leave memory (and are re-read from the store on next use).
+    pub idle_ms: DurationMs,
+    /// Most counters (key x limit) held in memory; checks needing more go to the store.
+    pub max_counters: usize,
+    /// Most distinct clients of one tenant held in memory; the same beyond it.
+    pub max_clients_per_tenant: usize,
+}
+
+impl Default for LimiterSettings {
+    fn default() -> Self {
+        Self {
+            shards: 64,
+            idle_ms: DurationMs(60_000),
+            max_counters: 1_000_000,
+            max_clients_per_tenant: 100_000,
+        }
+    }
+}
+
+/// Fleet membership on the scylla store (`crate::fleet`).
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FleetSettings {
+    /// How often an instance renews its shard lease and reads who else is live.
+    pub heartbeat_ms: DurationMs,
+    /// How long a lease lives unrenewed: a killed instance leaves N this long after it died.
+    pub lease_ttl_ms: DurationMs,
+}
+
+impl Default for FleetSettings {
+    fn default() -> Self {
+        Self {
+            heartbeat_ms: DurationMs(1_000),
+            lease_ttl_ms: DurationMs(5_000),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetricsSettings {
+    /// Adds `quotad_tenant_checks_total{tenant,decision}`. Off by default: one series per tenant.
+    pub tenant_labels: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogSettings {
+    /// A tracing filter, e.g. `info` or `quotad=debug,info`.
+    pub level: String,
+}
+
+impl Default for LogSettings {
+    fn default() -> Self {
+        Self {
+            level: "info".into(),
+        }
+    }
+}

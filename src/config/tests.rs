@@ -1,0 +1,200 @@
+use std::path::Path;
+
+use super::*;
+
+fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+#[test]
+fn defaults_serve_on_8080_with_the_embedded_store() {
+    let s = Settings::load_from(None, env(&[])).unwrap();
+    assert_eq!(s.server.bind, "127.0.0.1:8080");
+    assert_eq!(s.store.kind, StoreKind::Embedded);
+    assert_eq!(s.store.keyspace, "quota");
+}
+
+#[test]
+fn the_contract_environment_variables_work() {
+    let s = Settings::load_from(
+        None,
+        env(&[
+            ("QUOTAD__SERVER__BIND", "127.0.0.1:18080"),
+            ("QUOTAD__STORE__KIND", "scylla"),
+            ("QUOTAD__STORE__PATH", "/tmp/q"),
+            ("QUOTAD__STORE__NODES", "10.0.0.1:9042, 10.0.0.2:9042"),
+            ("QUOTAD__STORE__KEYSPACE", "quota_test"),
+            ("QUOTAD__AUTH__ADMIN_TOKEN", "s3cret"),
+            ("QUOTAD__AUTH__CHECK_TOKEN", "c"),
+            ("QUOTAD__SYNC__INTERVAL_MS", "500"),
+            ("QUOTAD_TEST_SCYLLA_NODES", "ignored: single underscore"),
+        ]),
+    )
+    .unwrap();
+    assert_eq!(s.server.bind, "127.0.0.1:18080");
+    assert_eq!(s.store.kind, StoreKind::Scylla);
+    assert_eq!(s.store.nodes, vec!["10.0.0.1:9042", "10.0.0.2:9042"]);
+    assert_eq!(s.auth.admin_token.expose(), "s3cret");
+    assert_eq!(s.sync.interval_ms, DurationMs(500));
+    assert!(!format!("{s:?}").contains("s3cret"), "secret printed");
+}
+
+#[test]
+fn the_header_limit_defaults_to_16_kib_and_reads_from_the_environment() {
+    let s = Settings::load_from(None, env(&[])).unwrap();
+    assert_eq!(s.server.max_header_bytes, 16_384);
+    let s =
+        Settings::load_from(None, env(&[("QUOTAD__SERVER__MAX_HEADER_BYTES", "8192")])).unwrap();
+    assert_eq!(s.server.max_header_bytes, 8192);
+    let e = Settings::load_from(None, env(&[("QUOTAD__SERVER__MAX_HEADER_BYTES", "131073")]))
+        .unwrap_err()
+        .0;
+    assert!(e.contains("server.max_header_bytes"), "{e}");
+}
+
+#[test]
+fn durations_read_as_units() {
+    let s = Settings::load_from(None, env(&[("QUOTAD__SYNC__INTERVAL_MS", "1s")])).unwrap();
+    assert_eq!(s.sync.interval_ms, DurationMs(1000));
+    let s = Settings::load_from(None, env(&[("QUOTAD__QUOTAS__REFRESH_MS", "10m")])).unwrap();
+    assert_eq!(s.quotas.refresh_ms, DurationMs(600_000));
+}
+
+#[test]
+fn unknown_keys_and_bad_values_are_named() {
+    let cases = [
+        (("QUOTAD__SERVER__BINDD", "x"), "bindd"),
+        (("QUOTAD__SERVER__BIND", "nowhere"), "server.bind"),
+        (
+            ("QUOTAD__SERVER__MAX_HEADER_BYTES", "16"),
+            "server.max_header_bytes",
+        ),
+        (
+            ("QUOTAD__SERVER__MAX_HEADER_BYTES", "1MiB"),
+            "max_header_bytes",
+        ),
+        (("QUOTAD__STORE__KIND", "redis"), "redis"),
+        (("QUOTAD__SYNC__INTERVAL_MS", "soon"), "soon"),
+        (("QUOTAD__NOPE__X", "1"), "nope"),
+        (("QUOTAD__STORE__KEYSPACE", "bad-name"), "store.keyspace"),
+        // Unquoted CQL names are case-insensitive: one rule with `quotad migrate`, lowercase.
+        (("QUOTAD__STORE__KEYSPACE", "Quota"), "store.keyspace"),
+        (("QUOTAD__LOG__LEVEL", "=[="), "log.level"),
+        (("QUOTAD__STORE__SHARD", "256"), "store.shard"),
+        (("QUOTAD__STORE__SHARDS", "3"), "shards"),
+        (("QUOTAD__FLEET__HEARTBEAT_MS", "0"), "fleet.heartbeat_ms"),
+        (
+            ("QUOTAD__FLEET__LEASE_TTL_MS", "1500ms"),
+            "fleet.lease_ttl_ms",
+        ),
+        (("QUOTAD__STORE__CACHE_MB", "0"), "store.cache_mb"),
+        (
+            ("QUOTAD__LIMITER__MAX_COUNTERS", "0"),
+            "limiter.max_counters",
+        ),
+        (
+            ("QUOTAD__LIMITER__MAX_CLIENTS_PER_TENANT", "0"),
+            "limiter.max_clients_per_tenant",
+        ),
+    ];
+    for ((k, v), needle) in cases {
+        let e = Settings::load_from(None, env(&[(k, v)])).unwrap_err().0;
+        assert!(e.contains(needle), "{k}={v}: {e}");
+    }
+}
+
+#[test]
+fn scoped_tokens_are_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("t.toml");
+    let h = "a".repeat(64);
+    std::fs::write(
+        &f,
+        format!(
+            "[[auth.tokens]]\nsha256 = \"{h}\"\nrole = \"tenant_admin\"\ntenants = [\"acme\"]\n\
+             [[auth.tokens]]\nsha256 = \"{h}\"\nrole = \"check\"\n"
+        ),
+    )
+    .unwrap();
+    let s = Settings::load_from(Some(&f), env(&[])).unwrap();
+    assert_eq!(s.auth.tokens.len(), 2);
+    assert_eq!(s.auth.tokens[0].role, Role::TenantAdmin);
+    for (body, needle) in [
+        (
+            "sha256 = \"xyz\"\nrole = \"admin\"",
+            "auth.tokens[0].sha256",
+        ),
+        (
+            &format!("sha256 = \"{h}\"\nrole = \"tenant_admin\""),
+            "auth.tokens[0].tenants",
+        ),
+        (&format!("sha256 = \"{h}\"\nrole = \"root\""), "root"),
+        (
+            &format!("sha256 = \"{h}\"\nrole = \"check\"\ntenants = [\"a b\"]"),
+            "auth.tokens[0].tenants",
+        ),
+    ] {
+        std::fs::write(&f, format!("[[auth.tokens]]\n{body}\n")).unwrap();
+        let e = Settings::load_from(Some(&f), env(&[])).unwrap_err().0;
+        assert!(e.contains(needle), "{body}: {e}");
+    }
+}
+
+#[test]
+fn files_layer_under_the_environment_and_default_policies_are_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("q.toml");
+    std::fs::write(
+        &f,
+        "[server]\nbind = \"127.0.0.1:9999\"\n[sync]\ninterval_ms = \"250ms\"\n\
+         [quotas.default]\nlimits = [{ id = \"a\", max = 5, window = \"1s\" }]\n",
+    )
+    .unwrap();
+    let s = Settings::load_from(Some(&f), env(&[])).unwrap();
+    assert_eq!(s.server.bind, "127.0.0.1:9999");
+    assert!(s.default_policy().unwrap().is_some());
+    let s = Settings::load_from(Some(&f), env(&[("QUOTAD__SERVER__BIND", "127.0.0.1:1")])).unwrap();
+    assert_eq!(s.server.bind, "127.0.0.1:1");
+    std::fs::write(
+        &f,
+        "[quotas.default]\nlimits = [{ id = \"a\", max = 0, window = \"1s\" }]\n",
+    )
+    .unwrap();
+    let e = Settings::load_from(Some(&f), env(&[])).unwrap_err().0;
+    assert!(e.contains("quotas.default.limits[0].max"), "{e}");
+    assert!(Settings::load_from(Some(Path::new("/no/such.toml")), env(&[])).is_err());
+}
+
+#[test]
+fn config_default_toml_is_the_built_in_defaults() {
+    // The file spells the defaults out for operators; the `Default` impls are the source.
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(DEFAULT_FILE);
+    let from_file: Settings = config::Config::builder()
+        .add_source(config::File::from(path.as_path()).required(true))
+        .build()
+        .unwrap()
+        .try_deserialize()
+        .unwrap();
+    assert_eq!(from_file, Settings::default());
+    assert_eq!(
+        Settings::load_from(None, env(&[])).unwrap(),
+        Settings::default()
+    );
+}
+
+#[test]
+fn a_zero_request_timeout_is_named() {
+    let e = Settings::load_from(
+        None,
+        env(&[
+            ("QUOTAD__STORE__KIND", "scylla"),
+            ("QUOTAD__STORE__REQUEST_TIMEOUT_MS", "0"),
+        ]),
+    )
+    .unwrap_err()
+    .0;
+    assert!(e.starts_with("store.request_timeout_ms:"), "{e}");
+}

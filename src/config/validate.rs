@@ -1,0 +1,160 @@
+//! Checks of what deserializing cannot check: ranges, addresses, names, tokens and the
+//! default policy. The first bad value stops start-up with a message that names its key.
+
+use std::net::SocketAddr;
+
+use super::{ConfigError, Role, Settings, StoreKind, HEADER_BYTES_CEILING};
+use crate::domain::Policy;
+
+impl Settings {
+    /// Checks what deserializing cannot: ranges, addresses, names, tokens, the default policy.
+    /// The first bad value stops start-up with a message that names its key.
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_server()?;
+        self.validate_store()?;
+        self.validate_limits()?;
+        self.validate_tokens()?;
+        self.default_policy()?;
+        Ok(())
+    }
+
+    fn validate_server(&self) -> Result<(), ConfigError> {
+        if self.server.bind.parse::<SocketAddr>().is_err() {
+            return bad(
+                "server.bind",
+                format!(
+                    "{:?} is not an address such as 127.0.0.1:8080",
+                    self.server.bind
+                ),
+            );
+        }
+        if self.server.max_connections == 0 {
+            return bad("server.max_connections", "must be at least 1".into());
+        }
+        if !(1024..=HEADER_BYTES_CEILING).contains(&self.server.max_header_bytes) {
+            return bad(
+                "server.max_header_bytes",
+                format!("must be 1024..={HEADER_BYTES_CEILING}"),
+            );
+        }
+        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
+            return bad("log.level", e.to_string());
+        }
+        Ok(())
+    }
+
+    fn validate_store(&self) -> Result<(), ConfigError> {
+        let st = &self.store;
+        if st.timeout_ms.0 == 0 {
+            return bad("store.timeout_ms", "must be more than 0".into());
+        }
+        // Only the scylla driver uses it; named here so the message names the setting.
+        if st.kind == StoreKind::Scylla && st.request_timeout_ms.0 == 0 {
+            return bad("store.request_timeout_ms", "must be more than 0".into());
+        }
+        if !(1..=1 << 20).contains(&st.cache_mb) {
+            return bad("store.cache_mb", "must be 1..=1048576 (MiB)".into());
+        }
+        // The one keyspace rule, shared with `quotad migrate` and the store.
+        if let Err(e) = crate::cql::validate_keyspace(&st.keyspace) {
+            return bad("store.keyspace", e);
+        }
+        let max = crate::store::lease::MAX_SHARDS;
+        if let Some(s) = st.shard.filter(|s| !(0..max).contains(s)) {
+            return bad("store.shard", format!("{s} must be in 0..{max}"));
+        }
+        if st.kind == StoreKind::Scylla && st.nodes.is_empty() {
+            return bad("store.nodes", "at least one host:port is needed".into());
+        }
+        self.validate_fleet()
+    }
+
+    /// The lease heartbeat and lifetime: a lease must outlive a missed heartbeat, and CQL's
+    /// TTL counts whole seconds.
+    fn validate_fleet(&self) -> Result<(), ConfigError> {
+        let f = &self.fleet;
+        if f.heartbeat_ms.0 == 0 {
+            return bad("fleet.heartbeat_ms", "must be more than 0".into());
+        }
+        if f.lease_ttl_ms.0 < 1_000 || f.lease_ttl_ms.0 < 2 * f.heartbeat_ms.0 {
+            return bad(
+                "fleet.lease_ttl_ms",
+                "must be at least 1s and at least two heartbeats (fleet.heartbeat_ms)".into(),
+            );
+        }
+        Ok(())
+    }
+
+    /// Intervals and the limiter's memory bounds.
+    fn validate_limits(&self) -> Result<(), ConfigError> {
+        if self.sync.interval_ms.0 == 0 {
+            return bad("sync.interval_ms", "must be more than 0".into());
+        }
+        if self.quotas.refresh_ms.0 == 0 {
+            return bad("quotas.refresh_ms", "must be more than 0".into());
+        }
+        if self.limiter.shards == 0 || self.limiter.shards > 65_536 {
+            return bad("limiter.shards", "must be 1..=65536".into());
+        }
+        if self.limiter.max_counters == 0 {
+            return bad("limiter.max_counters", "must be at least 1".into());
+        }
+        if self.limiter.max_clients_per_tenant == 0 {
+            return bad(
+                "limiter.max_clients_per_tenant",
+                "must be at least 1".into(),
+            );
+        }
+        Ok(())
+    }
+
+    fn validate_tokens(&self) -> Result<(), ConfigError> {
+        for (i, t) in self.auth.tokens.iter().enumerate() {
+            let k = format!("auth.tokens[{i}]");
+            if t.sha256.len() != 64 || hex::decode(&t.sha256).is_err() {
+                return bad(
+                    &format!("{k}.sha256"),
+                    "must be 64 hex digits (quotad hash-token prints them)".into(),
+                );
+            }
+            match (&t.role, &t.tenants) {
+                (Role::TenantAdmin, None) => {
+                    return bad(
+                        &format!("{k}.tenants"),
+                        "a tenant_admin token needs tenants".into(),
+                    )
+                }
+                (Role::Admin, Some(_)) => {
+                    return bad(
+                        &format!("{k}.tenants"),
+                        "an admin token acts on every tenant; use tenant_admin to scope it".into(),
+                    )
+                }
+                _ => {}
+            }
+            for tenant in t.tenants.iter().flatten() {
+                if let Err(e) = crate::domain::TenantId::parse(tenant) {
+                    return bad(&format!("{k}.tenants"), e.message);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The configured default policy, validated.
+    pub fn default_policy(&self) -> Result<Option<Policy>, ConfigError> {
+        self.quotas
+            .default
+            .as_ref()
+            .map(|d| {
+                Policy::from_doc(d, false)
+                    .map_err(|e| ConfigError(format!("quotas.default.{}: {}", e.field, e.message)))
+            })
+            .transpose()
+    }
+}
+
+/// A bad value: the key, and why.
+fn bad(key: &str, why: String) -> Result<(), ConfigError> {
+    Err(ConfigError(format!("{key}: {why}")))
+}

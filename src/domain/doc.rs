@@ -1,0 +1,388 @@
+//! The JSON form of a policy (`PolicyDoc`), as admins send it and as it is stored, and its
+//! conversion to and from a validated `Policy`.
+//!
+//! A document keeps the enum fields as strings so that a bad value is reported by
+//! [`Policy::from_doc`] with the field's path (`limits[2].scope`) rather than as a serde error.
+//! Fields are checked in document order and the first error is returned: a 400 names one field.
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use super::cost::whole_u64;
+use super::{
+    format_duration_ms, parse_duration_ms, sliding_grain, Consistency, FieldError, Limit, LimitId,
+    LimitKind, Mode, OnStoreFailure, Period, Policy, ResourceMatch, Scope, MAX_LIMIT, MAX_LIMITS,
+    MAX_WINDOW_MS, MIN_WINDOW_MS,
+};
+
+/// The JSON form of a policy, as admins send it and as it is stored.
+///
+/// Unknown keys are refused: a typo such as `"windw"` must not silently turn a limit into
+/// something else.
+///
+/// The `schema` attributes state for the OpenAPI document what [`Policy::from_doc`] enforces.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(as = Policy)]
+pub struct PolicyDoc {
+    /// Ids unique. All the limits that apply to a check must admit it.
+    #[schema(min_items = 1, max_items = 16)]
+    pub limits: Vec<LimitDoc>,
+    /// Absent (or null): `enforce`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Mode>)]
+    pub mode: Option<String>,
+    /// Absent (or null): `cached`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Consistency>)]
+    pub consistency: Option<String>,
+    /// Absent (or null): `local`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<OnStoreFailure>)]
+    pub on_store_failure: Option<String>,
+}
+
+/// One limit: exactly one of `window` (sliding) or `period` (calendar-aligned, UTC). Optional
+/// fields may also be null, which reads as absent.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(as = Limit)]
+pub struct LimitDoc {
+    /// The limit's identity: counts follow the id.
+    #[schema(pattern = "^[A-Za-z0-9._~:@-]{1,128}$", example = "per-second")]
+    pub id: String,
+    #[schema(value_type = u64, minimum = 1, maximum = 9007199254740992.0, example = 100)]
+    pub max: serde_json::Number,
+    /// A sliding window from 1s to 31d, such as `1s`, `10m`, `1h 30m`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, example = "10m")]
+    pub window: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Period>)]
+    pub period: Option<String>,
+    /// Applies to checks whose resource equals this, or starts with it when it ends in `*`.
+    /// Absent (or null): applies to every check.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, pattern = "^[ -~]{1,256}$", example = "PUT /products/*")]
+    pub resource: Option<String>,
+    /// Absent (or null): `client`. A client override holds client-scoped limits only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Scope>)]
+    pub scope: Option<String>,
+}
+
+impl Policy {
+    /// Validates a policy document. `is_override` refuses tenant-scoped limits, which a single
+    /// client's override cannot meaningfully own.
+    pub fn from_doc(doc: &PolicyDoc, is_override: bool) -> Result<Policy, FieldError> {
+        Ok(Policy {
+            limits: parse_limits(&doc.limits, is_override)?,
+            mode: parse_named(doc.mode.as_deref(), "mode", Mode::from_name, Mode::expected)?,
+            consistency: parse_named(
+                doc.consistency.as_deref(),
+                "consistency",
+                Consistency::from_name,
+                Consistency::expected,
+            )?,
+            on_store_failure: parse_named(
+                doc.on_store_failure.as_deref(),
+                "on_store_failure",
+                OnStoreFailure::from_name,
+                OnStoreFailure::expected,
+            )?,
+        })
+    }
+
+    /// The canonical document of this policy, with every default spelled out.
+    pub fn to_doc(&self) -> PolicyDoc {
+        PolicyDoc {
+            limits: self.limits.iter().map(limit_doc).collect(),
+            mode: Some(self.mode.as_str().to_owned()),
+            consistency: Some(self.consistency.as_str().to_owned()),
+            on_store_failure: Some(self.on_store_failure.as_str().to_owned()),
+        }
+    }
+}
+
+/// The limits of a policy: 1 to `MAX_LIMITS`, ids unique.
+fn parse_limits(docs: &[LimitDoc], is_override: bool) -> Result<Vec<Limit>, FieldError> {
+    if docs.is_empty() || docs.len() > MAX_LIMITS {
+        return Err(FieldError::new(
+            "limits",
+            format!("a policy has 1 to {MAX_LIMITS} limits"),
+        ));
+    }
+    let mut limits: Vec<Limit> = Vec::with_capacity(docs.len());
+    for (i, l) in docs.iter().enumerate() {
+        let limit = parse_limit(l, &format!("limits[{i}]"), &limits, is_override)?;
+        limits.push(limit);
+    }
+    Ok(limits)
+}
+
+/// One limit, at path `at` (`limits[2]`); `earlier` are the limits before it.
+fn parse_limit(
+    l: &LimitDoc,
+    at: &str,
+    earlier: &[Limit],
+    is_override: bool,
+) -> Result<Limit, FieldError> {
+    let f = |name: &str| format!("{at}.{name}");
+    // A struct expression evaluates its fields in the order written: the order errors win in.
+    Ok(Limit {
+        id: parse_limit_id(&l.id, &f("id"), earlier)?,
+        max: parse_max(&l.max, &f("max"))?,
+        kind: parse_kind(l, at)?,
+        scope: parse_scope(l.scope.as_deref(), &f("scope"), is_override)?,
+        resource: l
+            .resource
+            .as_deref()
+            .map(|r| ResourceMatch::parse(r, &f("resource")))
+            .transpose()?,
+    })
+}
+
+/// A limit id, unique in its policy: counts follow it.
+fn parse_limit_id(s: &str, field: &str, earlier: &[Limit]) -> Result<LimitId, FieldError> {
+    let id = LimitId::parse_field(s, field)?;
+    if earlier.iter().any(|o| o.id == id) {
+        return Err(FieldError::new(
+            field,
+            format!("limit id {id} appears twice"),
+        ));
+    }
+    Ok(id)
+}
+
+/// A limit's `max`: a whole number from 1 to `MAX_LIMIT`.
+fn parse_max(n: &serde_json::Number, field: &str) -> Result<u64, FieldError> {
+    whole_u64(n)
+        .filter(|m| (1..=MAX_LIMIT).contains(m))
+        .ok_or_else(|| FieldError::new(field, format!("max must be an integer 1..={MAX_LIMIT}")))
+}
+
+/// The message of a bad window; `window_message_states_the_bounds` holds it to the constants.
+const WINDOW_MESSAGE: &str = "window must be a duration from 1s to 31d, such as 1s, 10m, 1h";
+
+/// Exactly one of `window` (a sliding window and its grain) or `period`.
+fn parse_kind(l: &LimitDoc, at: &str) -> Result<LimitKind, FieldError> {
+    match (&l.window, &l.period) {
+        (Some(w), None) => {
+            let window_ms = parse_duration_ms(w)
+                .filter(|ms| (MIN_WINDOW_MS..=MAX_WINDOW_MS).contains(ms))
+                .ok_or_else(|| FieldError::new(format!("{at}.window"), WINDOW_MESSAGE))?;
+            Ok(LimitKind::Sliding {
+                window_ms,
+                grain_ms: sliding_grain(window_ms),
+            })
+        }
+        (None, Some(p)) => Ok(LimitKind::Calendar(Period::parse(
+            p,
+            &format!("{at}.period"),
+        )?)),
+        _ => Err(FieldError::new(
+            at,
+            "a limit has exactly one of window or period",
+        )),
+    }
+}
+
+/// A limit's scope (absent: `client`); an override may hold client-scoped limits only.
+fn parse_scope(s: Option<&str>, field: &str, is_override: bool) -> Result<Scope, FieldError> {
+    match s.map(|s| (s, Scope::from_name(s))) {
+        None => Ok(Scope::Client),
+        Some((_, Some(Scope::Tenant))) if is_override => Err(FieldError::new(
+            field,
+            "a client override holds client-scoped limits only",
+        )),
+        Some((_, Some(scope))) => Ok(scope),
+        Some((_, None)) => Err(FieldError::new(
+            field,
+            format!("scope must be {}", Scope::expected()),
+        )),
+    }
+}
+
+/// A policy-wide option by its wire name (absent: the default).
+fn parse_named<T: Default>(
+    s: Option<&str>,
+    field: &str,
+    from_name: fn(&str) -> Option<T>,
+    expected: fn() -> String,
+) -> Result<T, FieldError> {
+    match s {
+        None => Ok(T::default()),
+        Some(s) => from_name(s)
+            .ok_or_else(|| FieldError::new(field, format!("{field} must be {}", expected()))),
+    }
+}
+
+/// The document of one limit, every default spelled out.
+fn limit_doc(l: &Limit) -> LimitDoc {
+    LimitDoc {
+        id: l.id.to_string(),
+        max: l.max.into(),
+        window: match l.kind {
+            LimitKind::Sliding { window_ms, .. } => Some(format_duration_ms(window_ms)),
+            LimitKind::Calendar(_) => None,
+        },
+        period: match l.kind {
+            LimitKind::Calendar(p) => Some(p.as_str().to_owned()),
+            LimitKind::Sliding { .. } => None,
+        },
+        resource: l.resource.as_ref().map(ResourceMatch::render),
+        scope: Some(l.scope.as_str().to_owned()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn doc(json: serde_json::Value) -> PolicyDoc {
+        serde_json::from_value(json).unwrap()
+    }
+
+    #[test]
+    fn the_contract_example_policy_parses() {
+        let d = doc(serde_json::json!({"limits": [
+           {"id": "per-second", "max": 10, "window": "1s"},
+           {"id": "per-10min", "max": 500, "window": "10m"},
+           {"id": "monthly", "max": 1000000, "period": "month"},
+           {"id": "writes", "max": 100, "window": "10s", "resource": "PUT /products/*", "scope": "tenant"}
+         ], "mode": "enforce", "consistency": "cached", "on_store_failure": "local"}));
+        let p = Policy::from_doc(&d, false).unwrap();
+        assert_eq!(p.limits.len(), 4);
+        assert_eq!(
+            p.limits[1].kind,
+            LimitKind::Sliding {
+                window_ms: 600_000,
+                grain_ms: 60_000
+            }
+        );
+        assert_eq!(p.limits[3].scope, Scope::Tenant);
+        // The canonical document parses back to the same policy.
+        assert_eq!(Policy::from_doc(&p.to_doc(), false).unwrap(), p);
+    }
+
+    #[test]
+    fn invalid_policies_name_the_field() {
+        let cases = [
+            (serde_json::json!({"limits": []}), "limits"),
+            (
+                serde_json::json!({"limits": [{"id": "a", "max": 0, "window": "1s"}]}),
+                "limits[0].max",
+            ),
+            (
+                serde_json::json!({"limits": [{"id": "a", "max": 9007199254740993u64, "window": "1s"}]}),
+                "limits[0].max",
+            ),
+            (
+                serde_json::json!({"limits": [{"id": "a", "max": 1.5, "window": "1s"}]}),
+                "limits[0].max",
+            ),
+            (
+                serde_json::json!({"limits": [{"id": "a", "max": 1, "window": "500ms"}]}),
+                "limits[0].window",
+            ),
+            (
+                serde_json::json!({"limits": [{"id": "a", "max": 1, "window": "32d"}]}),
+                "limits[0].window",
+            ),
+            (
+                serde_json::json!({"limits": [{"id": "a", "max": 1}]}),
+                "limits[0]",
+            ),
+            (
+                serde_json::json!({"limits": [{"id": "a", "max": 1, "window": "1s", "period": "day"}]}),
+                "limits[0]",
+            ),
+            (
+                serde_json::json!({"limits": [{"id": "a", "max": 1, "period": "week"}]}),
+                "limits[0].period",
+            ),
+            (
+                serde_json::json!({"limits": [{"id": "a b", "max": 1, "period": "day"}]}),
+                "limits[0].id",
+            ),
+            (
+                serde_json::json!({"limits": [{"id": "a", "max": 1, "period": "day"}, {"id": "a", "max": 1, "period": "day"}]}),
+                "limits[1].id",
+            ),
+            (
+                serde_json::json!({"limits": [{"id": "a", "max": 1, "period": "day", "scope": "global"}]}),
+                "limits[0].scope",
+            ),
+            (
+                serde_json::json!({"limits": [{"id": "a", "max": 1, "period": "day"}], "mode": "shadow"}),
+                "mode",
+            ),
+            (
+                serde_json::json!({"limits": [{"id": "a", "max": 1, "period": "day"}], "consistency": "eventual"}),
+                "consistency",
+            ),
+            (
+                serde_json::json!({"limits": [{"id": "a", "max": 1, "period": "day"}], "on_store_failure": "panic"}),
+                "on_store_failure",
+            ),
+        ];
+        for (json, field) in cases {
+            let err = Policy::from_doc(&doc(json.clone()), false).unwrap_err();
+            assert_eq!(err.field, field, "{json}");
+        }
+        let many: Vec<_> = (0..17)
+            .map(|i| serde_json::json!({"id": format!("l{i}"), "max": 1, "period": "day"}))
+            .collect();
+        assert_eq!(
+            Policy::from_doc(&doc(serde_json::json!({ "limits": many })), false)
+                .unwrap_err()
+                .field,
+            "limits"
+        );
+    }
+
+    #[test]
+    fn overrides_refuse_tenant_scope() {
+        let d = doc(
+            serde_json::json!({"limits": [{"id": "a", "max": 1, "period": "day", "scope": "tenant"}]}),
+        );
+        assert!(Policy::from_doc(&d, false).is_ok());
+        assert_eq!(
+            Policy::from_doc(&d, true).unwrap_err().field,
+            "limits[0].scope"
+        );
+    }
+
+    #[test]
+    fn window_message_states_the_bounds() {
+        assert_eq!(parse_duration_ms("1s"), Some(MIN_WINDOW_MS));
+        assert_eq!(parse_duration_ms("31d"), Some(MAX_WINDOW_MS));
+        assert!(WINDOW_MESSAGE.contains("from 1s to 31d"));
+    }
+
+    #[test]
+    fn every_wire_name_parses_and_renders_back() {
+        let limits: Vec<_> = Period::ALL
+            .iter()
+            .zip(Scope::ALL.iter().cycle())
+            .enumerate()
+            .map(|(i, (p, s))| {
+                serde_json::json!({"id": format!("l{i}"), "max": 1, "period": p.as_str(), "scope": s.as_str()})
+            })
+            .collect();
+        for &mode in Mode::ALL {
+            for &consistency in Consistency::ALL {
+                for &on_store_failure in OnStoreFailure::ALL {
+                    let d = doc(serde_json::json!({"limits": limits, "mode": mode.as_str(),
+                        "consistency": consistency.as_str(), "on_store_failure": on_store_failure.as_str()}));
+                    let p = Policy::from_doc(&d, false).unwrap();
+                    assert_eq!(
+                        (p.mode, p.consistency, p.on_store_failure),
+                        (mode, consistency, on_store_failure)
+                    );
+                    assert_eq!(p.to_doc(), d);
+                }
+            }
+        }
+    }
+}

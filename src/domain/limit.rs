@@ -1,0 +1,51 @@
+//! Limits: one bound of a policy, what it counts over, whose count it keeps, and which checks it
+//! applies to.
+
+use super::wire::wire_enum;
+use super::{Grain, LimitId, Period, ResourceMatch};
+
+/// Largest `max` a limit may have (2^53, so it survives a JSON double round trip).
+pub const MAX_LIMIT: u64 = 1 << 53;
+
+/// How a limit counts: a sliding window or a calendar period.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LimitKind {
+    Sliding { window_ms: i64, grain_ms: i64 },
+    Calendar(Period),
+}
+
+impl LimitKind {
+    pub fn grain(self) -> Grain {
+        match self {
+            LimitKind::Sliding { grain_ms, .. } => Grain::Fixed(grain_ms),
+            LimitKind::Calendar(p) => p.grain(),
+        }
+    }
+}
+
+wire_enum! {
+    /// Whose count a limit keeps: each client its own, or one for all of the tenant's clients.
+    pub enum Scope {
+        Client = "client",
+        Tenant = "tenant",
+    }
+}
+
+/// One limit of a policy.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Limit {
+    pub id: LimitId,
+    pub max: u64,
+    pub kind: LimitKind,
+    pub scope: Scope,
+    pub resource: Option<ResourceMatch>,
+}
+
+impl Limit {
+    pub fn applies_to(&self, resource: Option<&str>) -> bool {
+        match &self.resource {
+            None => true,
+            Some(m) => m.matches(resource),
+        }
+    }
+}

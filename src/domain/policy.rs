@@ -1,0 +1,120 @@
+//! Policies: the limits a tenant (or one client's override) is held to, and how checks are
+//! decided under them.
+//!
+//! A `Policy` holds only valid values: it is made from a `PolicyDoc` by [`Policy::from_doc`]
+//! (see `doc.rs`). An override is merged with its tenant's policy once, when the policy cache is
+//! built, so a check reads one merged policy.
+
+use super::wire::wire_enum;
+use super::{Limit, Scope};
+
+/// Most limits in one policy.
+pub const MAX_LIMITS: usize = 16;
+
+wire_enum! {
+    /// `dry_run` always admits, and flags what enforcing would have denied.
+    #[derive(Default)]
+    pub enum Mode {
+        #[default]
+        Enforce = "enforce",
+        DryRun = "dry_run",
+    }
+}
+
+wire_enum! {
+    /// `cached`: in-memory pre-check, hits synced every sync interval; `strict`: admitted only once
+    /// the store has counted the hit.
+    #[derive(Default)]
+    pub enum Consistency {
+        #[default]
+        Cached = "cached",
+        Strict = "strict",
+    }
+}
+
+wire_enum! {
+    /// What a check decides while the store fails: `local` enforces this instance's own view.
+    #[derive(Default)]
+    pub enum OnStoreFailure {
+        #[default]
+        Local = "local",
+        Allow = "allow",
+        Deny = "deny",
+    }
+}
+
+/// A validated policy: what an admin PUTs for a tenant or a client override.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Policy {
+    pub limits: Vec<Limit>,
+    pub mode: Mode,
+    pub consistency: Consistency,
+    pub on_store_failure: OnStoreFailure,
+}
+
+impl Policy {
+    /// The policy that applies to one client: the tenant's, with the override's limits replacing
+    /// the tenant's client-scoped limits of the same id and adding the others. The override's
+    /// mode, consistency and store-failure rule apply to that client.
+    pub fn merged_with(&self, over: &Policy) -> Policy {
+        let mut limits: Vec<Limit> = self
+            .limits
+            .iter()
+            .map(|l| {
+                if l.scope == Scope::Client {
+                    over.limits
+                        .iter()
+                        .find(|o| o.id == l.id)
+                        .cloned()
+                        .unwrap_or_else(|| l.clone())
+                } else {
+                    l.clone()
+                }
+            })
+            .collect();
+        for o in &over.limits {
+            if !limits.iter().any(|l| l.id == o.id) {
+                limits.push(o.clone());
+            }
+        }
+        Policy {
+            limits,
+            mode: over.mode,
+            consistency: over.consistency,
+            on_store_failure: over.on_store_failure,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::PolicyDoc;
+
+    fn doc(json: serde_json::Value) -> PolicyDoc {
+        serde_json::from_value(json).unwrap()
+    }
+
+    #[test]
+    fn overrides_replace_same_id_client_limits_and_add_the_rest() {
+        let tenant = Policy::from_doc(
+            &doc(serde_json::json!({"limits": [
+                {"id": "a", "max": 10, "window": "1s"},
+                {"id": "t", "max": 100, "window": "1s", "scope": "tenant"},
+                {"id": "b", "max": 5, "period": "day"}]})),
+            false,
+        )
+        .unwrap();
+        let over = Policy::from_doc(
+            &doc(serde_json::json!({"limits": [
+                {"id": "a", "max": 50, "window": "1s"},
+                {"id": "c", "max": 7, "period": "hour"}], "mode": "dry_run"})),
+            true,
+        )
+        .unwrap();
+        let m = tenant.merged_with(&over);
+        let maxes: Vec<(&str, u64)> = m.limits.iter().map(|l| (l.id.as_str(), l.max)).collect();
+        assert_eq!(maxes, vec![("a", 50), ("t", 100), ("b", 5), ("c", 7)]);
+        assert_eq!(m.mode, Mode::DryRun);
+    }
+}

@@ -1,0 +1,88 @@
+//! Resources: what a check says it touches, and the patterns a limit selects checks by.
+//!
+//! A resource is 1 to `MAX_RESOURCE_LEN` printable ASCII characters. A limit's pattern is a
+//! resource, or a prefix when it ends in `*`; a check that names no resource is covered only by
+//! limits without a pattern.
+
+use super::FieldError;
+
+/// Maximum length of a resource string.
+pub const MAX_RESOURCE_LEN: usize = 256;
+
+/// Checks the contract's resource rule without allocating.
+pub fn validate_resource(field: &str, s: &str) -> Result<(), FieldError> {
+    if s.is_empty() || s.len() > MAX_RESOURCE_LEN {
+        return Err(FieldError::new(
+            field,
+            format!("{field} must be 1 to {MAX_RESOURCE_LEN} characters"),
+        ));
+    }
+    if !s.bytes().all(|c| (0x20..0x7f).contains(&c)) {
+        return Err(FieldError::new(
+            field,
+            format!("{field} must be printable ASCII"),
+        ));
+    }
+    Ok(())
+}
+
+/// Which checks a limit applies to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ResourceMatch {
+    Exact(String),
+    /// The pattern without its trailing `*`.
+    Prefix(String),
+}
+
+impl ResourceMatch {
+    pub(super) fn parse(s: &str, field: &str) -> Result<Self, FieldError> {
+        validate_resource(field, s)?;
+        Ok(match s.strip_suffix('*') {
+            Some(prefix) => ResourceMatch::Prefix(prefix.to_owned()),
+            None => ResourceMatch::Exact(s.to_owned()),
+        })
+    }
+
+    /// Whether a check on `resource` (None = the check named no resource) is covered.
+    ///
+    /// A check without a resource is only covered by limits without a resource filter: a limit
+    /// on `PUT /products/*` says nothing about a request that did not say what it touches.
+    pub fn matches(&self, resource: Option<&str>) -> bool {
+        match (self, resource) {
+            (_, None) => false,
+            (ResourceMatch::Exact(e), Some(r)) => e == r,
+            (ResourceMatch::Prefix(p), Some(r)) => r.starts_with(p.as_str()),
+        }
+    }
+
+    pub(super) fn render(&self) -> String {
+        match self {
+            ResourceMatch::Exact(e) => e.clone(),
+            ResourceMatch::Prefix(p) => format!("{p}*"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resource_is_printable_ascii_up_to_256() {
+        assert!(validate_resource("resource", "PUT /products/42").is_ok());
+        assert!(validate_resource("resource", &"x".repeat(257)).is_err());
+        assert!(validate_resource("resource", "a\tb").is_err());
+        assert!(validate_resource("resource", "").is_err());
+    }
+
+    #[test]
+    fn resource_patterns_match_exact_or_prefix() {
+        let p = ResourceMatch::parse("PUT /products/*", "r").unwrap();
+        assert!(p.matches(Some("PUT /products/42")));
+        assert!(!p.matches(Some("GET /products/42")));
+        assert!(!p.matches(None));
+        let e = ResourceMatch::parse("GET /a", "r").unwrap();
+        assert!(e.matches(Some("GET /a")));
+        assert!(!e.matches(Some("GET /ab")));
+    }
+}

@@ -160,11 +160,6 @@ impl Fleet {
         self.view.clone()
     }
 
-    /// This instance's name in the members table.
-    pub fn owner(&self) -> &str {
-        &self.owner
-    }
-
     /// Heartbeats until `leave` turns true (after the drain), then gives the lease back.
     pub async fn run(mut self, mut leave: watch::Receiver<bool>) {
         let mut tick = tokio::time::interval(self.cfg.heartbeat);

@@ -10,6 +10,7 @@ pub mod clock;
 pub mod config;
 pub mod cql;
 pub mod domain;
+pub mod fleet;
 pub mod limiter;
 pub mod metrics;
 pub mod migrate;

@@ -6,8 +6,8 @@
 
 use prometheus::core::Collector;
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
-    Registry, TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// Buckets of the check duration, seconds: a check decided in memory takes microseconds.
@@ -53,6 +53,62 @@ pub struct Metrics {
     compensation_failures: IntCounter,
     memory_cap_checks: IntCounterVec,
     unrecorded_hits: IntCounter,
+    fleet: FleetMetrics,
+}
+
+/// Fleet membership (`crate::fleet`): N, this instance's shard, and lease trouble.
+struct FleetMetrics {
+    members: IntGauge,
+    /// One series, `shard` = the shard held or `none`, value 1.
+    instance: IntGaugeVec,
+    renewals_failed: IntCounter,
+    conflicts: IntCounter,
+}
+
+impl FleetMetrics {
+    fn new(registry: &Registry) -> Self {
+        let members = IntGauge::new(
+            "quotad_fleet_members",
+            "Instances holding a shard lease in the store, this one included (N in the shares).",
+        )
+        .expect("valid metric");
+        let instance = IntGaugeVec::new(
+            Opts::new(
+                "quotad_instance_info",
+                "This instance: `shard` is the write shard it holds a lease on, or `none`.",
+            ),
+            &["shard"],
+        )
+        .expect("valid metric");
+        let renewals_failed = IntCounter::new(
+            "quotad_lease_renewals_failed_total",
+            "Lease renewals or claims that failed (store error or timeout); once the lease may \
+             have ended, the instance decides as on_store_failure says.",
+        )
+        .expect("valid metric");
+        let conflicts = IntCounter::new(
+            "quotad_lease_conflicts_total",
+            "Times another instance was found holding this instance's shard (two writers on \
+             one shard: counts stay exact, shares are off until one claims another shard).",
+        )
+        .expect("valid metric");
+        for c in [
+            Box::new(members.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(instance.clone()),
+            Box::new(renewals_failed.clone()),
+            Box::new(conflicts.clone()),
+        ] {
+            registry.register(c).expect("unique metric");
+        }
+        members.set(1);
+        instance.with_label_values(&["none"]).set(1);
+        Self {
+            members,
+            instance,
+            renewals_failed,
+            conflicts,
+        }
+    }
 }
 
 /// What a check decided, as a label.
@@ -155,6 +211,7 @@ impl Metrics {
                 "Hits admitted (on_store_failure = allow) that could be neither written to the \
                  failing store nor held in memory (at a memory cap); each is also logged.",
             ),
+            fleet: FleetMetrics::new(&registry),
             registry,
         };
         // Both caps are exported from the start, at zero, so an alert can watch them.
@@ -187,6 +244,22 @@ impl Metrics {
         for c in all {
             self.registry.register(c).expect("unique metric");
         }
+    }
+
+    /// The fleet as this instance sees it after a heartbeat.
+    pub fn fleet(&self, members: u32, shard: Option<i16>) {
+        self.fleet.members.set(members as i64);
+        self.fleet.instance.reset();
+        let label = shard.map_or_else(|| "none".to_owned(), |s| s.to_string());
+        self.fleet.instance.with_label_values(&[&label]).set(1);
+    }
+
+    pub fn lease_renewal_failed(&self) {
+        self.fleet.renewals_failed.inc();
+    }
+
+    pub fn lease_conflict(&self) {
+        self.fleet.conflicts.inc();
     }
 
     pub fn check_decided(&self, tenant: &str, decision: DecisionLabel, seconds: f64) {

@@ -12,6 +12,7 @@ use tokio::task::JoinHandle;
 use crate::api::{self, AppState, Auth};
 use crate::clock::{Clock, SystemClock};
 use crate::config::{Role, Settings, StoreKind};
+use crate::fleet::{Fleet, FleetConfig, Membership};
 use crate::limiter::{Limiter, LimiterConfig};
 use crate::metrics::Metrics;
 use crate::policy::PolicyCache;
@@ -39,7 +40,7 @@ pub async fn open_store(settings: &Settings) -> Result<DynStore, StartError> {
             let s = ScyllaStore::connect(opts)
                 .await
                 .map_err(|e| StartError(format!("scylla store: {e}")))?;
-            tracing::info!(shard = s.shard(), "scylla store connected");
+            tracing::info!("scylla store connected");
             Ok(Arc::new(s))
         }
     }
@@ -54,8 +55,6 @@ pub fn scylla_options(settings: &Settings) -> Result<ScyllaOptions, StartError> 
         consistency: parse_consistency(&st.consistency)
             .map_err(|e| StartError(format!("store.consistency: {e}")))?,
         request_timeout: st.request_timeout_ms.get(),
-        shard: st.shard,
-        shards: st.shards,
         replication: st.replication.clone(),
         local_dc: st.local_dc.clone(),
         username: st.username.clone(),
@@ -74,6 +73,8 @@ pub struct Application {
     shutdown: watch::Sender<bool>,
     sync: JoinHandle<u64>,
     refresh: JoinHandle<()>,
+    /// The fleet heartbeat (scylla store), told to release the lease after the drain.
+    fleet: Option<(watch::Sender<bool>, JoinHandle<()>)>,
 }
 
 impl Application {
@@ -90,11 +91,15 @@ impl Application {
         clock: Arc<dyn Clock>,
     ) -> Result<Self, StartError> {
         let metrics = Arc::new(Metrics::new(settings.metrics.tenant_labels));
+        let fleet = join_fleet(&settings, &store, &metrics).await?;
+        let membership = fleet
+            .as_ref()
+            .map_or_else(|| Arc::new(Membership::alone()), Fleet::membership);
         let limiter = Arc::new(Limiter::new(
             store.clone(),
             clock,
             metrics.clone(),
-            limiter_config(&settings),
+            limiter_config(&settings, membership.clone()),
         ));
         let default_policy = settings
             .default_policy()
@@ -118,6 +123,7 @@ impl Application {
             metrics: metrics.clone(),
             auth: Arc::new(auth),
             store_timeout: settings.store.timeout_ms.get(),
+            fleet: membership,
         };
         let (server, port) = http_server(&settings, state)?;
 
@@ -125,6 +131,10 @@ impl Application {
         let syncer = Syncer::new(limiter, metrics, sync_config(&settings));
         let sync = tokio::spawn(syncer.run(rx.clone()));
         let refresh = tokio::spawn(policies.run(settings.quotas.refresh_ms.get(), rx));
+        let fleet = fleet.map(|f| {
+            let (leave, rx) = watch::channel(false);
+            (leave, tokio::spawn(f.run(rx)))
+        });
         tracing::info!(port, store = store.kind(), "quotad listening");
         Ok(Self {
             port,
@@ -133,6 +143,7 @@ impl Application {
             shutdown,
             sync,
             refresh,
+            fleet,
         })
     }
 
@@ -160,8 +171,36 @@ impl Application {
             tracing::error!(error = %e, "sync task failed");
             u64::MAX
         });
+        // The lease is held through the drain (its writes go to this instance's shard), and
+        // given back only after it, so another instance can take the shard at once.
+        if let Some((leave, task)) = self.fleet {
+            let _ = leave.send(true);
+            let _ = task.await;
+        }
         served.map(|_| unsynced)
     }
+}
+
+/// Claims a write shard before serving, on a store that a fleet can share (scylla). The embedded
+/// store is one process: a fleet of one, with nothing to claim.
+async fn join_fleet(
+    settings: &Settings,
+    store: &DynStore,
+    metrics: &Arc<Metrics>,
+) -> Result<Option<Fleet>, StartError> {
+    if settings.store.kind != StoreKind::Scylla {
+        return Ok(None);
+    }
+    let cfg = FleetConfig {
+        heartbeat: settings.fleet.heartbeat_ms.get(),
+        lease_ttl: settings.fleet.lease_ttl_ms.get(),
+        pin: settings.store.shard,
+        timeout: settings.store.request_timeout_ms.get(),
+    };
+    Fleet::join(store.clone(), cfg, metrics.clone())
+        .await
+        .map(Some)
+        .map_err(|e| StartError(format!("joining the fleet: {e}")))
 }
 
 /// A 256-bit random token, hex.
@@ -170,16 +209,12 @@ fn random_token() -> String {
     hex::encode(bytes)
 }
 
-fn limiter_config(settings: &Settings) -> LimiterConfig {
+fn limiter_config(settings: &Settings, fleet: Arc<Membership>) -> LimiterConfig {
     LimiterConfig {
         shards: settings.limiter.shards,
         idle_ms: settings.limiter.idle_ms.0 as i64,
         store_timeout: settings.store.timeout_ms.get(),
-        // Each instance of a fleet writes its own shard; the embedded store has one.
-        instances: match settings.store.kind {
-            StoreKind::Embedded => 1,
-            StoreKind::Scylla => settings.store.shards.max(1) as u32,
-        },
+        fleet,
         sync_interval_ms: settings.sync.interval_ms.0 as i64,
         max_counters: settings.limiter.max_counters,
         max_clients_per_tenant: settings.limiter.max_clients_per_tenant,

@@ -17,14 +17,13 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use chrono::{DateTime, Utc};
 use quotad::clock::{Clock, ManualClock};
 use quotad::domain::{ClientId, Policy, PolicyDoc, TenantId};
+use quotad::fleet::Membership;
 use quotad::limiter::{CheckInput, Limiter, LimiterConfig};
 use quotad::metrics::Metrics;
 use quotad::store::{
-    BucketTotal, CounterKey, CounterRange, CounterStore, Delta, PolicyKey, PolicyRecord,
-    PolicyStore, Store, StoreError, StoreResult,
+    BucketTotal, CounterKey, CounterRange, CounterStore, Delta, DynCounterStore, StoreResult,
 };
 use quotad::sync::{SyncConfig, Syncer};
 use rand::{Rng, SeedableRng};
@@ -36,6 +35,10 @@ const SETTLE_MS: i64 = 25;
 const WINDOW_MS: i64 = 10_000;
 const MAX: u64 = 1_000;
 const DURATION_MS: i64 = 60_000;
+/// Fleet membership (`quotad::fleet`): how often an instance renews its lease and reads the
+/// roster, and how long an unrenewed lease lives (the defaults of `[fleet]`).
+const HEARTBEAT_MS: i64 = 1_000;
+const LEASE_TTL_MS: i64 = 5_000;
 
 type Cells = BTreeMap<(CounterKey, i64), Vec<i64>>;
 
@@ -50,10 +53,6 @@ struct ShardView {
     shared: Arc<Shared>,
     shard: usize,
     shards: usize,
-}
-
-fn unsupported<T>() -> StoreResult<T> {
-    Err(StoreError::Internal("not used by the simulation".into()))
 }
 
 #[async_trait]
@@ -92,37 +91,6 @@ impl CounterStore for ShardView {
     }
     async fn ping(&self) -> StoreResult<()> {
         Ok(())
-    }
-}
-
-#[async_trait]
-impl PolicyStore for ShardView {
-    async fn put_policy(
-        &self,
-        _: &PolicyKey,
-        _: &str,
-        _: DateTime<Utc>,
-    ) -> StoreResult<PolicyRecord> {
-        unsupported()
-    }
-    async fn get_policy(&self, _: &PolicyKey) -> StoreResult<Option<PolicyRecord>> {
-        unsupported()
-    }
-    async fn delete_policy(&self, _: &PolicyKey) -> StoreResult<bool> {
-        unsupported()
-    }
-    async fn list_policies(
-        &self,
-        _: Option<&TenantId>,
-        _: usize,
-    ) -> StoreResult<Vec<PolicyRecord>> {
-        unsupported()
-    }
-    async fn load_policies(&self) -> StoreResult<Vec<PolicyRecord>> {
-        Ok(Vec::new())
-    }
-    async fn policies_generation(&self) -> StoreResult<u64> {
-        Ok(0)
     }
 }
 
@@ -196,7 +164,79 @@ fn worst_window(log: &[i64], span: i64) -> u64 {
     worst as u64
 }
 
+/// What happens to the fleet during a run, at a simulated millisecond.
+#[derive(Clone, Copy, Debug)]
+enum Event {
+    /// A new instance starts, claims a free shard and reads the roster.
+    Join,
+    /// Instance `i` is killed (SIGKILL): its unsynced hits are lost and its lease runs out.
+    Kill(usize),
+    /// Instance `i` stops (SIGTERM): it drains its pending hits and releases its lease.
+    Leave(usize),
+}
+
+/// One simulated instance: a real limiter and sync, on its own shard of the shared counters.
+struct Instance {
+    limiter: Arc<Limiter>,
+    syncer: Syncer,
+    membership: Arc<Membership>,
+    /// Serving traffic (a load balancer sends it requests).
+    alive: bool,
+    /// Until when its lease lives in the store, so that it counts in N.
+    lease_until: i64,
+}
+
+fn start_instance(
+    shared: &Arc<Shared>,
+    clock: &ManualClock,
+    shard: usize,
+    shards: usize,
+) -> Instance {
+    let store: DynCounterStore = Arc::new(ShardView {
+        shared: shared.clone(),
+        shard,
+        shards,
+    });
+    let metrics = Arc::new(Metrics::new(false));
+    let membership = Arc::new(Membership::alone());
+    let limiter = Arc::new(Limiter::new(
+        store,
+        Arc::new(clock.clone()),
+        metrics.clone(),
+        LimiterConfig {
+            fleet: membership.clone(),
+            sync_interval_ms: SYNC_MS,
+            ..LimiterConfig::default()
+        },
+    ));
+    let syncer = Syncer::new(limiter.clone(), metrics, SyncConfig::default());
+    Instance {
+        limiter,
+        syncer,
+        membership,
+        alive: true,
+        lease_until: i64::MAX,
+    }
+}
+
+/// Instances whose lease lives at `now`: N as the store's roster says it.
+fn live_leases(fleet: &[Instance], now: i64) -> u32 {
+    fleet.iter().filter(|i| i.lease_until > now).count() as u32
+}
+
 async fn simulate(n: usize, pattern: Pattern, seed: u64, consistency: &str) -> Outcome {
+    simulate_fleet(n, &[], pattern, seed, consistency).await
+}
+
+/// Runs `n` instances, then the fleet changes as `events` say. Traffic is spread over the
+/// instances that serve at each moment, as a load balancer would.
+async fn simulate_fleet(
+    n: usize,
+    events: &[(i64, Event)],
+    pattern: Pattern,
+    seed: u64,
+    consistency: &str,
+) -> Outcome {
     let clock = ManualClock::new(T0);
     let shared = Arc::new(Shared::default());
     let doc: PolicyDoc = serde_json::from_value(serde_json::json!({
@@ -205,31 +245,20 @@ async fn simulate(n: usize, pattern: Pattern, seed: u64, consistency: &str) -> O
     }))
     .unwrap();
     let policy = Policy::from_doc(&doc, false).unwrap();
-    let mut fleet = Vec::new();
-    for i in 0..n {
-        let store: Arc<dyn Store> = Arc::new(ShardView {
-            shared: shared.clone(),
-            shard: i,
-            shards: n,
-        });
-        let metrics = Arc::new(Metrics::new(false));
-        let limiter = Arc::new(Limiter::new(
-            store,
-            Arc::new(clock.clone()),
-            metrics.clone(),
-            LimiterConfig {
-                instances: n as u32,
-                sync_interval_ms: SYNC_MS,
-                ..LimiterConfig::default()
-            },
-        ));
-        let syncer = Syncer::new(limiter.clone(), metrics, SyncConfig::default());
-        fleet.push((limiter, syncer));
+    let shards = n + events
+        .iter()
+        .filter(|(_, e)| matches!(e, Event::Join))
+        .count();
+    let mut fleet: Vec<Instance> = (0..n)
+        .map(|i| start_instance(&shared, &clock, i, shards))
+        .collect();
+    for i in &fleet {
+        i.membership.set_members(n as u32);
     }
     let tenant = TenantId::parse("acme").unwrap();
     let client = ClientId::parse("k").unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let mut pending_reads: Vec<Vec<quotad::store::CounterRange>> = Vec::new();
+    let mut pending_reads: Vec<Option<Vec<CounterRange>>> = Vec::new();
     let mut log: Vec<i64> = Vec::new();
     // The reference: a perfect sliding-log limiter on the same arrivals.
     let mut exact: VecDeque<i64> = VecDeque::new();
@@ -237,18 +266,51 @@ async fn simulate(n: usize, pattern: Pattern, seed: u64, consistency: &str) -> O
     for t in 0..DURATION_MS {
         let now = T0 + t;
         clock.set(now);
+        for &(_, event) in events.iter().filter(|(at, _)| *at == t) {
+            match event {
+                Event::Join => {
+                    let joined = start_instance(&shared, &clock, fleet.len(), shards);
+                    joined.membership.set_members(live_leases(&fleet, now) + 1);
+                    fleet.push(joined);
+                }
+                Event::Kill(i) => {
+                    fleet[i].alive = false;
+                    fleet[i].lease_until = now + LEASE_TTL_MS;
+                }
+                Event::Leave(i) => {
+                    assert_eq!(
+                        fleet[i].syncer.drain().await,
+                        0,
+                        "a drain writes everything"
+                    );
+                    fleet[i].alive = false;
+                    fleet[i].lease_until = now;
+                }
+            }
+        }
+        if t % HEARTBEAT_MS == 0 {
+            let members = live_leases(&fleet, now);
+            for i in fleet.iter().filter(|i| i.alive) {
+                i.membership.set_members(members);
+            }
+        }
         // Rounds on wall-clock ticks, as `Syncer::run` does: every instance writes at the tick
         // and reads back a settle time later.
         if t % SYNC_MS == 0 {
             pending_reads.clear();
-            for (_, syncer) in &fleet {
-                pending_reads.push(syncer.write().await.unwrap().0);
+            for i in &fleet {
+                pending_reads.push(match i.alive {
+                    true => Some(i.syncer.write().await.unwrap().0),
+                    false => None,
+                });
             }
         }
         if t % SYNC_MS == SETTLE_MS {
-            for ((limiter, syncer), ranges) in fleet.iter().zip(&pending_reads) {
-                syncer.read_back(ranges).await;
-                limiter.evict(now);
+            for (i, ranges) in fleet.iter().zip(&pending_reads) {
+                if let (true, Some(ranges)) = (i.alive, ranges) {
+                    i.syncer.read_back(ranges).await;
+                    i.limiter.evict(now);
+                }
             }
         }
         if std::env::var("SIM_DEBUG").is_ok()
@@ -260,24 +322,30 @@ async fn simulate(n: usize, pattern: Pattern, seed: u64, consistency: &str) -> O
         {
             let exact_now = log.iter().filter(|&&x| x > now - WINDOW_MS).count();
             let mut views = Vec::new();
-            for (l, _) in &fleet {
-                let u = l.usage(&policy, &tenant, &client, None).await.unwrap();
+            for i in fleet.iter().filter(|i| i.alive) {
+                let u = i
+                    .limiter
+                    .usage(&policy, &tenant, &client, None)
+                    .await
+                    .unwrap();
                 views.push(u[0].count);
             }
             println!(
                 "t={t} exact={exact_now} views={views:?} pending={:?}",
                 fleet
                     .iter()
-                    .map(|(l, _)| l.pending_hits())
+                    .filter(|i| i.alive)
+                    .map(|i| i.limiter.pending_hits())
                     .collect::<Vec<_>>()
             );
         }
-        let arr = arrivals(pattern, t, n, &mut rng);
+        let serving: Vec<&Instance> = fleet.iter().filter(|i| i.alive).collect();
+        let arr = arrivals(pattern, t, serving.len(), &mut rng);
         for (i, count) in arr.iter().enumerate() {
             for _ in 0..*count {
                 offered += 1;
-                let d = fleet[i]
-                    .0
+                let d = serving[i]
+                    .limiter
                     .check(
                         &policy,
                         CheckInput {
@@ -416,4 +484,51 @@ async fn strict_fleets_never_over_admit() {
             );
         }
     }
+}
+
+/// A fleet that changes under 10x overload: 3 instances, a 4th joins, then one is killed
+/// without draining (its lease runs out) and one stops cleanly, leaving 2. N follows the
+/// leases (heartbeat and TTL as configured by default); the targets still hold.
+#[tokio::test(flavor = "current_thread")]
+async fn a_fleet_that_grows_and_shrinks_keeps_the_bound() {
+    let events = [
+        (15_000, Event::Join),
+        (30_000, Event::Kill(1)),
+        (40_000, Event::Leave(2)),
+    ];
+    println!("3 -> 4 (join at 15 s) -> 3 (kill at 30 s) -> 2 (leave at 40 s), max {MAX} per {WINDOW_MS} ms");
+    let mut failures = Vec::new();
+    for pattern in [
+        Pattern::EvenUnderLimit,
+        Pattern::EvenOverload,
+        Pattern::SkewedOverload,
+        Pattern::EdgeBursts,
+    ] {
+        let seed = std::env::var("SIM_SEED")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(7);
+        let o = simulate_fleet(3, &events, pattern, seed, "cached").await;
+        println!(
+            "{:<16} over {:>7.3}% steady {:>7.3}% under {:>7.3}% admitted {} offered {}",
+            format!("{pattern:?}"),
+            o.over * 100.0,
+            o.over_steady * 100.0,
+            o.under * 100.0,
+            o.admitted,
+            o.offered
+        );
+        let ok = match pattern {
+            Pattern::EvenUnderLimit => o.under.abs() < 1e-9 && o.over <= 0.0,
+            _ => o.over <= 0.01 + 1e-9 && o.under <= 0.01 + 1e-9,
+        };
+        if !ok {
+            failures.push(format!(
+                "{pattern:?}: over {:.3}%, under {:.3}%",
+                o.over * 100.0,
+                o.under * 100.0
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
 }

@@ -20,12 +20,13 @@
 //! process).
 
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use chrono::{TimeZone, Utc};
 use futures::FutureExt;
 use quotad::domain::{ClientId, Grain, TenantId};
 use quotad::migrate;
+use quotad::store::lease::{Claim, MAX_SHARDS};
 use quotad::store::scylla::{ScyllaOptions, ScyllaStore};
 use quotad::store::{
     BucketTotal, CounterKey, CounterRange, CounterStore, Delta, PolicyKey, PolicyStore, Store,
@@ -421,6 +422,100 @@ pub async fn delete_expired_removes_only_expired_buckets(store: &dyn Store) {
     assert_eq!(store.delete_expired(now, 0).await.unwrap(), 0);
 }
 
+/// Leases on write shards: distinct shards for distinct owners, lowest free first, a pin held
+/// by another is refused, only the owner renews or releases, an unrenewed lease ends, every
+/// claimed shard stays in `used`, and a full shard space says so. Needs a fresh store.
+pub async fn leases_hand_out_one_shard_per_instance(store: &dyn Store) {
+    let ttl = Duration::from_secs(2);
+    let held = |c: Claim| match c {
+        Claim::Held(s) => s,
+        other => panic!("expected a held shard, got {other:?}"),
+    };
+    let a = held(store.claim("owner-a", None, None, ttl).await.unwrap());
+    let b = held(store.claim("owner-b", None, None, ttl).await.unwrap());
+    assert_eq!((a, b), (0, 1), "lowest free shards first");
+    assert_eq!(
+        store.claim("owner-c", Some(a), None, ttl).await.unwrap(),
+        Claim::Taken {
+            shard: a,
+            owner: "owner-a".into()
+        }
+    );
+    assert!(store.renew(a, "owner-a", ttl).await.unwrap());
+    assert!(
+        !store.renew(a, "owner-b", ttl).await.unwrap(),
+        "not b's lease"
+    );
+    let members = |r: quotad::store::lease::Roster| {
+        r.members
+            .into_iter()
+            .map(|m| (m.shard, m.owner))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        members(store.roster().await.unwrap()),
+        vec![(0, "owner-a".to_owned()), (1, "owner-b".to_owned())]
+    );
+    // b leaves: its shard is free again, and still summed by reads.
+    assert!(!store.release(b, "owner-a").await.unwrap(), "not a's lease");
+    assert!(store.release(b, "owner-b").await.unwrap());
+    let r = store.roster().await.unwrap();
+    assert_eq!(r.used, vec![0, 1]);
+    assert_eq!(members(r), vec![(0, "owner-a".to_owned())]);
+    assert_eq!(
+        store.claim("owner-c", None, None, ttl).await.unwrap(),
+        Claim::Held(1)
+    );
+    assert_eq!(
+        store.claim("owner-d", None, Some(7), ttl).await.unwrap(),
+        Claim::Held(7),
+        "a free preferred shard is taken"
+    );
+    // Nobody renews: every lease ends, and an ended lease cannot be renewed.
+    tokio::time::sleep(ttl + Duration::from_millis(1_500)).await;
+    let r = store.roster().await.unwrap();
+    assert!(r.members.is_empty(), "{:?}", r.members);
+    assert_eq!(r.used, vec![0, 1, 7]);
+    assert!(!store.renew(a, "owner-a", ttl).await.unwrap());
+}
+
+/// Every shard held: a claim says so. (Embedded only: on a cluster it would leave 256 used
+/// shards for every later read of the run to sum.)
+async fn a_full_shard_space_refuses_one_more(store: &dyn Store) {
+    let ttl = Duration::from_millis(500);
+    for s in 0..MAX_SHARDS {
+        let owner = format!("filler-{s}");
+        assert_eq!(
+            store.claim(&owner, None, None, ttl).await.unwrap(),
+            Claim::Held(s)
+        );
+    }
+    assert_eq!(
+        store.claim("one-too-many", None, None, ttl).await.unwrap(),
+        Claim::Full
+    );
+    tokio::time::sleep(ttl + Duration::from_millis(100)).await;
+    assert_eq!(
+        store.claim("one-too-many", None, None, ttl).await.unwrap(),
+        Claim::Held(0),
+        "ended leases free their shards"
+    );
+}
+
+/// Claims a shard for `owner` and makes it the store's write shard, as the fleet task does.
+async fn join(store: &dyn Store, owner: &str) -> i16 {
+    let Claim::Held(shard) = store
+        .claim(owner, None, None, Duration::from_secs(60))
+        .await
+        .unwrap()
+    else {
+        panic!("no shard for {owner}")
+    };
+    let roster = store.roster().await.unwrap();
+    store.adopt(Some(shard), &roster.used);
+    shard
+}
+
 // ---- scylla-specific -------------------------------------------------------------------------
 
 async fn two_instances_share_counts(a: &dyn Store, b: &dyn Store) {
@@ -488,8 +583,6 @@ async fn scylla_store_passes_the_contract() {
     let opts = ScyllaOptions {
         nodes: nodes.clone(),
         keyspace: ks.clone(),
-        shard: 0,
-        shards: 2,
         ..ScyllaOptions::default()
     };
     let run = async {
@@ -511,14 +604,21 @@ async fn scylla_store_passes_the_contract() {
         assert!(dry.applied.is_empty());
 
         let a: Arc<dyn Store> = Arc::new(ScyllaStore::connect(opts.clone()).await.unwrap());
-        let b = ScyllaStore::connect(ScyllaOptions {
-            shard: 1,
-            ..opts.clone()
-        })
-        .await
-        .unwrap();
+        let b = ScyllaStore::connect(opts.clone()).await.unwrap();
         assert_eq!(a.kind(), "scylla");
         a.ping().await.unwrap();
+        leases_hand_out_one_shard_per_instance(&*a).await;
+        // Without a lease nothing is written: the hits stay with the caller.
+        let k = key("no-lease", "k1", "l", Grain::Fixed(1_000));
+        match a.increment(&[delta(&k, T0, 1)]).await {
+            Err(StoreError::Unavailable(m)) => assert!(m.contains("lease"), "{m}"),
+            other => panic!("an increment without a lease: {other:?}"),
+        }
+        let sa = join(&*a, "instance-a").await;
+        let sb = join(&b, "instance-b").await;
+        assert_ne!(sa, sb);
+        // a joined before b: it learns of b's shard at its next heartbeat, as here.
+        a.adopt(Some(sa), &a.roster().await.unwrap().used);
 
         increments_add_up(&*a).await;
         ranges_hold_only_their_buckets_in_order(&*a).await;
@@ -582,6 +682,8 @@ async fn embedded_store_passes_the_contract() {
     let store = quotad::store::embedded::EmbeddedStore::open(dir.path()).unwrap();
     assert_eq!(store.kind(), "embedded");
     store.ping().await.unwrap();
+    leases_hand_out_one_shard_per_instance(&store).await;
+    a_full_shard_space_refuses_one_more(&store).await;
     increments_add_up(&store).await;
     ranges_hold_only_their_buckets_in_order(&store).await;
     many_keys_in_one_call(&store).await;

@@ -19,7 +19,7 @@ pub struct Health {
     status: &'static str,
 }
 
-/// `GET /readyz` while the store answers.
+/// `GET /readyz` while the store answers and this instance holds its shard lease.
 #[derive(Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Ready {
@@ -28,6 +28,12 @@ pub struct Ready {
     /// The configured store (`embedded`, `scylla`).
     #[schema(example = "embedded")]
     store: &'static str,
+    /// The write shard this instance holds a lease on (always 0 on the embedded store).
+    #[schema(example = 0)]
+    shard: i16,
+    /// Instances holding a lease, this one included (1 on the embedded store).
+    #[schema(example = 1)]
+    members: u32,
 }
 
 /// 200 while the process serves.
@@ -42,7 +48,8 @@ pub async fn healthz() -> HttpResponse {
     HttpResponse::Ok().json(Health { status: "ok" })
 }
 
-/// 200 while the store answers within the store deadline, else 503.
+/// 200 while the store answers within the store deadline and this instance holds its shard
+/// lease, else 503.
 #[utoipa::path(
     get,
     path = "/readyz",
@@ -50,16 +57,24 @@ pub async fn healthz() -> HttpResponse {
     operation_id = "readyz",
     responses(
         (status = 200, description = "The store answers", body = Ready),
-        (status = 503, description = "unavailable: the store does not answer", body = ErrorBody),
+        (status = 503, description = "unavailable: the store does not answer, or this instance holds no shard lease", body = ErrorBody),
     ),
 )]
 pub async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     // A probe waits at least half a second, however short the store deadline of checks is.
     let deadline = state.store_timeout.max(Duration::from_millis(500));
+    let Some(shard) = state.fleet.shard() else {
+        return Err(ApiError::Unavailable(
+            "this instance holds no shard lease (it cannot renew it, or every shard is taken)"
+                .into(),
+        ));
+    };
     match tokio::time::timeout(deadline, state.store.ping()).await {
         Ok(Ok(())) => Ok(HttpResponse::Ok().json(Ready {
             status: "ready",
             store: state.store.kind(),
+            shard,
+            members: state.fleet.members(),
         })),
         Ok(Err(e)) => Err(ApiError::Unavailable(format!(
             "the store does not answer: {e}"

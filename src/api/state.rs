@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::auth::Auth;
+use crate::fleet::Membership;
 use crate::limiter::Limiter;
 use crate::metrics::Metrics;
 use crate::policy::PolicyCache;
@@ -18,4 +19,6 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     pub auth: Arc<Auth>,
     pub store_timeout: Duration,
+    /// This instance's place in the fleet (`/readyz`).
+    pub fleet: Arc<Membership>,
 }

@@ -16,8 +16,8 @@ mod values;
 
 pub use auth::{AuthSettings, Role, TokenSettings};
 pub use sections::{
-    LimiterSettings, LogSettings, MetricsSettings, QuotaSettings, ServerSettings, StoreKind,
-    StoreSettings, SyncSettings, HEADER_BYTES_CEILING,
+    FleetSettings, LimiterSettings, LogSettings, MetricsSettings, QuotaSettings, ServerSettings,
+    StoreKind, StoreSettings, SyncSettings, HEADER_BYTES_CEILING,
 };
 pub use values::{DurationMs, Secret};
 
@@ -30,6 +30,7 @@ pub struct Settings {
     pub sync: SyncSettings,
     pub quotas: QuotaSettings,
     pub limiter: LimiterSettings,
+    pub fleet: FleetSettings,
     pub metrics: MetricsSettings,
     pub log: LogSettings,
 }

@@ -74,10 +74,9 @@ pub struct StoreSettings {
     pub request_timeout_ms: DurationMs,
     /// Cassandra/Scylla consistency level, e.g. `local_quorum`, `quorum`, `one`.
     pub consistency: String,
-    /// This instance's write shard (0..shards); give every instance of a fleet its own.
-    pub shard: i16,
-    /// How many write shards a counter is spread over (readers sum them).
-    pub shards: i16,
+    /// Pins this instance to one write shard (0..256). Unset (the default): it claims any free
+    /// shard through the store. A pin that a live instance holds stops start-up.
+    pub shard: Option<i16>,
     /// Replication of the keyspace `quotad migrate` creates (a CQL map).
     pub replication: String,
     /// The local datacenter (set it with several: LOCAL_QUORUM is local to the coordinator).
@@ -98,8 +97,7 @@ impl Default for StoreSettings {
             timeout_ms: DurationMs(50),
             request_timeout_ms: DurationMs(2_000),
             consistency: "local_quorum".into(),
-            shard: 0,
-            shards: 1,
+            shard: None,
             replication: "{'class': 'SimpleStrategy', 'replication_factor': 1}".into(),
             local_dc: None,
             username: None,
@@ -170,6 +168,25 @@ impl Default for LimiterSettings {
             idle_ms: DurationMs(60_000),
             max_counters: 1_000_000,
             max_clients_per_tenant: 100_000,
+        }
+    }
+}
+
+/// Fleet membership on the scylla store (`crate::fleet`).
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FleetSettings {
+    /// How often an instance renews its shard lease and reads who else is live.
+    pub heartbeat_ms: DurationMs,
+    /// How long a lease lives unrenewed: a killed instance leaves N this long after it died.
+    pub lease_ttl_ms: DurationMs,
+}
+
+impl Default for FleetSettings {
+    fn default() -> Self {
+        Self {
+            heartbeat_ms: DurationMs(1_000),
+            lease_ttl_ms: DurationMs(5_000),
         }
     }
 }

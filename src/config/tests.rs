@@ -83,6 +83,13 @@ fn unknown_keys_and_bad_values_are_named() {
         // Unquoted CQL names are case-insensitive: one rule with `quotad migrate`, lowercase.
         (("QUOTAD__STORE__KEYSPACE", "Quota"), "store.keyspace"),
         (("QUOTAD__LOG__LEVEL", "=[="), "log.level"),
+        (("QUOTAD__STORE__SHARD", "256"), "store.shard"),
+        (("QUOTAD__STORE__SHARDS", "3"), "shards"),
+        (("QUOTAD__FLEET__HEARTBEAT_MS", "0"), "fleet.heartbeat_ms"),
+        (
+            ("QUOTAD__FLEET__LEASE_TTL_MS", "1500ms"),
+            "fleet.lease_ttl_ms",
+        ),
         (("QUOTAD__STORE__CACHE_MB", "0"), "store.cache_mb"),
         (
             ("QUOTAD__LIMITER__MAX_COUNTERS", "0"),

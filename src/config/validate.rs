@@ -59,17 +59,28 @@ impl Settings {
         if let Err(e) = crate::cql::validate_keyspace(&st.keyspace) {
             return bad("store.keyspace", e);
         }
-        if st.shards < 1 || st.shard < 0 || st.shard >= st.shards {
-            return bad(
-                "store.shard",
-                format!(
-                    "shard {} must be in 0..store.shards ({})",
-                    st.shard, st.shards
-                ),
-            );
+        let max = crate::store::lease::MAX_SHARDS;
+        if let Some(s) = st.shard.filter(|s| !(0..max).contains(s)) {
+            return bad("store.shard", format!("{s} must be in 0..{max}"));
         }
         if st.kind == StoreKind::Scylla && st.nodes.is_empty() {
             return bad("store.nodes", "at least one host:port is needed".into());
+        }
+        self.validate_fleet()
+    }
+
+    /// The lease heartbeat and lifetime: a lease must outlive a missed heartbeat, and CQL's
+    /// TTL counts whole seconds.
+    fn validate_fleet(&self) -> Result<(), ConfigError> {
+        let f = &self.fleet;
+        if f.heartbeat_ms.0 == 0 {
+            return bad("fleet.heartbeat_ms", "must be more than 0".into());
+        }
+        if f.lease_ttl_ms.0 < 1_000 || f.lease_ttl_ms.0 < 2 * f.heartbeat_ms.0 {
+            return bad(
+                "fleet.lease_ttl_ms",
+                "must be at least 1s and at least two heartbeats (fleet.heartbeat_ms)".into(),
+            );
         }
         Ok(())
     }

@@ -13,5 +13,5 @@ pub(crate) mod schema_check;
 mod session;
 
 pub use keyspace::validate_keyspace;
-pub use options::{parse_consistency, ScyllaOptions, MAX_SHARDS};
+pub use options::{parse_consistency, ScyllaOptions};
 pub(crate) use session::{lwt_applied, session_builder};

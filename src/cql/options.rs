@@ -1,4 +1,4 @@
-//! How to reach the cluster and which shard this instance writes: [`ScyllaOptions`], checked
+//! How to reach the cluster: [`ScyllaOptions`], checked
 //! by [`ScyllaOptions::validate`] before anything connects, and the consistency names of the
 //! configuration ([`parse_consistency`]).
 
@@ -9,10 +9,8 @@ use scylla::statement::Consistency;
 
 use super::validate_keyspace;
 
-/// Most shards a deployment may sum on read (each read costs `shards` queries per partition).
-pub const MAX_SHARDS: i16 = 256;
-
-/// How to reach the cluster and which shard this instance writes.
+/// How to reach the cluster. Which shard an instance writes is not configured: it claims
+/// one through the store (`store::lease`).
 #[derive(Clone)]
 pub struct ScyllaOptions {
     /// Contact points, `host:port`.
@@ -25,11 +23,6 @@ pub struct ScyllaOptions {
     pub request_timeout: Duration,
     /// Timeout of opening a connection.
     pub connect_timeout: Duration,
-    /// This instance's write shard, `0..shards`. Give every instance its own.
-    pub shard: i16,
-    /// How many shards a read sums. Must be the same on every instance and cover every shard
-    /// in use, or reads miss counts.
-    pub shards: i16,
     /// CQL replication map for a keyspace `quotad migrate` creates.
     pub replication: String,
     /// The local datacenter: requests go to its nodes first (LOCAL_QUORUM is local to the
@@ -50,8 +43,6 @@ impl Default for ScyllaOptions {
             consistency: Consistency::LocalQuorum,
             request_timeout: Duration::from_millis(2_000),
             connect_timeout: Duration::from_secs(5),
-            shard: 0,
-            shards: 1,
             replication: "{'class': 'SimpleStrategy', 'replication_factor': 1}".into(),
             local_dc: None,
             username: None,
@@ -70,8 +61,6 @@ impl fmt::Debug for ScyllaOptions {
             .field("consistency", &self.consistency)
             .field("request_timeout", &self.request_timeout)
             .field("connect_timeout", &self.connect_timeout)
-            .field("shard", &self.shard)
-            .field("shards", &self.shards)
             .field("replication", &self.replication)
             .field("local_dc", &self.local_dc)
             .field("username", &self.username)
@@ -88,15 +77,6 @@ impl ScyllaOptions {
         validate_keyspace(&self.keyspace).map_err(|e| format!("keyspace: {e}"))?;
         if self.nodes.is_empty() || self.nodes.iter().any(|n| n.trim().is_empty()) {
             return Err("nodes: at least one host:port is needed".into());
-        }
-        if !(1..=MAX_SHARDS).contains(&self.shards) {
-            return Err(format!("shards: must be 1..={MAX_SHARDS}"));
-        }
-        if !(0..self.shards).contains(&self.shard) {
-            return Err(format!(
-                "shard: must be 0..{} (shards is {})",
-                self.shards, self.shards
-            ));
         }
         if self.request_timeout.is_zero() {
             return Err("request_timeout_ms: must be positive".into());
@@ -149,20 +129,6 @@ mod tests {
             f(&mut o);
             o.validate()
         };
-        assert!(with(|o| o.shards = 0).unwrap_err().starts_with("shards"));
-        assert!(with(|o| o.shards = MAX_SHARDS + 1).is_err());
-        assert!(with(|o| {
-            o.shards = 2;
-            o.shard = 2
-        })
-        .unwrap_err()
-        .starts_with("shard:"));
-        assert!(with(|o| o.shard = -1).is_err());
-        assert!(with(|o| {
-            o.shards = 4;
-            o.shard = 3
-        })
-        .is_ok());
         assert!(with(|o| o.nodes.clear()).unwrap_err().starts_with("nodes"));
         assert!(with(|o| o.keyspace = "Bad-Name".into())
             .unwrap_err()

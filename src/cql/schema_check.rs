@@ -49,6 +49,11 @@ macro_rules! cql_names {
         }
     };
 }
+impl CqlNames for () {
+    fn names() -> Vec<&'static str> {
+        Vec::new()
+    }
+}
 cql_names!(A);
 cql_names!(A, B);
 cql_names!(A, B, C);
@@ -171,7 +176,7 @@ pub fn parse_tables(statements: &[String]) -> Vec<Table> {
 
 const KEYWORDS: &[&str] = &[
     "SELECT", "DISTINCT", "FROM", "WHERE", "AND", "UPDATE", "SET", "INSERT", "INTO", "VALUES",
-    "DELETE", "IF", "NOT", "EXISTS", "LIMIT", "TOKEN",
+    "DELETE", "IF", "NOT", "EXISTS", "LIMIT", "TOKEN", "USING", "TTL",
 ];
 
 /// Checks one statement; returns a description of the first problem.
@@ -195,10 +200,18 @@ pub fn check(
         .iter()
         .find(|tb| tb.name == t[table_at])
         .ok_or_else(|| format!("no table {}", t[table_at]))?;
-    if upper.iter().any(|w| w == "USING") {
+    let is_counter_table = table.columns.iter().any(|(_, ty)| ty == "counter");
+    if is_counter_table && upper.iter().any(|w| w == "USING") {
         return Err("USING (TTL/TIMESTAMP) is refused on counter tables".into());
     }
-    let is_counter_table = table.columns.iter().any(|(_, ty)| ty == "counter");
+    if upper.iter().any(|w| w == "TIMESTAMP") {
+        return Err("quotad never sets write timestamps".into());
+    }
+    // `USING TTL ?` binds an int, wherever it stands.
+    let ttl_marker = upper
+        .windows(2)
+        .position(|w| w[0] == "TTL" && w[1] == "?")
+        .map(|i| i + 1);
     if is_counter_table && upper[0] == "INSERT" {
         return Err("INSERT is refused on counter tables".into());
     }
@@ -219,12 +232,15 @@ pub fn check(
             .take_while(|w| *w != ")")
             .filter(|w| *w != ",")
             .collect();
-        let markers = t.iter().filter(|w| *w == "?").count();
+        let markers = t.iter().filter(|w| *w == "?").count() - ttl_marker.iter().count();
         if markers != cols.len() {
             return Err(format!("{} columns, {markers} markers", cols.len()));
         }
         for c in &cols {
             bound.push(table.column_type(c).unwrap().to_owned());
+        }
+        if ttl_marker.is_some() {
+            bound.push("int".to_owned());
         }
         for pk in table.partition_key.iter().chain(&table.clustering) {
             if !cols.contains(&pk) {
@@ -237,7 +253,7 @@ pub fn check(
                 continue;
             }
             let prev = upper[i - 1].as_str();
-            let ty = if prev == "LIMIT" {
+            let ty = if prev == "LIMIT" || Some(i) == ttl_marker {
                 "int".to_owned()
             } else if prev == "+" {
                 table.column_type(&t[i - 2]).unwrap().to_owned()

@@ -54,7 +54,7 @@ impl Limiter {
                 // has never seen (the next sync reads their real totals back), and decide on
                 // them. Admitted hits are pending and reach the store when it returns.
                 // Not knowing the others' demand, take an even share.
-                let share = 1.0 / self.cfg.instances.max(1) as f32;
+                let share = 1.0 / self.cfg.fleet.members() as f32;
                 let mut room = true;
                 for l in limits {
                     room &= self.install(input, l, Vec::new(), share, now).is_ok();

@@ -54,8 +54,9 @@ use crate::clock::Clock;
 use crate::domain::{
     ClientId, Consistency, Limit, LimitId, Policy, Scope, TenantId, TENANT_SUBJECT,
 };
+use crate::fleet::Membership;
 use crate::metrics::Metrics;
-use crate::store::{CounterRange, DynStore, StoreError};
+use crate::store::{CounterRange, DynCounterStore, StoreError};
 use caps::{Cap, TenantClients};
 use decision::decide;
 use key::subject_of;
@@ -71,8 +72,9 @@ pub struct LimiterConfig {
     pub idle_ms: i64,
     /// Deadline of a store call made on the check path (first touch, strict mode).
     pub store_timeout: Duration,
-    /// Instances sharing the store (the store's shard count); 1 = no one else counts.
-    pub instances: u32,
+    /// The fleet: how many instances share the store now (N in the shares), and whether this
+    /// one holds its shard lease. Alone unless the fleet task says otherwise.
+    pub fleet: Arc<Membership>,
     /// The sync interval: how long a denial for an exhausted share lasts at most.
     pub sync_interval_ms: i64,
     /// Most counters (key x limit) held in memory. A check that needs one more is decided
@@ -88,7 +90,7 @@ impl Default for LimiterConfig {
             shards: 64,
             idle_ms: 60_000,
             store_timeout: Duration::from_millis(50),
-            instances: 1,
+            fleet: Arc::new(Membership::alone()),
             sync_interval_ms: 250,
             max_counters: 1_000_000,
             max_clients_per_tenant: 100_000,
@@ -135,7 +137,7 @@ pub struct Limiter {
     /// shard, never before one.
     tenant_clients: Mutex<TenantClients>,
     hasher: DefaultHashBuilder,
-    store: DynStore,
+    store: DynCounterStore,
     clock: Arc<dyn Clock>,
     metrics: Arc<Metrics>,
     cfg: LimiterConfig,
@@ -143,7 +145,7 @@ pub struct Limiter {
 
 impl Limiter {
     pub fn new(
-        store: DynStore,
+        store: DynCounterStore,
         clock: Arc<dyn Clock>,
         metrics: Arc<Metrics>,
         cfg: LimiterConfig,
@@ -167,7 +169,7 @@ impl Limiter {
         &self.clock
     }
 
-    pub fn store(&self) -> &DynStore {
+    pub fn store(&self) -> &DynCounterStore {
         &self.store
     }
 
@@ -183,6 +185,12 @@ impl Limiter {
             return Decision::no_limit();
         }
         let now = self.clock.now_ms();
+        if !self.cfg.fleet.holds_lease() {
+            // This instance may be counting from a share another instance holds now (its
+            // lease could not be renewed): decide as the policy says for a failing store.
+            let e = StoreError::Unavailable("this instance holds no shard lease".into());
+            return self.on_failure(policy, &limits, input, now, &e);
+        }
         if policy.consistency == Consistency::Strict {
             return self.check_strict(policy, &limits, input, now).await;
         }

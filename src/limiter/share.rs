@@ -8,7 +8,7 @@
 //! N = 3), a newcomer or a key nobody has counted gets 1/N, and an instance that stops writing
 //! fades out as its hits leave the window. If all instances read the store at the same moment
 //! they could never overshoot together; reads at different moments leave a small overshoot,
-//! measured by the simulation in `tests/simulation.rs` and reported in the README.
+//! measured by the simulation in `tests/simulation.rs` and reported in docs/accuracy.md.
 
 use super::state::LimitState;
 use super::{window, Limiter};
@@ -79,12 +79,18 @@ impl Limiter {
     /// This instance's share of a counter read back over `r`.
     pub(super) fn share(&self, totals: &[BucketTotal], r: &CounterRange, now: i64) -> f32 {
         let settled = now - 2 * self.cfg.sync_interval_ms;
-        share_of(totals, r.key.grain, r.from, settled, self.cfg.instances)
+        share_of(
+            totals,
+            r.key.grain,
+            r.from,
+            settled,
+            self.cfg.fleet.members(),
+        )
     }
 
     pub(super) fn fleet(&self, policy: &Policy) -> Fleet {
         Fleet {
-            shares: self.cfg.instances > 1 && policy.consistency == Consistency::Cached,
+            shares: self.cfg.fleet.members() > 1 && policy.consistency == Consistency::Cached,
             sync_interval_ms: self.cfg.sync_interval_ms,
         }
     }

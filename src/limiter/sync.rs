@@ -40,8 +40,8 @@ impl Limiter {
                 // other instances count too; otherwise (and alone, where this instance's own
                 // writes already keep it exact) every few rounds, which also picks up hits the
                 // store counted directly (strict checks, checks beyond a memory cap).
-                let refresh =
-                    (e.touched && self.cfg.instances > 1) || e.stale_rounds >= REFRESH_IDLE_EVERY;
+                let refresh = (e.touched && self.cfg.fleet.members() > 1)
+                    || e.stale_rounds >= REFRESH_IDLE_EVERY;
                 for s in &e.states {
                     let key = || CounterKey {
                         tenant: k.tenant.clone(),

@@ -1,7 +1,7 @@
 //! Window arithmetic over counter buckets: the estimate, when it falls, and what may be pruned.
 //!
-//! A sliding window of width `W` is cut into buckets of width `g` (the limit's grain, `W/25 <=
-//! g <= W/10`), aligned on Unix time so every instance cuts them the same way. At instant `t`
+//! A sliding window of width `W` is cut into buckets of width `g` (the limit's grain,
+//! [`crate::domain::sliding_grain`]; how many a window holds is in docs/accuracy.md), aligned on Unix time so every instance cuts them the same way. At instant `t`
 //! the window is `(t - W, t]`. Buckets that start after `t - W` count in full; the one bucket
 //! that straddles `t - W` is weighed by the part of it still inside the window (hits are assumed
 //! spread evenly across a bucket), rounded down, unless the bucket before it counted nothing:

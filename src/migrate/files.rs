@@ -21,6 +21,10 @@ pub const MIGRATION_FILES: &[(&str, &str)] = &[
         "0002_policies.cql",
         include_str!("../../migrations/0002_policies.cql"),
     ),
+    (
+        "0003_members.cql",
+        include_str!("../../migrations/0003_members.cql"),
+    ),
 ];
 
 /// One migration file.

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
+use super::lease::{Claim, LeaseStore, Roster};
 use super::{
     BucketTotal, CounterRange, CounterStore, Delta, DynStore, PolicyKey, PolicyRecord, PolicyStore,
     StoreError, StoreResult,
@@ -133,5 +134,35 @@ impl PolicyStore for FaultyStore {
     async fn policies_generation(&self) -> StoreResult<u64> {
         self.gate().await?;
         self.inner.policies_generation().await
+    }
+}
+
+/// Leases fail with the rest of the store, so a test can make an instance lose its lease.
+#[async_trait]
+impl LeaseStore for FaultyStore {
+    async fn claim(
+        &self,
+        owner: &str,
+        pin: Option<i16>,
+        prefer: Option<i16>,
+        ttl: std::time::Duration,
+    ) -> StoreResult<Claim> {
+        self.gate().await?;
+        self.inner.claim(owner, pin, prefer, ttl).await
+    }
+    async fn renew(&self, shard: i16, owner: &str, ttl: std::time::Duration) -> StoreResult<bool> {
+        self.gate().await?;
+        self.inner.renew(shard, owner, ttl).await
+    }
+    async fn release(&self, shard: i16, owner: &str) -> StoreResult<bool> {
+        self.gate().await?;
+        self.inner.release(shard, owner).await
+    }
+    async fn roster(&self) -> StoreResult<Roster> {
+        self.gate().await?;
+        self.inner.roster().await
+    }
+    fn adopt(&self, write: Option<i16>, read: &[i16]) {
+        self.inner.adopt(write, read)
     }
 }

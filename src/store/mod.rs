@@ -1,8 +1,8 @@
 //! The store: durable counters and policies behind two narrow traits.
 //!
-//! Two narrow traits: [`CounterStore`] (the limiter and the sync task: increments, reads,
-//! expiry) and [`PolicyStore`] (the admin API and the policy cache). [`Store`] is both, and is
-//! what a backend implements: `embedded` (redb, one process) and `scylla` (Cassandra/ScyllaDB
+//! Three narrow traits: [`CounterStore`] (the limiter and the sync task: increments, reads,
+//! expiry), [`PolicyStore`] (the admin API and the policy cache) and [`lease::LeaseStore`]
+//! (fleet membership). [`Store`] is all three, and is what a backend implements: `embedded` (redb, one process) and `scylla` (Cassandra/ScyllaDB
 //! counter tables, many instances). Both run the same contract suite
 //! (`tests/store_contract.rs`). `kind` and `ping` are on [`CounterStore`]: readiness means
 //! "counters answer", and the counters are the hot path.
@@ -14,6 +14,7 @@
 pub mod embedded;
 #[cfg(any(test, feature = "test-support"))]
 pub mod faulty;
+pub mod lease;
 pub mod scylla;
 
 use std::sync::Arc;
@@ -172,10 +173,11 @@ pub trait PolicyStore: Send + Sync + 'static {
     async fn policies_generation(&self) -> StoreResult<u64>;
 }
 
-/// A whole backend: counters and policies. Implemented by every type that implements both.
-pub trait Store: CounterStore + PolicyStore {}
+/// A whole backend: counters, policies and leases. Implemented by every type that implements
+/// the three.
+pub trait Store: CounterStore + PolicyStore + lease::LeaseStore {}
 
-impl<T: CounterStore + PolicyStore> Store for T {}
+impl<T: CounterStore + PolicyStore + lease::LeaseStore> Store for T {}
 
 /// The handle everyone shares.
 pub type DynStore = Arc<dyn Store>;

@@ -115,7 +115,7 @@ async fn the_default_header_limit_is_16_kib() {
     assert_error(r, 431, "request_header_fields_too_large").await;
 }
 
-/// What actix-http enforces by itself, before quotad sees the request (documented in the README
+/// What actix-http enforces by itself, before quotad sees the request (documented in docs/api.md
 /// and at `server.max_header_bytes`): past 96 header fields a bare 431 with no body. A limit as
 /// high as the configuration allows is reachable: a 120 KiB header block passes.
 #[tokio::test]

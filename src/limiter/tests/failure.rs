@@ -72,3 +72,30 @@ async fn at_a_cap_with_the_store_down_allow_counts_the_unrecorded_hit_and_local_
     let day = mk("local").limits[0].kind.grain();
     assert_eq!(stored(&r, "acme", "first", "d", day).await, 2);
 }
+
+#[tokio::test]
+async fn without_a_shard_lease_checks_follow_on_store_failure_and_resume_with_it() {
+    let fleet = Arc::new(crate::fleet::Membership::alone());
+    let r = rig_with(LimiterConfig {
+        fleet: fleet.clone(),
+        ..LimiterConfig::default()
+    });
+    let mk = |rule: &str| {
+        policy(
+            serde_json::json!({"limits": [{"id": "d", "max": 5, "period": "day"}],
+            "on_store_failure": rule}),
+        )
+    };
+    let (t, c) = ids("acme", "k1");
+    assert!(check(&r, &mk("deny"), &t, &c, 1).await.allowed);
+    fleet.set_held(false);
+    let d = check(&r, &mk("deny"), &t, &c, 1).await;
+    assert!(!d.allowed, "no lease, rule deny");
+    assert_eq!(d.store_failure, Some(OnStoreFailure::Deny));
+    let d = check(&r, &mk("local"), &t, &c, 1).await;
+    assert!(d.allowed);
+    assert_eq!(d.store_failure, Some(OnStoreFailure::Local));
+    fleet.set_held(true);
+    let d = check(&r, &mk("deny"), &t, &c, 1).await;
+    assert!(d.allowed && d.store_failure.is_none());
+}

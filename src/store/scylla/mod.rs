@@ -1,6 +1,6 @@
 //! The Cassandra/ScyllaDB store: counters in counter tables, policies in a regular table.
 //!
-//! Schema: `migrations/0001_counters.cql` and `0002_policies.cql`. Every statement is prepared
+//! Schema: `migrations/0001_counters.cql`, `0002_policies.cql` and `0003_members.cql`. Every statement is prepared
 //! once in [`ScyllaStore::connect`] from one table ([`statements`]).
 //!
 //! Counters. A bucket is a row `(tenant, subject, limit_id, grain, epoch, shard, bucket_start)`:
@@ -29,6 +29,7 @@
 
 mod errors;
 mod janitor;
+mod lease;
 mod partition;
 mod policies;
 mod statements;

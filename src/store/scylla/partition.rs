@@ -14,8 +14,8 @@ use chrono::{DateTime, Datelike, TimeZone, Utc};
 use crate::domain::Grain;
 use crate::store::{CounterKey, Delta, StoreError, StoreResult};
 
-/// Buckets of a fixed grain per partition. At least a window's 33 buckets, so a window spans
-/// at most two partitions per shard; small, so partitions stay tiny and expire soon after
+/// Buckets of a fixed grain per partition. More than a window's estimate reads
+/// ([`crate::domain::MAX_BUCKETS_READ`]), so a window spans at most two partitions per shard; small, so partitions stay tiny and expire soon after
 /// their last bucket.
 pub(crate) const FIXED_EPOCH_BUCKETS: i64 = 64;
 /// Policies are spread over this many partitions. Part of the stored data: changing it needs a
@@ -145,9 +145,10 @@ mod tests {
             assert_eq!(epoch_of(grain, 64 * g).unwrap(), 1);
             assert_eq!(epoch_of(grain, -1).unwrap(), -1);
             assert_eq!(epoch_end(grain, 0), Some(64 * g));
-            // The longest window: 32 buckets plus the partial one.
+            // The most buckets an estimate reads: the window's, the straddling one, the one before.
             let t = 63 * g;
-            let r = epochs_of_range(grain, t - 32 * g, t).unwrap();
+            let r =
+                epochs_of_range(grain, t - (crate::domain::MAX_BUCKETS_READ - 1) * g, t).unwrap();
             assert!(r.end() - r.start() <= 1);
         }
         assert!(epoch_of(Grain::Fixed(0), 5).is_err());

@@ -8,7 +8,6 @@
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use futures::stream::{self, StreamExt, TryStreamExt};
-use scylla::statement::prepared::PreparedStatement;
 use scylla::value::{Counter, CqlTimestamp};
 
 use super::errors::{internal, map_exec, map_next_row, map_pager, Op};
@@ -18,7 +17,6 @@ use super::statements::{
     LoadPoliciesValues, PolicyKeyValues, PolicyRow, ReadGenerationValues, UpdatePolicyValues,
 };
 use super::ScyllaStore;
-use crate::cql::lwt_applied;
 use crate::domain::{ClientId, TenantId};
 use crate::store::{PolicyKey, PolicyRecord, PolicyStore, StoreError, StoreResult};
 
@@ -31,21 +29,6 @@ const KIND_TENANT: i8 = 0;
 const KIND_OVERRIDE: i8 = 1;
 
 impl ScyllaStore {
-    /// Runs a prepared lightweight transaction; returns its `[applied]`.
-    async fn lwt(
-        &self,
-        st: &PreparedStatement,
-        values: impl scylla::serialize::row::SerializeRow,
-    ) -> StoreResult<bool> {
-        let res = self
-            .session
-            .execute_unpaged(st, values)
-            .await
-            .map_err(|e| map_exec(e, Op::Write))?;
-        let rows = res.into_rows_result().map_err(internal)?;
-        lwt_applied(&rows).map_err(StoreError::Internal)
-    }
-
     async fn read_policy(
         &self,
         key: &PolicyKey,

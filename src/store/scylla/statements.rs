@@ -74,6 +74,31 @@ pub(crate) const READ_GENERATION_CQL: &str =
 pub(crate) type ReadGenerationValues<'a> = (&'a str,);
 pub(crate) type GenerationRow = (Option<Counter>,);
 
+/// Fleet membership (`store::lease`): a lease is a row of `members` with a TTL.
+pub(crate) const CLAIM_SHARD_CQL: &str = "INSERT INTO members (shard, owner, renewed_at) \
+     VALUES (?, ?, ?) IF NOT EXISTS USING TTL ?";
+pub(crate) type ClaimShardValues<'a> = (i16, &'a str, CqlTimestamp, i32);
+
+pub(crate) const RENEW_SHARD_CQL: &str = "UPDATE members USING TTL ? SET owner = ?, \
+     renewed_at = ? WHERE shard = ? IF owner = ?";
+pub(crate) type RenewShardValues<'a> = (i32, &'a str, CqlTimestamp, i16, &'a str);
+
+pub(crate) const RELEASE_SHARD_CQL: &str = "DELETE FROM members WHERE shard = ? IF owner = ?";
+pub(crate) type ReleaseShardValues<'a> = (i16, &'a str);
+
+/// At most 256 rows, one per shard: a small scan.
+pub(crate) const LIST_MEMBERS_CQL: &str = "SELECT shard, owner FROM members";
+pub(crate) type MemberRow = (i16, Option<String>);
+
+/// `part` is always [`USED_PART`]: one partition lists every shard ever claimed.
+pub(crate) const MARK_USED_CQL: &str = "INSERT INTO shards_used (part, shard) VALUES (?, ?)";
+pub(crate) type MarkUsedValues = (i8, i16);
+
+pub(crate) const LIST_USED_CQL: &str = "SELECT shard FROM shards_used WHERE part = ?";
+pub(crate) type ListUsedValues = (i8,);
+pub(crate) type UsedRow = (i16,);
+pub(crate) const USED_PART: i8 = 0;
+
 /// One entry of the table, for code that walks every statement.
 #[cfg(test)]
 pub(crate) struct Entry {
@@ -161,6 +186,12 @@ statements! {
     bump_generation: BUMP_GENERATION_CQL, idempotent: false, binds: BumpGenerationValues<'static>;
     read_generation: READ_GENERATION_CQL, idempotent: true, binds: ReadGenerationValues<'static>,
         row: GenerationRow;
+    claim_shard: CLAIM_SHARD_CQL, idempotent: false, binds: ClaimShardValues<'static>;
+    renew_shard: RENEW_SHARD_CQL, idempotent: false, binds: RenewShardValues<'static>;
+    release_shard: RELEASE_SHARD_CQL, idempotent: false, binds: ReleaseShardValues<'static>;
+    list_members: LIST_MEMBERS_CQL, idempotent: true, binds: (), row: MemberRow;
+    mark_used: MARK_USED_CQL, idempotent: true, binds: MarkUsedValues;
+    list_used: LIST_USED_CQL, idempotent: true, binds: ListUsedValues, row: UsedRow;
 }
 
 fn at_local_serial(p: &mut PreparedStatement) {

@@ -4,25 +4,31 @@
 //! first statement, so one partition per batch keeps routing right), partitions written in
 //! parallel with bounded concurrency. They are never retried: counter writes are not
 //! idempotent, so a timed-out write is reported as [`StoreError::Uncertain`]. A read sums
-//! the `shards` partitions of each epoch; the part found in this instance's own shard is
-//! [`BucketTotal::mine`].
+//! the partitions of every used shard of each epoch; the part found in this instance's own
+//! shard is [`BucketTotal::mine`]. Which shard is this instance's, and which are used, comes
+//! from its lease ([`super::lease`]); without a lease an increment fails as unavailable, so
+//! the hits stay pending until one is held again.
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::{Arc, Mutex};
+
+use arc_swap::ArcSwap;
 
 use async_trait::async_trait;
 use futures::stream::{self, StreamExt, TryStreamExt};
 use scylla::client::execution_profile::ExecutionProfile;
 use scylla::client::session::Session;
 use scylla::statement::batch::{Batch, BatchType};
+use scylla::statement::prepared::PreparedStatement;
 use scylla::statement::SerialConsistency;
 use scylla::value::Counter;
 
 use super::errors::{combine_write_outcomes, internal, map_exec, map_new_session, Op};
 use super::partition::{epochs_of_range, group_increments, PartitionWrite};
 use super::statements::{BucketRow, IncrementValues, ReadBucketsValues, Statements};
-use crate::cql::{session_builder, ScyllaOptions};
+use crate::cql::{lwt_applied, session_builder, ScyllaOptions};
 use crate::store::{
     BucketTotal, CounterKey, CounterRange, CounterStore, Delta, PolicyStore, StoreError,
     StoreResult,
@@ -32,8 +38,10 @@ use crate::store::{
 pub struct ScyllaStore {
     pub(super) session: Session,
     pub(super) st: Statements,
-    pub(super) shard: i16,
-    pub(super) shards: i16,
+    /// The shard this instance writes, from its lease; -1 while it holds none.
+    pub(super) shard: AtomicI32,
+    /// The shards a read sums: every shard ever claimed.
+    pub(super) read_shards: ArcSwap<Vec<i16>>,
     pub(super) max_concurrency: usize,
     /// Token after which the janitor's next sweep continues. A std mutex: it is only read and
     /// written between awaits, never held across one.
@@ -43,8 +51,8 @@ pub struct ScyllaStore {
 impl fmt::Debug for ScyllaStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ScyllaStore")
-            .field("shard", &self.shard)
-            .field("shards", &self.shards)
+            .field("shard", &self.shard())
+            .field("read_shards", &self.read_shards.load())
             .finish_non_exhaustive()
     }
 }
@@ -71,19 +79,41 @@ impl ScyllaStore {
         Ok(ScyllaStore {
             session,
             st,
-            shard: opts.shard,
-            shards: opts.shards,
+            shard: AtomicI32::new(-1),
+            read_shards: ArcSwap::from_pointee(Vec::new()),
             max_concurrency: opts.max_concurrency,
             janitor_cursor: Mutex::new(i64::MIN),
         })
     }
 
-    /// This instance's write shard.
-    pub fn shard(&self) -> i16 {
-        self.shard
+    /// This instance's write shard, while it holds a lease.
+    pub fn shard(&self) -> Option<i16> {
+        let s = self.shard.load(Ordering::Relaxed);
+        (s >= 0).then_some(s as i16)
     }
 
-    async fn write_partition(&self, p: &PartitionWrite) -> StoreResult<()> {
+    pub(super) fn set_shards(&self, write: Option<i16>, read: &[i16]) {
+        self.shard
+            .store(write.map_or(-1, i32::from), Ordering::Relaxed);
+        self.read_shards.store(Arc::new(read.to_vec()));
+    }
+
+    /// Runs a prepared lightweight transaction; returns its `[applied]`.
+    pub(super) async fn lwt(
+        &self,
+        st: &PreparedStatement,
+        values: impl scylla::serialize::row::SerializeRow,
+    ) -> StoreResult<bool> {
+        let res = self
+            .session
+            .execute_unpaged(st, values)
+            .await
+            .map_err(|e| map_exec(e, Op::Write))?;
+        let rows = res.into_rows_result().map_err(internal)?;
+        lwt_applied(&rows).map_err(StoreError::Internal)
+    }
+
+    async fn write_partition(&self, p: &PartitionWrite, shard: i16) -> StoreResult<()> {
         let k = &p.key;
         let values: Vec<IncrementValues<'_>> = p
             .rows
@@ -96,7 +126,7 @@ impl ScyllaStore {
                     &*k.limit,
                     k.grain.code(),
                     p.epoch,
-                    self.shard,
+                    shard,
                     start,
                 )
             })
@@ -160,9 +190,12 @@ impl CounterStore for ScyllaStore {
     }
 
     async fn increment(&self, deltas: &[Delta]) -> StoreResult<()> {
+        let shard = self.shard().ok_or_else(|| {
+            StoreError::Unavailable("this instance holds no shard lease; nothing written".into())
+        })?;
         let parts = group_increments(deltas)?;
         let outcomes: Vec<StoreResult<()>> = stream::iter(0..parts.len())
-            .map(|i| self.write_partition(&parts[i]))
+            .map(|i| self.write_partition(&parts[i], shard))
             .buffer_unordered(self.max_concurrency)
             .collect()
             .await;
@@ -170,13 +203,15 @@ impl CounterStore for ScyllaStore {
     }
 
     async fn read(&self, ranges: &[CounterRange]) -> StoreResult<Vec<Vec<BucketTotal>>> {
+        let shards = self.read_shards.load();
+        let mine = self.shard.load(Ordering::Relaxed);
         let mut queries = Vec::new();
         for (i, r) in ranges.iter().enumerate() {
             if r.from > r.to {
                 continue;
             }
             for epoch in epochs_of_range(r.key.grain, r.from, r.to)? {
-                for shard in 0..self.shards {
+                for &shard in shards.iter() {
                     queries.push((i, epoch, shard));
                 }
             }
@@ -197,7 +232,7 @@ impl CounterStore for ScyllaStore {
             for (start, n) in rows {
                 let e = sums[i].entry(start).or_insert((0, 0));
                 e.0 += n;
-                if shard == self.shard {
+                if i32::from(shard) == mine {
                     e.1 += n;
                 }
             }

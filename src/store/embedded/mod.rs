@@ -14,6 +14,11 @@
 //!   janitor walks it from the oldest, so deleting old buckets costs what it deletes.
 //! - `tenant_policies` / `client_policies` (tenant \0 client): JSON of the record.
 //! - `meta`: the policies generation.
+//! - `members` / `shards_used`: leases on write shards ([`lease`]). One process writes this
+//!   store, so it is always a fleet of one; the leases still work, for the contract suite and
+//!   so that a second process on the same directory is refused by redb's lock, not by luck.
+
+mod lease;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -157,6 +162,7 @@ impl EmbeddedStore {
             tx.open_table(TENANT_POLICIES).map_err(err)?;
             tx.open_table(CLIENT_POLICIES).map_err(err)?;
             tx.open_table(META).map_err(err)?;
+            lease::create_tables(&tx)?;
         }
         tx.commit().map_err(err)?;
         Ok(Self {

@@ -1,0 +1,353 @@
+//! This instance's place in the fleet: it claims a write shard through the store, renews the
+//! lease on a heartbeat, and gives it back after the drain (see `store::lease` for the model).
+//!
+//! [`Membership`] is what the rest of the process reads, lock-free: how many instances hold a
+//! lease now (N in the share formula) and whether this one holds its own. An instance that
+//! cannot renew stops admitting from a share it may no longer hold: once its lease may have
+//! ended, `holds_lease` turns false, the limiter decides as the policy's `on_store_failure`
+//! says, and `/readyz` answers 503 until a lease is held again.
+
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::metrics::Metrics;
+use crate::store::lease::{Claim, LeaseStore, Roster};
+
+/// How the fleet task runs.
+#[derive(Clone, Debug)]
+pub struct FleetConfig {
+    /// How often the lease is renewed and the roster read.
+    pub heartbeat: Duration,
+    /// How long a lease lives without renewal; several heartbeats.
+    pub lease_ttl: Duration,
+    /// A shard this instance must hold (`store.shard`), or any free one.
+    pub pin: Option<i16>,
+    /// How long one store call of the task may take.
+    pub timeout: Duration,
+}
+
+/// What the process knows of the fleet, read on the check path.
+#[derive(Debug)]
+pub struct Membership {
+    members: AtomicU32,
+    /// The shard held, or -1.
+    shard: AtomicI32,
+    held: AtomicBool,
+}
+
+impl Membership {
+    /// A process that is the whole fleet (the embedded store, tests): one member, holding.
+    pub fn alone() -> Self {
+        Self {
+            members: AtomicU32::new(1),
+            shard: AtomicI32::new(0),
+            held: AtomicBool::new(true),
+        }
+    }
+
+    /// A fleet member that holds nothing yet.
+    fn joining() -> Self {
+        Self {
+            members: AtomicU32::new(1),
+            shard: AtomicI32::new(-1),
+            held: AtomicBool::new(false),
+        }
+    }
+
+    /// Instances holding a lease now, this one included; at least 1.
+    #[inline]
+    pub fn members(&self) -> u32 {
+        self.members.load(Ordering::Relaxed)
+    }
+
+    /// Whether this instance may admit from its share: it holds a lease that has not ended.
+    #[inline]
+    pub fn holds_lease(&self) -> bool {
+        self.held.load(Ordering::Relaxed)
+    }
+
+    /// The shard this instance writes, while it holds one.
+    pub fn shard(&self) -> Option<i16> {
+        let s = self.shard.load(Ordering::Relaxed);
+        (s >= 0 && self.holds_lease()).then_some(s as i16)
+    }
+
+    /// For simulations and tests that move N by hand.
+    pub fn set_members(&self, n: u32) {
+        self.members.store(n.max(1), Ordering::Relaxed);
+    }
+
+    /// For simulations and tests that take the lease away by hand.
+    pub fn set_held(&self, held: bool) {
+        self.held.store(held, Ordering::Relaxed);
+    }
+}
+
+/// Why an instance cannot join.
+#[derive(Debug, thiserror::Error)]
+pub enum JoinError {
+    #[error("store.shard {shard} is held by a live instance ({owner}): pin another shard or leave store.shard unset")]
+    PinTaken { shard: i16, owner: String },
+    #[error("no free shard: {max} instances hold every shard of the fleet", max = crate::store::lease::MAX_SHARDS)]
+    Full,
+    #[error("claiming a shard: {0}")]
+    Store(String),
+}
+
+/// The lease this task holds.
+#[derive(Clone, Copy, Debug)]
+struct Lease {
+    shard: i16,
+    /// Until when the lease surely lives: the start of the last successful renewal + TTL,
+    /// less one heartbeat of slack.
+    valid_until: Instant,
+}
+
+/// The heartbeat task's state.
+pub struct Fleet {
+    store: Arc<dyn LeaseStore>,
+    cfg: FleetConfig,
+    owner: String,
+    view: Arc<Membership>,
+    metrics: Arc<Metrics>,
+    lease: Option<Lease>,
+    /// The last shard held, tried first when claiming again.
+    last: Option<i16>,
+}
+
+impl Fleet {
+    /// Claims a shard before the instance serves. A pin that another live instance holds, or a
+    /// full shard space, stops start-up.
+    pub async fn join(
+        store: Arc<dyn LeaseStore>,
+        cfg: FleetConfig,
+        metrics: Arc<Metrics>,
+    ) -> Result<Fleet, JoinError> {
+        let mut fleet = Fleet {
+            store,
+            owner: instance_name(),
+            view: Arc::new(Membership::joining()),
+            metrics,
+            lease: None,
+            last: cfg.pin,
+            cfg,
+        };
+        let started = Instant::now();
+        match fleet
+            .call(
+                fleet
+                    .store
+                    .claim(&fleet.owner, fleet.cfg.pin, None, fleet.cfg.lease_ttl),
+            )
+            .await
+        {
+            Ok(Claim::Held(shard)) => fleet.hold(shard, started),
+            Ok(Claim::Taken { shard, owner }) => return Err(JoinError::PinTaken { shard, owner }),
+            Ok(Claim::Full) => return Err(JoinError::Full),
+            Err(e) => return Err(JoinError::Store(e)),
+        }
+        fleet.refresh_roster().await;
+        tracing::info!(owner = %fleet.owner, shard = ?fleet.lease.map(|l| l.shard), members = fleet.view.members(), "joined the fleet");
+        Ok(fleet)
+    }
+
+    /// What the check path reads.
+    pub fn membership(&self) -> Arc<Membership> {
+        self.view.clone()
+    }
+
+    /// Heartbeats until `leave` turns true (after the drain), then gives the lease back.
+    pub async fn run(mut self, mut leave: watch::Receiver<bool>) {
+        let mut tick = tokio::time::interval(self.cfg.heartbeat);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        loop {
+            tokio::select! {
+                _ = leave.wait_for(|stop| *stop) => break,
+                _ = tick.tick() => {}
+            }
+            self.heartbeat().await;
+        }
+        self.release().await;
+    }
+
+    /// One heartbeat: renew (or claim again), then read the roster.
+    pub async fn heartbeat(&mut self) {
+        let started = Instant::now();
+        match self.lease {
+            Some(lease) => self.renew(lease, started).await,
+            None => self.claim_again(started).await,
+        }
+        self.refresh_roster().await;
+    }
+
+    async fn renew(&mut self, lease: Lease, started: Instant) {
+        let renewed = self
+            .call(
+                self.store
+                    .renew(lease.shard, &self.owner, self.cfg.lease_ttl),
+            )
+            .await;
+        match renewed {
+            Ok(true) => self.hold(lease.shard, started),
+            Ok(false) => {
+                if started < lease.valid_until {
+                    // Our lease should still live, yet the store says another owner has it.
+                    self.metrics.lease_conflict();
+                    tracing::error!(
+                        shard = lease.shard,
+                        "lease taken by another instance while still ours"
+                    );
+                } else {
+                    tracing::warn!(
+                        shard = lease.shard,
+                        "lease ended before it was renewed; claiming again"
+                    );
+                }
+                self.drop_lease();
+                self.claim_again(started).await;
+            }
+            Err(e) => {
+                self.metrics.lease_renewal_failed();
+                tracing::warn!(shard = lease.shard, error = %e, "lease renewal failed");
+                if started >= lease.valid_until {
+                    // It may have ended: stop admitting from its share until renewed.
+                    self.view.held.store(false, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    async fn claim_again(&mut self, started: Instant) {
+        let claimed = self
+            .call(
+                self.store
+                    .claim(&self.owner, self.cfg.pin, self.last, self.cfg.lease_ttl),
+            )
+            .await;
+        match claimed {
+            Ok(Claim::Held(shard)) => {
+                tracing::info!(shard, "claimed a shard");
+                self.hold(shard, started);
+            }
+            Ok(Claim::Taken { shard, owner }) => {
+                tracing::warn!(shard, %owner, "the pinned shard is held by another instance")
+            }
+            Ok(Claim::Full) => tracing::error!("no free shard: the fleet is full"),
+            Err(e) => {
+                self.metrics.lease_renewal_failed();
+                tracing::warn!(error = %e, "claiming a shard failed")
+            }
+        }
+    }
+
+    fn hold(&mut self, shard: i16, started: Instant) {
+        let slack = self.cfg.heartbeat.min(self.cfg.lease_ttl / 2);
+        self.lease = Some(Lease {
+            shard,
+            valid_until: started + self.cfg.lease_ttl - slack,
+        });
+        self.last = Some(shard);
+        self.view.shard.store(shard as i32, Ordering::Relaxed);
+        self.view.held.store(true, Ordering::Relaxed);
+    }
+
+    fn drop_lease(&mut self) {
+        self.lease = None;
+        self.view.shard.store(-1, Ordering::Relaxed);
+        self.view.held.store(false, Ordering::Relaxed);
+    }
+
+    /// Reads who is live, tells the store where to write and what to sum, and N to the view.
+    async fn refresh_roster(&mut self) {
+        let roster = match self.call(self.store.roster()).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "reading the fleet's members failed");
+                self.apply(None);
+                return;
+            }
+        };
+        if let Some(lease) = self.lease {
+            let holder = roster.members.iter().find(|m| m.shard == lease.shard);
+            if holder.is_some_and(|m| m.owner != self.owner) {
+                self.metrics.lease_conflict();
+                tracing::error!(
+                    shard = lease.shard,
+                    "another instance holds this instance's shard"
+                );
+                self.drop_lease();
+            }
+        }
+        self.apply(Some(&roster));
+    }
+
+    fn apply(&self, roster: Option<&Roster>) {
+        let write = self
+            .lease
+            .map(|l| l.shard)
+            .filter(|_| self.view.holds_lease());
+        if let Some(r) = roster {
+            let mut read = r.used.clone();
+            if let Some(s) = write.filter(|s| !read.contains(s)) {
+                read.push(s);
+                read.sort_unstable();
+            }
+            self.store.adopt(write, &read);
+            let n = (r.members.len() as u32).max(1);
+            self.view.members.store(n, Ordering::Relaxed);
+            self.metrics.fleet(n, write);
+        } else {
+            self.metrics.fleet(self.view.members(), write);
+        }
+    }
+
+    async fn release(&mut self) {
+        if let Some(lease) = self.lease.take() {
+            match self
+                .call(self.store.release(lease.shard, &self.owner))
+                .await
+            {
+                Ok(_) => tracing::info!(shard = lease.shard, "released the shard lease"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "releasing the lease failed; it expires by itself")
+                }
+            }
+        }
+        self.drop_lease();
+    }
+
+    async fn call<T>(
+        &self,
+        f: impl std::future::Future<Output = crate::store::StoreResult<T>>,
+    ) -> Result<T, String> {
+        match tokio::time::timeout(self.cfg.timeout, f).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err("timed out".into()),
+        }
+    }
+}
+
+/// A name unique to this process: host, pid and a random part (a restarted process on the
+/// same host with the same pid is still another owner).
+pub fn instance_name() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "quotad".into());
+    format!(
+        "{host}-{}-{:08x}",
+        std::process::id(),
+        rand::random::<u32>()
+    )
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,114 @@
+//! The fleet task against a real embedded store (and a failing one).
+
+use super::*;
+use crate::store::embedded::EmbeddedStore;
+use crate::store::faulty::{Fault, FaultyStore};
+use crate::store::DynStore;
+
+fn cfg(pin: Option<i16>) -> FleetConfig {
+    FleetConfig {
+        heartbeat: Duration::from_millis(100),
+        lease_ttl: Duration::from_millis(1_000),
+        pin,
+        timeout: Duration::from_secs(2),
+    }
+}
+
+fn embedded() -> (tempfile::TempDir, DynStore) {
+    let dir = tempfile::tempdir().unwrap();
+    let store: DynStore = Arc::new(EmbeddedStore::open(dir.path()).unwrap());
+    (dir, store)
+}
+
+async fn join(store: &DynStore, pin: Option<i16>) -> (Fleet, Arc<Metrics>) {
+    let metrics = Arc::new(Metrics::new(false));
+    let f = Fleet::join(store.clone(), cfg(pin), metrics.clone())
+        .await
+        .unwrap();
+    (f, metrics)
+}
+
+fn metric(m: &Metrics, name: &str) -> f64 {
+    m.render()
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name}"))
+}
+
+#[tokio::test]
+async fn instances_take_distinct_shards_and_n_follows_joins_and_leaves() {
+    let (_dir, store) = embedded();
+    let (mut a, ma) = join(&store, None).await;
+    let (mut b, _) = join(&store, None).await;
+    let (c, _) = join(&store, None).await;
+    assert_eq!(
+        [a.view.shard(), b.view.shard(), c.view.shard()],
+        [Some(0), Some(1), Some(2)]
+    );
+    // c saw everyone when it joined; a learns of b and c at its next heartbeat.
+    assert_eq!(c.view.members(), 3);
+    a.heartbeat().await;
+    assert_eq!(a.view.members(), 3);
+    assert_eq!(metric(&ma, "quotad_fleet_members"), 3.0);
+    assert_eq!(metric(&ma, "quotad_instance_info{shard=\"0\"}"), 1.0);
+    // c stops cleanly: its lease goes at once.
+    let (leave, rx) = watch::channel(false);
+    let task = tokio::spawn(c.run(rx));
+    leave.send(true).unwrap();
+    task.await.unwrap();
+    a.heartbeat().await;
+    b.heartbeat().await;
+    assert_eq!((a.view.members(), b.view.members()), (2, 2));
+    // A newcomer takes the lowest free shard: c's.
+    let (d, _) = join(&store, None).await;
+    assert_eq!(d.view.shard(), Some(2));
+}
+
+#[tokio::test]
+async fn a_pin_held_by_a_live_instance_stops_start_up() {
+    let (_dir, store) = embedded();
+    let (a, _) = join(&store, Some(5)).await;
+    assert_eq!(a.view.shard(), Some(5));
+    let err = Fleet::join(store.clone(), cfg(Some(5)), Arc::new(Metrics::new(false)))
+        .await
+        .err()
+        .expect("the pin is taken");
+    assert!(matches!(err, JoinError::PinTaken { shard: 5, .. }), "{err}");
+    assert!(err.to_string().contains("store.shard 5"), "{err}");
+}
+
+#[tokio::test]
+async fn an_instance_that_cannot_renew_stops_admitting_until_it_holds_a_lease_again() {
+    let (_dir, inner) = embedded();
+    let faulty = FaultyStore::new(inner);
+    let store: DynStore = faulty.clone();
+    let (mut a, m) = join(&store, None).await;
+    assert!(a.view.holds_lease());
+    faulty.set(Fault::Failing);
+    a.heartbeat().await;
+    // A failed renewal alone does not end a lease that still lives.
+    assert!(a.view.holds_lease());
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    a.heartbeat().await;
+    assert!(!a.view.holds_lease(), "the lease may have ended");
+    assert_eq!(a.view.shard(), None);
+    assert!(metric(&m, "quotad_lease_renewals_failed_total") >= 2.0);
+    faulty.set(Fault::Healthy);
+    a.heartbeat().await;
+    assert!(a.view.holds_lease());
+    assert_eq!(a.view.shard(), Some(0), "its old shard was free again");
+}
+
+#[tokio::test]
+async fn a_paused_instance_whose_shard_was_taken_claims_another() {
+    let (_dir, store) = embedded();
+    let (mut a, _) = join(&store, None).await;
+    // a pauses past its lease; b starts meanwhile and takes the free shard 0.
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let (b, _) = join(&store, None).await;
+    assert_eq!(b.view.shard(), Some(0));
+    a.heartbeat().await;
+    assert_eq!(a.view.shard(), Some(1), "a must not write b's shard");
+    assert!(a.view.holds_lease());
+    assert_eq!(a.view.members(), 2);
+}

@@ -1,0 +1,123 @@
+//! Fleet membership in the store: one lease per write shard.
+//!
+//! Every counter cell carries the shard of the instance that increments it, so no two
+//! instances increment the same cell and each one can see its own part of a count (the demand
+//! that weights its share). Which shard is whose is not configured: at start an instance claims
+//! a free shard under a lease with a time to live, renews it on a heartbeat well inside that
+//! time, and gives it back after its drain at SIGTERM. An instance that is killed stops renewing
+//! and its lease expires. The live leases are the fleet: their number is N in the share formula.
+//!
+//! Reads sum every shard that was ever claimed, live or not ([`Roster::used`]), so a dead
+//! instance's hits count until their buckets leave the window; claims take the lowest free shard,
+//! so that set stays as small as the largest fleet that ever ran.
+//!
+//! Two instances can still write one shard for a while: one that paused past its lease's end
+//! while another claimed the shard. Counter increments commute, so counts stay exact; what
+//! suffers is the split of demand between the two (each sees the other's hits as its own), so
+//! both take a larger share than they should until the paused one renews, finds the lease
+//! gone and claims another ([`LeaseEvent::Lost`]).
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::StoreResult;
+
+/// The shard space: shards are `0..MAX_SHARDS`. A read sums the used ones, so the bound keeps
+/// a read's cost bounded too.
+pub const MAX_SHARDS: i16 = 256;
+
+/// What a claim came to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Claim {
+    /// The owner holds this shard now.
+    Held(i16),
+    /// The pinned shard is held by another live instance.
+    Taken { shard: i16, owner: String },
+    /// Every shard below [`MAX_SHARDS`] is held.
+    Full,
+}
+
+/// One live lease.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Member {
+    pub shard: i16,
+    pub owner: String,
+}
+
+/// The fleet as the store sees it now.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Roster {
+    /// The live leases, by shard.
+    pub members: Vec<Member>,
+    /// Every shard ever claimed, by shard: what a read sums.
+    pub used: Vec<i16>,
+}
+
+/// Leases on write shards. Both stores implement it; the store contract suite tests it.
+#[async_trait]
+pub trait LeaseStore: Send + Sync + 'static {
+    /// Claims `pin` if given, else `prefer` if it is free, else the lowest free shard, for
+    /// `ttl`; records the shard as used.
+    async fn claim(
+        &self,
+        owner: &str,
+        pin: Option<i16>,
+        prefer: Option<i16>,
+        ttl: Duration,
+    ) -> StoreResult<Claim>;
+
+    /// Extends `owner`'s lease on `shard` by `ttl` from now. `Ok(false)`: the owner does not
+    /// hold it any more (it expired, and perhaps another instance holds it now).
+    async fn renew(&self, shard: i16, owner: &str, ttl: Duration) -> StoreResult<bool>;
+
+    /// Gives the lease back; `Ok(false)` if `owner` did not hold it.
+    async fn release(&self, shard: i16, owner: &str) -> StoreResult<bool>;
+
+    /// The live leases and the used shards.
+    async fn roster(&self) -> StoreResult<Roster>;
+
+    /// Tells the store which shard this instance writes now (`None`: it holds no lease, so
+    /// increments must fail as unavailable and stay pending) and which shards a read sums.
+    fn adopt(&self, write: Option<i16>, read: &[i16]);
+}
+
+/// The shard a claim should try first: the pin, else the preferred one if free, else the
+/// lowest shard not held. `None`: every shard is held.
+pub fn pick_shard(held: &[i16], pin: Option<i16>, prefer: Option<i16>) -> Option<i16> {
+    if pin.is_some() {
+        return pin;
+    }
+    let free = |s: &i16| !held.contains(s);
+    prefer
+        .filter(free)
+        .or_else(|| (0..MAX_SHARDS).find(|s| free(s)))
+}
+
+/// A lease's time to live in whole seconds, as CQL's `USING TTL` takes it: rounded up, so a
+/// lease never ends before the caller thinks.
+pub fn ttl_secs(ttl: Duration) -> i32 {
+    ttl.as_millis().div_ceil(1000).clamp(1, i32::MAX as u128) as i32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_claim_takes_the_pin_then_the_preferred_free_shard_then_the_lowest_free() {
+        assert_eq!(pick_shard(&[3], Some(3), None), Some(3));
+        assert_eq!(pick_shard(&[0, 1], None, Some(5)), Some(5));
+        assert_eq!(pick_shard(&[0, 1], None, Some(1)), Some(2));
+        assert_eq!(pick_shard(&[0, 2], None, None), Some(1));
+        let all: Vec<i16> = (0..MAX_SHARDS).collect();
+        assert_eq!(pick_shard(&all, None, Some(4)), None);
+    }
+
+    #[test]
+    fn ttl_rounds_up_to_whole_seconds() {
+        assert_eq!(ttl_secs(Duration::from_millis(1)), 1);
+        assert_eq!(ttl_secs(Duration::from_millis(5_000)), 5);
+        assert_eq!(ttl_secs(Duration::from_millis(5_001)), 6);
+    }
+}

@@ -1,0 +1,130 @@
+//! Leases on write shards in the `members` table (`migrations/0003_members.cql`).
+//!
+//! A lease is a row written with a lightweight transaction and a TTL: a claim is
+//! `INSERT ... IF NOT EXISTS USING TTL`, a renewal `UPDATE ... USING TTL ... IF owner = ?`
+//! (the row then lives through the cells the renewal wrote), a release
+//! `DELETE ... IF owner = ?`. Paxos makes each of them one step against any other instance's,
+//! so two instances never both hear "applied" for one shard while its row lives.
+//! Every claimed shard is also recorded, without TTL, in `shards_used`, which reads sum.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::Utc;
+use scylla::value::CqlTimestamp;
+
+use super::errors::{internal, map_exec, Op};
+use super::statements::{
+    ClaimShardValues, ListUsedValues, MarkUsedValues, MemberRow, ReleaseShardValues,
+    RenewShardValues, UsedRow, USED_PART,
+};
+use super::ScyllaStore;
+use crate::store::lease::{pick_shard, ttl_secs, Claim, LeaseStore, Member, Roster};
+use crate::store::{StoreError, StoreResult};
+
+/// Claims tried in one call before answering: other instances may take each free shard
+/// first, but not this many in a row unless the fleet is starting all at once.
+const MAX_CLAIM_ATTEMPTS: usize = 16;
+
+impl ScyllaStore {
+    async fn members(&self) -> StoreResult<Vec<Member>> {
+        let res = self
+            .session
+            .execute_unpaged(&self.st.list_members, ())
+            .await
+            .map_err(|e| map_exec(e, Op::Read))?;
+        let rows = res.into_rows_result().map_err(internal)?;
+        let mut out = Vec::new();
+        for row in rows.rows::<MemberRow>().map_err(internal)? {
+            let (shard, owner) = row.map_err(internal)?;
+            // A row whose owner cell expired but whose key is still visible is no lease.
+            if let Some(owner) = owner {
+                out.push(Member { shard, owner });
+            }
+        }
+        out.sort_by_key(|m| m.shard);
+        Ok(out)
+    }
+
+    async fn try_claim(&self, shard: i16, owner: &str, ttl: Duration) -> StoreResult<bool> {
+        let now = CqlTimestamp(Utc::now().timestamp_millis());
+        let values: ClaimShardValues<'_> = (shard, owner, now, ttl_secs(ttl));
+        let applied = self.lwt(&self.st.claim_shard, values).await?;
+        if applied {
+            let used: MarkUsedValues = (USED_PART, shard);
+            self.session
+                .execute_unpaged(&self.st.mark_used, used)
+                .await
+                .map_err(|e| map_exec(e, Op::Write))?;
+        }
+        Ok(applied)
+    }
+}
+
+#[async_trait]
+impl LeaseStore for ScyllaStore {
+    async fn claim(
+        &self,
+        owner: &str,
+        pin: Option<i16>,
+        prefer: Option<i16>,
+        ttl: Duration,
+    ) -> StoreResult<Claim> {
+        for _ in 0..MAX_CLAIM_ATTEMPTS {
+            let members = self.members().await?;
+            let held: Vec<i16> = members.iter().map(|m| m.shard).collect();
+            let Some(shard) = pick_shard(&held, pin, prefer) else {
+                return Ok(Claim::Full);
+            };
+            if self.try_claim(shard, owner, ttl).await? {
+                return Ok(Claim::Held(shard));
+            }
+            if pin.is_some() {
+                let holder = self.members().await?.into_iter().find(|m| m.shard == shard);
+                return Ok(match holder {
+                    Some(m) if m.owner == owner => Claim::Held(shard),
+                    Some(m) => Claim::Taken {
+                        shard,
+                        owner: m.owner,
+                    },
+                    // It expired between the claim and the read: try again.
+                    None => continue,
+                });
+            }
+        }
+        Err(StoreError::Unavailable(
+            "every free shard was taken by another instance while claiming; try again".into(),
+        ))
+    }
+
+    async fn renew(&self, shard: i16, owner: &str, ttl: Duration) -> StoreResult<bool> {
+        let now = CqlTimestamp(Utc::now().timestamp_millis());
+        let values: RenewShardValues<'_> = (ttl_secs(ttl), owner, now, shard, owner);
+        self.lwt(&self.st.renew_shard, values).await
+    }
+
+    async fn release(&self, shard: i16, owner: &str) -> StoreResult<bool> {
+        let values: ReleaseShardValues<'_> = (shard, owner);
+        self.lwt(&self.st.release_shard, values).await
+    }
+
+    async fn roster(&self) -> StoreResult<Roster> {
+        let members = self.members().await?;
+        let res = self
+            .session
+            .execute_unpaged(&self.st.list_used, ListUsedValues::from((USED_PART,)))
+            .await
+            .map_err(|e| map_exec(e, Op::Read))?;
+        let rows = res.into_rows_result().map_err(internal)?;
+        let mut used = Vec::new();
+        for row in rows.rows::<UsedRow>().map_err(internal)? {
+            used.push(row.map_err(internal)?.0);
+        }
+        used.sort_unstable();
+        Ok(Roster { members, used })
+    }
+
+    fn adopt(&self, write: Option<i16>, read: &[i16]) {
+        self.set_shards(write, read);
+    }
+}

@@ -189,6 +189,8 @@ async fn join_fleet(
     metrics: &Arc<Metrics>,
 ) -> Result<Option<Fleet>, StartError> {
     if settings.store.kind != StoreKind::Scylla {
+        // What `/readyz` says too: shard 0 of a fleet of one.
+        metrics.fleet(1, Some(0));
         return Ok(None);
     }
     let cfg = FleetConfig {

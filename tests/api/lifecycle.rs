@@ -49,6 +49,14 @@ async fn health_readiness_and_metrics_answer() {
     assert_eq!(r.status(), 200);
     let r = app.http.get(app.url("/readyz")).send().await.unwrap();
     assert_eq!(r.status(), 200);
+    // The embedded store is a fleet of one: shard 0, one member, in the answer and the metrics.
+    let ready: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(
+        ready,
+        json!({"status": "ready", "store": "embedded", "shard": 0, "members": 1})
+    );
+    assert_eq!(app.metric("quotad_fleet_members").await, 1.0);
+    assert_eq!(app.metric("quotad_instance_info{shard=\"0\"}").await, 1.0);
     app.put_quota(
         "acme",
         json!({"limits": [{"id": "d", "max": 1, "period": "day"}]}),

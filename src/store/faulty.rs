@@ -14,6 +14,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
+use super::audit::{AuditEntry, AuditQuery, AuditStore};
+use super::history::{ClientTotal, HistoryStore, Step, UsageDelta, UsagePoint};
 use super::lease::{Claim, LeaseStore, Roster};
 use super::{
     BucketTotal, CounterRange, CounterStore, Delta, DynStore, PolicyKey, PolicyRecord, PolicyStore,
@@ -164,5 +166,56 @@ impl LeaseStore for FaultyStore {
     }
     fn adopt(&self, write: Option<i16>, read: &[i16]) {
         self.inner.adopt(write, read)
+    }
+}
+
+/// History fails with the rest of the store: an outage must not lose what checks answered.
+#[async_trait]
+impl HistoryStore for FaultyStore {
+    async fn add_usage(&self, deltas: &[UsageDelta]) -> StoreResult<()> {
+        self.gate().await?;
+        self.inner.add_usage(deltas).await
+    }
+    async fn usage_points(
+        &self,
+        tenant: &str,
+        client: Option<&str>,
+        step: Step,
+        from: i64,
+        to: i64,
+    ) -> StoreResult<Vec<UsagePoint>> {
+        self.gate().await?;
+        self.inner
+            .usage_points(tenant, client, step, from, to)
+            .await
+    }
+    async fn clients_seen(
+        &self,
+        tenant: &str,
+        from: i64,
+        to: i64,
+    ) -> StoreResult<Vec<ClientTotal>> {
+        self.gate().await?;
+        self.inner.clients_seen(tenant, from, to).await
+    }
+    async fn delete_history_before(&self, before: i64, budget: usize) -> StoreResult<u64> {
+        self.gate().await?;
+        self.inner.delete_history_before(before, budget).await
+    }
+}
+
+#[async_trait]
+impl AuditStore for FaultyStore {
+    async fn append_audit(&self, entry: &AuditEntry) -> StoreResult<()> {
+        self.gate().await?;
+        self.inner.append_audit(entry).await
+    }
+    async fn audit_page(&self, q: &AuditQuery) -> StoreResult<Vec<AuditEntry>> {
+        self.gate().await?;
+        self.inner.audit_page(q).await
+    }
+    async fn delete_audit_before(&self, before: i64, budget: usize) -> StoreResult<u64> {
+        self.gate().await?;
+        self.inner.delete_audit_before(before, budget).await
     }
 }

@@ -1,8 +1,10 @@
-//! The store: durable counters and policies behind two narrow traits.
+//! The store: durable counters, policies, leases, usage history and the audit log.
 //!
-//! Three narrow traits: [`CounterStore`] (the limiter and the sync task: increments, reads,
-//! expiry), [`PolicyStore`] (the admin API and the policy cache) and [`lease::LeaseStore`]
-//! (fleet membership). [`Store`] is all three, and is what a backend implements: `embedded` (redb, one process) and `scylla` (Cassandra/ScyllaDB
+//! Five narrow traits: [`CounterStore`] (the limiter and the sync task: increments, reads,
+//! expiry), [`PolicyStore`] (the admin API and the policy cache), [`lease::LeaseStore`]
+//! (fleet membership), [`history::HistoryStore`] (usage by hour and day) and
+//! [`audit::AuditStore`] (the log of changes). [`Store`] is all five, and is what a backend implements: `embedded` (redb, one
+//! process) and `scylla` (Cassandra/ScyllaDB
 //! counter tables, many instances). Both run the same contract suite
 //! (`tests/store_contract.rs`). `kind` and `ping` are on [`CounterStore`]: readiness means
 //! "counters answer", and the counters are the hot path.
@@ -11,9 +13,11 @@
 //! from many instances add up without coordination. Increments are not idempotent, so callers
 //! never retry one that may have landed: [`StoreError::Uncertain`] says so.
 
+pub mod audit;
 pub mod embedded;
 #[cfg(any(test, feature = "test-support"))]
 pub mod faulty;
+pub mod history;
 pub mod lease;
 pub mod scylla;
 
@@ -173,11 +177,17 @@ pub trait PolicyStore: Send + Sync + 'static {
     async fn policies_generation(&self) -> StoreResult<u64>;
 }
 
-/// A whole backend: counters, policies and leases. Implemented by every type that implements
-/// the three.
-pub trait Store: CounterStore + PolicyStore + lease::LeaseStore {}
+/// A whole backend: counters, policies, leases, usage history and the audit log. Implemented by
+/// every type that implements the five.
+pub trait Store:
+    CounterStore + PolicyStore + lease::LeaseStore + history::HistoryStore + audit::AuditStore
+{
+}
 
-impl<T: CounterStore + PolicyStore + lease::LeaseStore> Store for T {}
+impl<T> Store for T where
+    T: CounterStore + PolicyStore + lease::LeaseStore + history::HistoryStore + audit::AuditStore
+{
+}
 
 /// The handle everyone shares.
 pub type DynStore = Arc<dyn Store>;

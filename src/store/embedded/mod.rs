@@ -17,7 +17,10 @@
 //! - `members` / `shards_used`: leases on write shards ([`lease`]). One process writes this
 //!   store, so it is always a fleet of one; the leases still work, for the contract suite and
 //!   so that a second process on the same directory is refused by redb's lock, not by luck.
+//! - `usage`, `usage_clients`, `usage_days`, `audit`: usage history and the audit log
+//!   ([`history`]).
 
+mod history;
 mod lease;
 
 use std::path::{Path, PathBuf};
@@ -163,6 +166,7 @@ impl EmbeddedStore {
             tx.open_table(CLIENT_POLICIES).map_err(err)?;
             tx.open_table(META).map_err(err)?;
             lease::create_tables(&tx)?;
+            history::create_tables(&tx)?;
         }
         tx.commit().map_err(err)?;
         Ok(Self {

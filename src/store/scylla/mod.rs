@@ -27,7 +27,9 @@
 //! Options, session building and the keyspace-name rule live in [`crate::cql`], shared with
 //! `quotad migrate`; they are re-exported here under their old paths.
 
+mod audit;
 mod errors;
+mod history;
 mod janitor;
 mod lease;
 mod partition;

@@ -11,6 +11,7 @@ pub mod config;
 pub mod cql;
 pub mod domain;
 pub mod fleet;
+pub mod history;
 pub mod limiter;
 pub mod metrics;
 pub mod migrate;

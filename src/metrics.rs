@@ -53,6 +53,7 @@ pub struct Metrics {
     compensation_failures: IntCounter,
     memory_cap_checks: IntCounterVec,
     unrecorded_hits: IntCounter,
+    unrecorded_history: IntCounter,
     fleet: FleetMetrics,
 }
 
@@ -211,6 +212,12 @@ impl Metrics {
                 "Hits admitted (on_store_failure = allow) that could be neither written to the \
                  failing store nor held in memory (at a memory cap); each is also logged.",
             ),
+            unrecorded_history: counter(
+                "quotad_history_unrecorded_checks_total",
+                "Checks whose answers may be missing from the usage history: a history write \
+                 with an unknown outcome (never resent), no room for one more row in memory, or \
+                 a shutdown that gave up; each is also logged.",
+            ),
             fleet: FleetMetrics::new(&registry),
             registry,
         };
@@ -237,6 +244,7 @@ impl Metrics {
             Box::new(self.compensation_failures.clone()),
             Box::new(self.memory_cap_checks.clone()),
             Box::new(self.unrecorded_hits.clone()),
+            Box::new(self.unrecorded_history.clone()),
         ];
         if let Some(t) = &self.tenant_checks {
             all.push(Box::new(t.clone()));
@@ -309,6 +317,12 @@ impl Metrics {
 
     pub fn unrecorded_hits(&self, hits: u64) {
         self.unrecorded_hits.inc_by(hits);
+    }
+
+    /// Checks whose answers may be missing from the usage history (a write with an unknown
+    /// outcome, the row cap, or a shutdown that gave up).
+    pub fn unrecorded_history(&self, checks: u64) {
+        self.unrecorded_history.inc_by(checks);
     }
 
     /// The Prometheus text exposition.

@@ -128,7 +128,7 @@ impl Application {
         let (server, port) = http_server(&settings, state)?;
 
         let (shutdown, rx) = watch::channel(false);
-        let syncer = Syncer::new(limiter, metrics, sync_config(&settings));
+        let syncer = Syncer::new(limiter, store.clone(), metrics, sync_config(&settings));
         let sync = tokio::spawn(syncer.run(rx.clone()));
         let refresh = tokio::spawn(policies.run(settings.quotas.refresh_ms.get(), rx));
         let fleet = fleet.map(|f| {
@@ -220,6 +220,8 @@ fn limiter_config(settings: &Settings, fleet: Arc<Membership>) -> LimiterConfig 
         sync_interval_ms: settings.sync.interval_ms.0 as i64,
         max_counters: settings.limiter.max_counters,
         max_clients_per_tenant: settings.limiter.max_clients_per_tenant,
+        // History rows live one sync round: as many as counters is room for every active client.
+        max_history_rows: settings.limiter.max_counters,
     }
 }
 

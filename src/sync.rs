@@ -12,6 +12,9 @@
 //! includes the others' hits up to the last tick. Without this, an instance reading between the
 //! others' writes misses up to a whole interval of their hits, and the fleet overshoots by that.
 //!
+//! Each round also writes the usage history: what every check was answered, summed per
+//! (tenant, client, hour) in memory (`crate::history`), with the same rules as the hits.
+//!
 //! When a write fails with nothing written, the hits stay pending and are tried again with
 //! back-off; they never leave memory unwritten (entries holding pending hits are never evicted).
 //! When a write's outcome is unknown (a timeout after sending), it is NOT resent, because
@@ -23,9 +26,11 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
+use crate::history::checks_in;
 use crate::limiter::Limiter;
 use crate::metrics::Metrics;
-use crate::store::{CounterRange, StoreError};
+use crate::store::history::UsageDelta;
+use crate::store::{CounterRange, DynHistoryStore, StoreError};
 
 #[derive(Clone, Debug)]
 pub struct SyncConfig {
@@ -66,14 +71,22 @@ pub struct Round {
 
 pub struct Syncer {
     limiter: Arc<Limiter>,
+    /// Where the usage history goes (the counters go through the limiter's store handle).
+    store: DynHistoryStore,
     metrics: Arc<Metrics>,
     cfg: SyncConfig,
 }
 
 impl Syncer {
-    pub fn new(limiter: Arc<Limiter>, metrics: Arc<Metrics>, cfg: SyncConfig) -> Self {
+    pub fn new(
+        limiter: Arc<Limiter>,
+        store: DynHistoryStore,
+        metrics: Arc<Metrics>,
+        cfg: SyncConfig,
+    ) -> Self {
         Self {
             limiter,
+            store,
             metrics,
             cfg,
         }
@@ -125,11 +138,72 @@ impl Syncer {
                 }
             }
         }
+        self.write_history().await;
         let round = Round {
             written_hits: hits,
             pending_after: 0,
         };
         Ok((batch.ranges, round))
+    }
+
+    /// Writes the answers checks got since the last round to the usage history. Refused with
+    /// nothing written: they go back, to be tried next round. Outcome unknown: not resent
+    /// (increments), counted in `quotad_history_unrecorded_checks_total`.
+    async fn write_history(&self) -> bool {
+        let history = self.limiter.history();
+        let dropped = history.take_dropped();
+        if dropped > 0 {
+            self.metrics.unrecorded_history(dropped);
+            tracing::warn!(
+                checks = dropped,
+                "usage history: no room in memory for these checks' answers"
+            );
+        }
+        let deltas = history.drain();
+        if deltas.is_empty() {
+            return true;
+        }
+        let started = std::time::Instant::now();
+        let res = tokio::time::timeout(self.cfg.timeout, self.store.add_usage(&deltas)).await;
+        let secs = started.elapsed().as_secs_f64();
+        match res {
+            Ok(Ok(())) => {
+                self.metrics.store_op("add_usage", "ok", secs);
+                true
+            }
+            Ok(Err(StoreError::Uncertain(e))) => {
+                self.metrics.store_op("add_usage", "uncertain", secs);
+                self.history_lost(&deltas, &e);
+                false
+            }
+            Err(_) => {
+                self.metrics.store_op("add_usage", "timeout", secs);
+                self.history_lost(&deltas, "timed out");
+                false
+            }
+            Ok(Err(e)) if e.is_transient() => {
+                self.metrics.store_op("add_usage", "unavailable", secs);
+                tracing::warn!(error = %e, "sync: writing usage history failed; kept for the next round");
+                history.restore(deltas);
+                false
+            }
+            Ok(Err(e)) => {
+                // Not a passing outage (a schema or data error): retrying would fail alike.
+                self.metrics.store_op("add_usage", "error", secs);
+                self.history_lost(&deltas, &e.to_string());
+                false
+            }
+        }
+    }
+
+    fn history_lost(&self, deltas: &[UsageDelta], why: &str) {
+        let checks = checks_in(deltas);
+        self.metrics.unrecorded_history(checks);
+        tracing::warn!(
+            checks,
+            why,
+            "sync: these checks' answers may be missing from the usage history; not resent"
+        );
     }
 
     /// A round's second half: reads totals back (they include every instance's writes).
@@ -244,7 +318,7 @@ impl Syncer {
         let deadline = tokio::time::Instant::now() + self.cfg.drain_timeout;
         loop {
             match self.round().await {
-                Ok(r) if r.pending_after == 0 => {
+                Ok(r) if r.pending_after == 0 && self.limiter.history().rows() == 0 => {
                     if let Err(e) = self.limiter.store().flush().await {
                         tracing::error!(error = %e, "flushing the store at shutdown failed");
                     }
@@ -257,6 +331,10 @@ impl Syncer {
             if tokio::time::Instant::now() >= deadline {
                 let left = self.limiter.pending_hits();
                 self.metrics.unsynced_at_exit(left);
+                let unrecorded = self.limiter.history().drain();
+                if !unrecorded.is_empty() {
+                    self.history_lost(&unrecorded, "shutdown gave up");
+                }
                 tracing::error!(hits = left, "shutdown: could not write these admitted hits");
                 return left;
             }

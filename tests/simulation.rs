@@ -22,6 +22,7 @@ use quotad::domain::{ClientId, Policy, PolicyDoc, TenantId};
 use quotad::fleet::Membership;
 use quotad::limiter::{CheckInput, Limiter, LimiterConfig};
 use quotad::metrics::Metrics;
+use quotad::store::history::{ClientTotal, HistoryStore, Step, UsageDelta, UsagePoint};
 use quotad::store::{
     BucketTotal, CounterKey, CounterRange, CounterStore, Delta, DynCounterStore, StoreResult,
 };
@@ -46,6 +47,8 @@ type Cells = BTreeMap<(CounterKey, i64), Vec<i64>>;
 #[derive(Default)]
 struct Shared {
     cells: Mutex<Cells>,
+    /// Checks admitted and denied, as the usage history the instances wrote says.
+    history: Mutex<(u64, u64)>,
 }
 
 /// One instance's view of the shared counters: it writes its own shard.
@@ -53,6 +56,35 @@ struct ShardView {
     shared: Arc<Shared>,
     shard: usize,
     shards: usize,
+}
+
+/// The usage history, tallied: the simulation holds it equal to what the checks answered.
+#[async_trait]
+impl HistoryStore for ShardView {
+    async fn add_usage(&self, deltas: &[UsageDelta]) -> StoreResult<()> {
+        let mut h = self.shared.history.lock().unwrap();
+        for d in deltas {
+            h.0 += d.counts.admitted;
+            h.1 += d.counts.denied;
+        }
+        Ok(())
+    }
+    async fn usage_points(
+        &self,
+        _: &str,
+        _: Option<&str>,
+        _: Step,
+        _: i64,
+        _: i64,
+    ) -> StoreResult<Vec<UsagePoint>> {
+        unreachable!("the simulation only writes history")
+    }
+    async fn clients_seen(&self, _: &str, _: i64, _: i64) -> StoreResult<Vec<ClientTotal>> {
+        unreachable!("the simulation only writes history")
+    }
+    async fn delete_history_before(&self, _: i64, _: usize) -> StoreResult<u64> {
+        Ok(0)
+    }
 }
 
 #[async_trait]
@@ -192,11 +224,12 @@ fn start_instance(
     shard: usize,
     shards: usize,
 ) -> Instance {
-    let store: DynCounterStore = Arc::new(ShardView {
+    let view = Arc::new(ShardView {
         shared: shared.clone(),
         shard,
         shards,
     });
+    let store: DynCounterStore = view.clone();
     let metrics = Arc::new(Metrics::new(false));
     let membership = Arc::new(Membership::alone());
     let limiter = Arc::new(Limiter::new(
@@ -209,7 +242,7 @@ fn start_instance(
             ..LimiterConfig::default()
         },
     ));
-    let syncer = Syncer::new(limiter.clone(), metrics, SyncConfig::default());
+    let syncer = Syncer::new(limiter.clone(), view, metrics, SyncConfig::default());
     Instance {
         limiter,
         syncer,
@@ -370,6 +403,24 @@ async fn simulate_fleet(
         }
     }
     assert_eq!(clock.now_ms(), T0 + DURATION_MS - 1);
+    // The usage history adds up: what the live instances wrote at their drain, plus what the
+    // killed ones still held unwritten (lost with them, as their unwritten hits are), is
+    // exactly what the checks answered.
+    for i in fleet.iter().filter(|i| i.alive) {
+        assert_eq!(i.syncer.drain().await, 0, "a drain writes everything");
+    }
+    let (mut admitted, mut denied) = *shared.history.lock().unwrap();
+    for i in fleet.iter().filter(|i| !i.alive) {
+        for d in i.limiter.history().drain() {
+            admitted += d.counts.admitted;
+            denied += d.counts.denied;
+        }
+    }
+    assert_eq!(
+        (admitted, denied),
+        (log.len() as u64, offered - log.len() as u64),
+        "usage history against the answers"
+    );
     let worst = worst_window(&log, WINDOW_MS);
     // Without the first window's hits, the worst span is the worst window starting at or after
     // W (a span cut at W lies inside the window that starts at W).

@@ -55,6 +55,7 @@ use crate::domain::{
     ClientId, Consistency, Limit, LimitId, Policy, Scope, TenantId, TENANT_SUBJECT,
 };
 use crate::fleet::Membership;
+use crate::history::{Answer, Recorder};
 use crate::metrics::Metrics;
 use crate::store::{CounterRange, DynCounterStore, StoreError};
 use caps::{Cap, TenantClients};
@@ -82,6 +83,8 @@ pub struct LimiterConfig {
     pub max_counters: usize,
     /// Most distinct clients of one tenant held in memory; the same applies beyond it.
     pub max_clients_per_tenant: usize,
+    /// Most (tenant, client, hour) rows of usage history waiting for the sync task.
+    pub max_history_rows: usize,
 }
 
 impl Default for LimiterConfig {
@@ -94,6 +97,7 @@ impl Default for LimiterConfig {
             sync_interval_ms: 250,
             max_counters: 1_000_000,
             max_clients_per_tenant: 100_000,
+            max_history_rows: 1_000_000,
         }
     }
 }
@@ -116,6 +120,9 @@ pub struct Usage {
     pub remaining: u64,
     pub reset_after_ms: i64,
 }
+
+/// What the usage history names a denial that no limit bound (none is known to happen).
+static UNBOUND: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| Arc::from("-"));
 
 /// Most limits one check can touch without a heap allocation.
 type Applicable<'p> = SmallVec<[&'p Limit; 16]>;
@@ -140,6 +147,8 @@ pub struct Limiter {
     store: DynCounterStore,
     clock: Arc<dyn Clock>,
     metrics: Arc<Metrics>,
+    /// Every answer, summed per (tenant, client, hour) for the usage history.
+    history: Recorder,
     cfg: LimiterConfig,
 }
 
@@ -161,8 +170,14 @@ impl Limiter {
             store,
             clock,
             metrics,
+            history: Recorder::new(cfg.shards, cfg.max_history_rows),
             cfg,
         }
+    }
+
+    /// The answers waiting to be written to the usage history.
+    pub fn history(&self) -> &Recorder {
+        &self.history
     }
 
     pub fn clock(&self) -> &Arc<dyn Clock> {
@@ -173,9 +188,27 @@ impl Limiter {
         &self.store
     }
 
-    /// Decides one check. Never fails: store trouble is decided by the policy's
-    /// `on_store_failure` rule, and the decision says so.
+    /// Decides one check, and adds its answer to the usage history. Never fails: store
+    /// trouble is decided by the policy's `on_store_failure` rule, and the decision says so.
     pub async fn check(&self, policy: &Policy, input: CheckInput<'_>) -> Decision {
+        let d = self.decide(policy, input).await;
+        let answer = if d.allowed {
+            Answer::Admitted { cost: input.cost }
+        } else {
+            Answer::Denied {
+                by: d.binding.as_ref().map_or(&UNBOUND, |b| b.limit_id.as_arc()),
+            }
+        };
+        self.history.record(
+            input.tenant.as_arc(),
+            input.client.as_arc(),
+            self.clock.now_ms(),
+            answer,
+        );
+        d
+    }
+
+    async fn decide(&self, policy: &Policy, input: CheckInput<'_>) -> Decision {
         let limits: Applicable<'_> = policy
             .limits
             .iter()

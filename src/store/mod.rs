@@ -195,3 +195,5 @@ pub type DynStore = Arc<dyn Store>;
 pub type DynCounterStore = Arc<dyn CounterStore>;
 /// The policy half of a [`DynStore`].
 pub type DynPolicyStore = Arc<dyn PolicyStore>;
+/// The usage history of a [`DynStore`].
+pub type DynHistoryStore = Arc<dyn history::HistoryStore>;

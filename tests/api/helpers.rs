@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use quotad::clock::SystemClock;
+use quotad::clock::{Clock, SystemClock};
 use quotad::config::{DurationMs, Secret, Settings};
 use quotad::startup::Application;
 use quotad::store::DynStore;
@@ -93,10 +93,19 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Log {
 
 /// Starts an app on a given store (several instances on one store).
 pub async fn spawn_on_store(store: DynStore, tweak: impl FnOnce(&mut Settings)) -> TestApp {
+    spawn_on_store_at(store, Arc::new(SystemClock), tweak).await
+}
+
+/// Starts an app on a given store and clock (a test clock drives hours and days).
+pub async fn spawn_on_store_at(
+    store: DynStore,
+    clock: Arc<dyn Clock>,
+    tweak: impl FnOnce(&mut Settings),
+) -> TestApp {
     let dir = Arc::new(tempfile::tempdir().unwrap());
     let mut s = settings(dir.path());
     tweak(&mut s);
-    let app = Application::build_with(s, store, Arc::new(SystemClock))
+    let app = Application::build_with(s, store, clock)
         .await
         .expect("app starts");
     launch(app, dir)

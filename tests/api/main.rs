@@ -8,6 +8,7 @@ mod errors;
 mod fuzz;
 mod headers;
 mod helpers;
+mod history;
 mod lifecycle;
 mod memory;
 mod openapi;

@@ -59,7 +59,12 @@ fn rig_with(cfg: LimiterConfig) -> Rig {
         metrics.clone(),
         cfg,
     ));
-    let syncer = Syncer::new(limiter.clone(), metrics.clone(), SyncConfig::default());
+    let syncer = Syncer::new(
+        limiter.clone(),
+        faulty.clone(),
+        metrics.clone(),
+        SyncConfig::default(),
+    );
     Rig {
         _dir: dir,
         metrics,

@@ -1,0 +1,338 @@
+//! Usage history, in memory: what each check was answered, summed per (tenant, client, hour)
+//! until the sync task writes it ([`crate::store::history::HistoryStore::add_usage`]).
+//!
+//! A check adds to one row under one shard's lock: no store call, and no allocation once the
+//! row exists (the key holds the request's `Arc<str>` ids, and a lookup borrows them). The
+//! sync task drains every row each round; a batch the store refused (nothing written) comes
+//! back through [`Recorder::restore`] and is tried again; one whose outcome is unknown is not
+//! resent (increments are not idempotent) and is counted instead, as counter hits are.
+//!
+//! Memory is bounded: at most `max_rows` rows wait in memory (rows live one sync round unless
+//! the store fails). A check that would need one more row is still answered, and counted in
+//! [`Recorder::dropped`] (exported as `quotad_history_unrecorded_checks_total`), never silently.
+
+use std::hash::{BuildHasher, Hash, Hasher};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use hashbrown::{DefaultHashBuilder, Equivalent, HashMap};
+use smallvec::SmallVec;
+
+use crate::store::history::{Counts, UsageDelta, HOUR_MS};
+
+#[derive(Clone, PartialEq, Eq, Debug)]
+struct RowKey {
+    hash: u64,
+    tenant: Arc<str>,
+    client: Arc<str>,
+    hour: i64,
+}
+
+impl Hash for RowKey {
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        h.write_u64(self.hash)
+    }
+}
+
+struct RowRef<'a> {
+    hash: u64,
+    tenant: &'a str,
+    client: &'a str,
+    hour: i64,
+}
+
+impl Hash for RowRef<'_> {
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        h.write_u64(self.hash)
+    }
+}
+
+impl Equivalent<RowKey> for RowRef<'_> {
+    fn equivalent(&self, k: &RowKey) -> bool {
+        k.hash == self.hash
+            && k.hour == self.hour
+            && *k.tenant == *self.tenant
+            && *k.client == *self.client
+    }
+}
+
+#[derive(Default, Debug)]
+struct Row {
+    admitted: u64,
+    cost: u64,
+    denied: u64,
+    /// Denials by binding limit id; most hours see one or two limits deny.
+    denied_by: SmallVec<[(Arc<str>, u64); 2]>,
+}
+
+impl Row {
+    fn counts(&self) -> Counts {
+        Counts {
+            admitted: self.admitted,
+            cost: self.cost,
+            denied: self.denied,
+            denied_by: self
+                .denied_by
+                .iter()
+                .map(|(k, v)| (k.to_string(), *v))
+                .collect(),
+        }
+    }
+}
+
+/// The maps' hasher: keys carry their hash.
+#[derive(Clone, Copy, Default)]
+struct PassHash(u64);
+
+impl Hasher for PassHash {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ b as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+#[derive(Clone, Copy, Default)]
+struct BuildPassHash;
+
+impl BuildHasher for BuildPassHash {
+    type Hasher = PassHash;
+    fn build_hasher(&self) -> PassHash {
+        PassHash::default()
+    }
+}
+
+type Shard = HashMap<RowKey, Row, BuildPassHash>;
+
+/// What one check was answered, as history counts it.
+#[derive(Clone, Copy, Debug)]
+pub enum Answer<'a> {
+    /// Answered "allowed" (200), taking `cost`.
+    Admitted { cost: u64 },
+    /// Answered "denied" (429); `by` is the id of the limit that bound the denial.
+    Denied { by: &'a Arc<str> },
+}
+
+/// The rows waiting for the sync task.
+pub struct Recorder {
+    shards: Box<[Mutex<Shard>]>,
+    hasher: DefaultHashBuilder,
+    rows: AtomicUsize,
+    max_rows: usize,
+    dropped: AtomicU64,
+}
+
+fn lock(m: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Recorder {
+    pub fn new(shards: usize, max_rows: usize) -> Self {
+        Self {
+            shards: (0..shards.max(1)).map(|_| Mutex::default()).collect(),
+            hasher: DefaultHashBuilder::default(),
+            rows: AtomicUsize::new(0),
+            max_rows,
+            dropped: AtomicU64::new(0),
+        }
+    }
+
+    /// Adds one check's answer to its (tenant, client, hour) row.
+    pub fn record(&self, tenant: &Arc<str>, client: &Arc<str>, now_ms: i64, answer: Answer<'_>) {
+        let hour = now_ms - now_ms.rem_euclid(HOUR_MS);
+        let hash = self.hasher.hash_one((&**tenant, &**client, hour));
+        let shard = &self.shards[((hash >> 32) % self.shards.len() as u64) as usize];
+        let mut g = lock(shard);
+        let r = RowRef {
+            hash,
+            tenant,
+            client,
+            hour,
+        };
+        let row = match g.get_mut(&r) {
+            Some(row) => row,
+            None => {
+                if self.rows.load(Ordering::Relaxed) >= self.max_rows {
+                    self.dropped.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+                self.rows.fetch_add(1, Ordering::Relaxed);
+                let key = RowKey {
+                    hash,
+                    tenant: tenant.clone(),
+                    client: client.clone(),
+                    hour,
+                };
+                g.entry(key).or_default()
+            }
+        };
+        add(row, answer);
+    }
+
+    /// Takes every row, as increments for the store, leaving the maps empty (with their
+    /// capacity, so the next round's checks do not allocate).
+    pub fn drain(&self) -> Vec<UsageDelta> {
+        let mut out = Vec::new();
+        for shard in self.shards.iter() {
+            let taken: Vec<(RowKey, Row)> = lock(shard).drain().collect();
+            self.rows.fetch_sub(taken.len(), Ordering::Relaxed);
+            out.extend(taken.into_iter().map(|(k, row)| UsageDelta {
+                tenant: k.tenant.to_string(),
+                client: k.client.to_string(),
+                hour: k.hour,
+                counts: row.counts(),
+            }));
+        }
+        out
+    }
+
+    /// Puts back a batch the store refused with nothing written, to be tried again.
+    pub fn restore(&self, deltas: Vec<UsageDelta>) {
+        for d in deltas {
+            let (tenant, client): (Arc<str>, Arc<str>) = (d.tenant.into(), d.client.into());
+            let hash = self.hasher.hash_one((&*tenant, &*client, d.hour));
+            let shard = &self.shards[((hash >> 32) % self.shards.len() as u64) as usize];
+            let mut g = lock(shard);
+            let key = RowKey {
+                hash,
+                tenant,
+                client,
+                hour: d.hour,
+            };
+            if !g.contains_key(&key) {
+                // Memory stays bounded while the store is down: beyond the cap, rows put back
+                // are counted as unrecorded instead.
+                if self.rows.load(Ordering::Relaxed) >= self.max_rows {
+                    self.dropped
+                        .fetch_add(d.counts.admitted + d.counts.denied, Ordering::Relaxed);
+                    continue;
+                }
+                self.rows.fetch_add(1, Ordering::Relaxed);
+            }
+            let row = g.entry(key).or_default();
+            row.admitted += d.counts.admitted;
+            row.cost += d.counts.cost;
+            row.denied += d.counts.denied;
+            for (id, n) in d.counts.denied_by {
+                add_denied(row, &Arc::from(id), n);
+            }
+        }
+    }
+
+    /// Rows waiting to be written.
+    pub fn rows(&self) -> usize {
+        self.rows.load(Ordering::Relaxed)
+    }
+
+    /// Checks whose answer found no room in memory (`max_rows`), since start.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Takes [`Recorder::dropped`] back to 0 (the sync task exports what it took).
+    pub fn take_dropped(&self) -> u64 {
+        self.dropped.swap(0, Ordering::Relaxed)
+    }
+}
+
+fn add(row: &mut Row, answer: Answer<'_>) {
+    match answer {
+        Answer::Admitted { cost } => {
+            row.admitted += 1;
+            row.cost = row.cost.saturating_add(cost);
+        }
+        Answer::Denied { by } => {
+            row.denied += 1;
+            add_denied(row, by, 1);
+        }
+    }
+}
+
+fn add_denied(row: &mut Row, by: &Arc<str>, n: u64) {
+    match row.denied_by.iter_mut().find(|(id, _)| **id == **by) {
+        Some((_, c)) => *c += n,
+        None => row.denied_by.push((by.clone(), n)),
+    }
+}
+
+/// The number of checks in a batch of deltas (admitted and denied).
+pub fn checks_in(deltas: &[UsageDelta]) -> u64 {
+    deltas
+        .iter()
+        .map(|d| d.counts.admitted + d.counts.denied)
+        .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn arc(s: &str) -> Arc<str> {
+        Arc::from(s)
+    }
+
+    #[test]
+    fn answers_add_up_per_client_and_hour() {
+        let r = Recorder::new(4, 100);
+        let (t, a, b, lim) = (arc("t"), arc("a"), arc("b"), arc("per-min"));
+        let h0 = 10 * HOUR_MS;
+        r.record(&t, &a, h0 + 5, Answer::Admitted { cost: 3 });
+        r.record(&t, &a, h0 + HOUR_MS - 1, Answer::Admitted { cost: 2 });
+        r.record(&t, &a, h0 + 7, Answer::Denied { by: &lim });
+        r.record(&t, &a, h0 + HOUR_MS, Answer::Admitted { cost: 1 });
+        r.record(&t, &b, h0, Answer::Denied { by: &lim });
+        assert_eq!(r.rows(), 3);
+        let mut got = r.drain();
+        got.sort_by(|x, y| (&x.client, x.hour).cmp(&(&y.client, y.hour)));
+        assert_eq!(r.rows(), 0);
+        assert_eq!(got.len(), 3);
+        assert_eq!((got[0].client.as_str(), got[0].hour), ("a", h0));
+        assert_eq!(
+            (
+                got[0].counts.admitted,
+                got[0].counts.cost,
+                got[0].counts.denied
+            ),
+            (2, 5, 1)
+        );
+        assert_eq!(got[0].counts.denied_by.get("per-min"), Some(&1));
+        assert_eq!((got[1].hour, got[1].counts.admitted), (h0 + HOUR_MS, 1));
+        assert_eq!((got[2].client.as_str(), got[2].counts.denied), ("b", 1));
+        assert!(r.drain().is_empty());
+    }
+
+    #[test]
+    fn a_refused_batch_comes_back_whole_and_merges() {
+        let r = Recorder::new(2, 100);
+        let (t, a, lim) = (arc("t"), arc("a"), arc("l"));
+        r.record(&t, &a, 0, Answer::Admitted { cost: 4 });
+        r.record(&t, &a, 0, Answer::Denied { by: &lim });
+        let first = r.drain();
+        r.record(&t, &a, 1, Answer::Denied { by: &lim });
+        r.restore(first);
+        let got = r.drain();
+        assert_eq!(got.len(), 1);
+        let c = &got[0].counts;
+        assert_eq!((c.admitted, c.cost, c.denied), (1, 4, 2));
+        assert_eq!(c.denied_by.get("l"), Some(&2));
+    }
+
+    #[test]
+    fn beyond_the_row_cap_answers_are_counted_not_kept() {
+        let r = Recorder::new(1, 2);
+        let t = arc("t");
+        for c in ["a", "b", "c", "c"] {
+            r.record(&t, &arc(c), 0, Answer::Admitted { cost: 1 });
+        }
+        // An existing row still takes more.
+        r.record(&t, &arc("a"), 0, Answer::Admitted { cost: 1 });
+        assert_eq!((r.rows(), r.dropped()), (2, 2));
+        assert_eq!(checks_in(&r.drain()), 3);
+    }
+}

@@ -1,7 +1,7 @@
 //! The store contract: one suite of checks, run against every store.
 //!
-//! - The embedded store: always, in a temporary directory, plus a reopen-the-directory check
-//!   that proves counters and policies survive a restart.
+//! - The embedded store: always, in a temporary directory, plus reopen-the-directory checks
+//!   that prove counters, policies, usage history and the audit log survive a restart.
 //! - The scylla store: needs a cluster, so its tests are `#[ignore]`d and a plain `cargo test`
 //!   lists them as ignored. To run them against a cluster:
 //!

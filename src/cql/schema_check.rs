@@ -5,7 +5,7 @@
 //!
 //! Test-only: a parser of the few CQL shapes quotad writes, not of CQL.
 
-use scylla::value::{Counter, CqlTimestamp};
+use scylla::value::{Counter, CqlTimestamp, MaybeUnset};
 
 #[derive(Debug, Clone)]
 pub struct Table {
@@ -37,6 +37,9 @@ cql_name!(i8 => "tinyint", i16 => "smallint", i32 => "int", i64 => "bigint",
 impl<T: CqlName> CqlName for Option<T> {
     const NAME: &'static str = T::NAME;
 }
+impl<T: CqlName> CqlName for MaybeUnset<T> {
+    const NAME: &'static str = T::NAME;
+}
 
 /// The CQL types of a tuple of bind values or a row type, in order.
 pub trait CqlNames {
@@ -62,6 +65,12 @@ cql_names!(A, B, C, D, E);
 cql_names!(A, B, C, D, E, F);
 cql_names!(A, B, C, D, E, F, G);
 cql_names!(A, B, C, D, E, F, G, H);
+cql_names!(A, B, C, D, E, F, G, H, I);
+cql_names!(A, B, C, D, E, F, G, H, I, J);
+cql_names!(A, B, C, D, E, F, G, H, I, J, K);
+cql_names!(A, B, C, D, E, F, G, H, I, J, K, L);
+cql_names!(A, B, C, D, E, F, G, H, I, J, K, L, M);
+cql_names!(A, B, C, D, E, F, G, H, I, J, K, L, M, N);
 
 pub fn names<T: CqlNames>() -> Vec<&'static str> {
     T::names()
@@ -179,6 +188,26 @@ const KEYWORDS: &[&str] = &[
     "DELETE", "IF", "NOT", "EXISTS", "LIMIT", "TOKEN", "USING", "TTL",
 ];
 
+/// The column a marker inside the right-hand tuple of a multi-column relation binds:
+/// in `(a, b) < (?, ?)` the first marker binds `a`, the second `b`. None for any other marker.
+fn tuple_column(t: &[String], i: usize) -> Option<String> {
+    let open = (0..i).rev().find(|&j| t[j] == "(")?;
+    if t[open + 1..i].iter().any(|w| w != "?" && w != ",") {
+        return None;
+    }
+    let op = t.get(open.checked_sub(1)?)?;
+    if !["=", ">", "<", ">=", "<="].contains(&op.as_str()) || t.get(open.checked_sub(2)?)? != ")" {
+        return None;
+    }
+    let left_open = (0..open - 2).rev().find(|&j| t[j] == "(")?;
+    let cols: Vec<&String> = t[left_open + 1..open - 2]
+        .iter()
+        .filter(|w| *w != ",")
+        .collect();
+    let place = t[open + 1..i].iter().filter(|w| *w == "?").count();
+    cols.get(place).map(|c| (*c).clone())
+}
+
 /// Checks one statement; returns a description of the first problem.
 pub fn check(
     tables: &[Table],
@@ -253,7 +282,13 @@ pub fn check(
                 continue;
             }
             let prev = upper[i - 1].as_str();
-            let ty = if prev == "LIMIT" || Some(i) == ttl_marker {
+            let ty = if let Some(col) = tuple_column(&t, i) {
+                // (a, b) < (?, ?): the marker binds its place's column on the left.
+                table
+                    .column_type(&col)
+                    .ok_or_else(|| format!("marker for {col}"))?
+                    .to_owned()
+            } else if prev == "LIMIT" || Some(i) == ttl_marker {
                 "int".to_owned()
             } else if prev == "+" {
                 table.column_type(&t[i - 2]).unwrap().to_owned()

@@ -25,6 +25,10 @@ pub const MIGRATION_FILES: &[(&str, &str)] = &[
         "0003_members.cql",
         include_str!("../../migrations/0003_members.cql"),
     ),
+    (
+        "0004_history_audit.cql",
+        include_str!("../../migrations/0004_history_audit.cql"),
+    ),
 ];
 
 /// One migration file.

@@ -101,22 +101,30 @@ fn add_deltas(tx: &WriteTransaction, deltas: &[UsageDelta]) -> StoreResult<()> {
     let mut clients = tx.open_table(USAGE_CLIENTS).map_err(err)?;
     let mut days = tx.open_table(USAGE_DAYS).map_err(err)?;
     for d in deltas {
+        // As on the scylla store, a figure that is 0 is not written, and a delta of zeros
+        // makes no point and no line in the index: points exist only where something was
+        // added.
+        let mut counts = d.counts.clone();
+        counts.denied_by.retain(|_, n| *n != 0);
+        if counts.is_empty() && counts.denied_by.is_empty() {
+            continue;
+        }
         let day = Step::Day.floor(d.hour);
         for subject in [d.client.as_str(), TENANT_SUBJECT] {
             add_at(
                 &mut usage,
                 &point_key(&d.tenant, subject, Step::Hour, d.hour),
-                &d.counts,
+                &counts,
             )?;
             add_at(
                 &mut usage,
                 &point_key(&d.tenant, subject, Step::Day, day),
-                &d.counts,
+                &counts,
             )?;
         }
         let mut index = day_prefix(&d.tenant, day);
         index.extend_from_slice(d.client.as_bytes());
-        let mut plain = d.counts.clone();
+        let mut plain = counts;
         plain.denied_by.clear();
         add_at(&mut clients, &index, &plain)?;
         days.insert(day_row(day, &d.tenant).as_slice(), ())
@@ -215,9 +223,10 @@ impl HistoryStore for EmbeddedStore {
         from: i64,
         to: i64,
     ) -> StoreResult<Vec<ClientTotal>> {
-        let (first, end) = (Step::Day.floor(from + DAY_MS - 1), to);
+        // Saturating: `to` may be i64::MAX ("up to now and beyond").
+        let (first, end) = (Step::Day.floor(from.saturating_add(DAY_MS - 1)), to);
         let lo = day_prefix(tenant, first);
-        let hi = day_prefix(tenant, Step::Day.floor(end + DAY_MS - 1));
+        let hi = day_prefix(tenant, Step::Day.floor(end.saturating_add(DAY_MS - 1)));
         let skip = lo.len();
         self.blocking(move |db| {
             let tx = db.begin_read().map_err(err)?;

@@ -1,7 +1,8 @@
 //! The Cassandra/ScyllaDB store: counters in counter tables, policies in a regular table.
 //!
-//! Schema: `migrations/0001_counters.cql`, `0002_policies.cql` and `0003_members.cql`. Every statement is prepared
-//! once in [`ScyllaStore::connect`] from one table ([`statements`]).
+//! Schema: `migrations/0001_counters.cql`, `0002_policies.cql`, `0003_members.cql` and
+//! `0004_history_audit.cql`. Every statement is prepared once in [`ScyllaStore::connect`] from
+//! one table ([`statements`]).
 //!
 //! Counters. A bucket is a row `(tenant, subject, limit_id, grain, epoch, shard, bucket_start)`:
 //! - `shard` is this instance's write shard ([`ScyllaOptions::shard`]): instances never
@@ -23,6 +24,9 @@
 //!
 //! Policies ([`policies`]) are written with lightweight transactions, so two admins on two
 //! instances cannot both write version 2; every change bumps a generation counter.
+//!
+//! Usage history ([`history`]) and the audit log ([`audit`]) are partitioned by UTC month, and
+//! retention deletes whole months through small index tables, never by a scan.
 //!
 //! Options, session building and the keyspace-name rule live in [`crate::cql`], shared with
 //! `quotad migrate`; they are re-exported here under their old paths.

@@ -5,7 +5,8 @@
 //! of monthly buckets. So a partition holds at most 64 rows, a window's buckets lie in at most
 //! two partitions per shard, and a partition can be deleted whole once its last bucket is past
 //! the grain's retention ([`partition_expired`]). Policies are spread over [`POLICY_PARTS`]
-//! partitions by a stable hash of the tenant. Pure functions: no driver, no I/O.
+//! partitions by a stable hash of the tenant. Usage history and the audit log are partitioned
+//! by UTC calendar month ([`month_of`]). Pure functions: no driver, no I/O.
 
 use std::collections::BTreeMap;
 
@@ -94,6 +95,64 @@ pub(crate) fn policy_part(tenant: &str) -> i16 {
         h = h.wrapping_mul(0x0100_0193);
     }
     (h % POLICY_PARTS as u32) as i16
+}
+
+/// The first instant a history or audit partition may hold (the epoch: nothing older is
+/// written), and the last (the end of year 9999): ranges are clamped to these, so a caller's
+/// `0` or `i64::MAX` bound reads what exists instead of failing.
+pub(crate) const FIRST_MS: i64 = 0;
+pub(crate) const LAST_MS: i64 = 253_402_300_799_999;
+
+/// The UTC calendar month holding `ms`, as `yyyymm` (202611 for November 2026): the month part
+/// of the partition key of usage history and the audit log. `ms` is clamped to
+/// [`FIRST_MS`]..=[`LAST_MS`].
+pub(crate) fn month_of(ms: i64) -> i32 {
+    let t = DateTime::<Utc>::from_timestamp_millis(ms.clamp(FIRST_MS, LAST_MS))
+        .expect("clamped into chrono's range");
+    t.year() * 100 + t.month() as i32
+}
+
+/// Where a `yyyymm` month starts (Unix ms); None for a malformed month.
+pub(crate) fn month_start(month: i32) -> Option<i64> {
+    let (y, m) = (month.div_euclid(100), month.rem_euclid(100));
+    if !(1..=12).contains(&m) {
+        return None;
+    }
+    Utc.with_ymd_and_hms(y, m as u32, 1, 0, 0, 0)
+        .single()
+        .map(|d| d.timestamp_millis())
+}
+
+/// The month after a `yyyymm` month.
+pub(crate) fn next_month(month: i32) -> i32 {
+    if month % 100 >= 12 {
+        (month / 100 + 1) * 100 + 1
+    } else {
+        month + 1
+    }
+}
+
+/// Where a `yyyymm` month ends (exclusive, Unix ms): the start of the next.
+pub(crate) fn month_end(month: i32) -> Option<i64> {
+    month_start(next_month(month))
+}
+
+/// How many months `first..=last` holds (0 when `last < first`).
+pub(crate) fn months_spanned(first: i32, last: i32) -> i64 {
+    let index = |m: i32| i64::from(m / 100) * 12 + i64::from(m % 100) - 1;
+    (index(last) - index(first) + 1).max(0)
+}
+
+/// The months `first..=last`, oldest first. Callers bound the span first
+/// ([`months_spanned`]): a range of years is read through an index of months instead.
+pub(crate) fn months_between(first: i32, last: i32) -> Vec<i32> {
+    let mut out = Vec::new();
+    let mut m = first;
+    while m <= last {
+        out.push(m);
+        m = next_month(m);
+    }
+    out
 }
 
 /// One counter partition written by this instance.
@@ -259,6 +318,43 @@ mod tests {
             .iter()
             .all(|p| p.rows.len() == 1));
         assert!(group_increments(&[]).unwrap().is_empty());
+    }
+
+    #[test]
+    fn months_are_utc_calendar_months() {
+        let t = |s: &str| DateTime::parse_from_rfc3339(s).unwrap().timestamp_millis();
+        assert_eq!(month_of(t("2026-11-30T23:59:59.999Z")), 202611);
+        assert_eq!(month_of(t("2026-12-01T00:00:00Z")), 202612);
+        assert_eq!(
+            month_of(t("2026-12-31T23:00:00-02:00")),
+            202701,
+            "UTC, not local"
+        );
+        assert_eq!(month_of(0), 197001);
+        assert_eq!(month_of(i64::MIN), 197001, "clamped");
+        assert_eq!(month_of(i64::MAX), 999912, "clamped");
+        assert_eq!(month_start(202612), Some(t("2026-12-01T00:00:00Z")));
+        assert_eq!(month_end(202612), Some(t("2027-01-01T00:00:00Z")));
+        assert_eq!(month_end(202402), Some(t("2024-03-01T00:00:00Z")));
+        assert_eq!(month_start(202613), None);
+        assert_eq!(month_start(202600), None);
+        assert_eq!(next_month(202612), 202701);
+        assert_eq!(next_month(202601), 202602);
+        assert_eq!(
+            months_between(202611, 202702),
+            [202611, 202612, 202701, 202702]
+        );
+        assert_eq!(months_spanned(202611, 202702), 4);
+        assert_eq!(months_spanned(202611, 202611), 1);
+        assert_eq!(months_spanned(202612, 202611), 0);
+        assert!(months_between(202612, 202611).is_empty());
+        assert_eq!(months_spanned(197001, 999912), (9999 - 1970 + 1) * 12);
+        // Every instant lies in its month.
+        for ms in [0, t("2024-02-29T12:00:00Z"), LAST_MS] {
+            let m = month_of(ms);
+            assert!(month_start(m).unwrap() <= ms);
+            assert!(month_end(m).is_none_or(|end| ms < end));
+        }
     }
 
     #[test]

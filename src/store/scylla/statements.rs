@@ -10,13 +10,15 @@
 use scylla::client::session::Session;
 use scylla::statement::prepared::PreparedStatement;
 use scylla::statement::Consistency;
-use scylla::value::{Counter, CqlTimestamp};
+use scylla::value::{Counter, CqlTimestamp, MaybeUnset};
 
 use super::errors::map_prepare;
 use crate::store::StoreResult;
 
 /// Rows per page when loading every policy: bodies are up to 64 KiB each.
 const POLICY_PAGE_SIZE: i32 = 100;
+/// Rows per page of the audit log: an entry holds up to two policy bodies.
+const AUDIT_PAGE_SIZE: i32 = 50;
 
 pub(crate) const INCREMENT_CQL: &str = "UPDATE counters SET hits = hits + ? WHERE tenant = ? \
      AND subject = ? AND limit_id = ? AND grain = ? AND epoch = ? AND shard = ? \
@@ -98,6 +100,133 @@ pub(crate) const LIST_USED_CQL: &str = "SELECT shard FROM shards_used WHERE part
 pub(crate) type ListUsedValues = (i8,);
 pub(crate) type UsedRow = (i16,);
 pub(crate) const USED_PART: i8 = 0;
+
+/// Usage history (`store::history`, `migrations/0004_history_audit.cql`): one counter cell
+/// of a point. `month` is `yyyymm` of `start`; `step` is `Step::as_str`.
+pub(crate) const ADD_USAGE_POINT_CQL: &str = "UPDATE usage_history SET n = n + ? WHERE \
+     tenant = ? AND subject = ? AND month = ? AND step = ? AND start = ? AND field = ?";
+pub(crate) type AddUsagePointValues<'a> = (Counter, &'a str, &'a str, i32, &'a str, i64, &'a str);
+
+pub(crate) const READ_USAGE_POINTS_CQL: &str = "SELECT start, field, n FROM usage_history \
+     WHERE tenant = ? AND subject = ? AND month = ? AND step = ? AND start >= ? AND start < ?";
+pub(crate) type ReadUsagePointsValues<'a> = (&'a str, &'a str, i32, &'a str, i64, i64);
+pub(crate) type UsagePointRow = (i64, String, Option<Counter>);
+
+pub(crate) const DELETE_USAGE_HISTORY_CQL: &str =
+    "DELETE FROM usage_history WHERE tenant = ? AND subject = ? AND month = ?";
+pub(crate) type UsageHistoryKeyValues<'a> = (&'a str, &'a str, i32);
+
+/// A client's line in the day's index. A figure that is 0 is bound unset: the server then
+/// leaves that counter alone instead of writing a cell.
+pub(crate) const ADD_CLIENT_DAY_CQL: &str = "UPDATE usage_clients SET admitted = admitted + ?, \
+     cost = cost + ?, denied = denied + ? WHERE tenant = ? AND day = ? AND client = ?";
+pub(crate) type AddClientDayValues<'a> = (
+    MaybeUnset<Counter>,
+    MaybeUnset<Counter>,
+    MaybeUnset<Counter>,
+    &'a str,
+    i64,
+    &'a str,
+);
+
+pub(crate) const READ_CLIENT_DAY_CQL: &str = "SELECT client, admitted, cost, denied FROM \
+     usage_clients WHERE tenant = ? AND day = ?";
+pub(crate) type ClientDayValues<'a> = (&'a str, i64);
+pub(crate) type ClientDayRow = (String, Option<Counter>, Option<Counter>, Option<Counter>);
+
+/// The janitor's list of a day's clients: keys only (a counter read costs more).
+pub(crate) const LIST_CLIENT_DAY_CQL: &str =
+    "SELECT client FROM usage_clients WHERE tenant = ? AND day = ?";
+pub(crate) type NameRow = (String,);
+
+pub(crate) const DELETE_CLIENT_DAY_CQL: &str =
+    "DELETE FROM usage_clients WHERE tenant = ? AND day = ?";
+
+pub(crate) const NOTE_TENANT_MONTH_CQL: &str =
+    "INSERT INTO usage_tenants (month, tenant) VALUES (?, ?)";
+/// (month, tenant) of `usage_tenants`, or (month, scope) of `audit_months`.
+pub(crate) type MonthNameValues<'a> = (i32, &'a str);
+
+/// Every month with history: one partition key per month kept, a small scan.
+pub(crate) const LIST_HISTORY_MONTHS_CQL: &str = "SELECT DISTINCT month FROM usage_tenants";
+pub(crate) type MonthRow = (i32,);
+pub(crate) type MonthValues = (i32,);
+
+pub(crate) const LIST_MONTH_TENANTS_CQL: &str = "SELECT tenant FROM usage_tenants WHERE month = ?";
+
+pub(crate) const FIND_TENANT_MONTH_CQL: &str =
+    "SELECT tenant FROM usage_tenants WHERE month = ? AND tenant = ?";
+
+pub(crate) const DELETE_TENANT_MONTH_CQL: &str =
+    "DELETE FROM usage_tenants WHERE month = ? AND tenant = ?";
+
+pub(crate) const DELETE_HISTORY_MONTH_CQL: &str = "DELETE FROM usage_tenants WHERE month = ?";
+
+/// The audit log (`store::audit`): one copy of an entry, under its tenant or under `*`.
+pub(crate) const INSERT_AUDIT_CQL: &str = "INSERT INTO audit_log (scope, month, at, id, actor, \
+     role, action, tenant, client, version_before, version_after, body_before, body_after, \
+     request_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+pub(crate) type InsertAuditValues<'a> = (
+    &'a str,
+    i32,
+    CqlTimestamp,
+    &'a str,
+    &'a str,
+    &'a str,
+    &'a str,
+    &'a str,
+    MaybeUnset<&'a str>,
+    MaybeUnset<i64>,
+    MaybeUnset<i64>,
+    MaybeUnset<&'a str>,
+    MaybeUnset<&'a str>,
+    &'a str,
+);
+
+/// A month of one scope, newest first, before a time (`at < ?`)...
+pub(crate) const READ_AUDIT_CQL: &str = "SELECT at, id, actor, role, action, tenant, client, \
+     version_before, version_after, body_before, body_after, request_id FROM audit_log WHERE \
+     scope = ? AND month = ? AND at < ? LIMIT ?";
+pub(crate) type ReadAuditValues<'a> = (&'a str, i32, CqlTimestamp, i32);
+/// ...or strictly before a cursor. One multi-column slice: Cassandra refuses to mix it with a
+/// single-column relation on `at`, so the lower bound (`from`) is applied by the caller.
+pub(crate) const READ_AUDIT_BEFORE_CQL: &str = "SELECT at, id, actor, role, action, tenant, \
+     client, version_before, version_after, body_before, body_after, request_id FROM audit_log \
+     WHERE scope = ? AND month = ? AND (at, id) < (?, ?) LIMIT ?";
+pub(crate) type ReadAuditBeforeValues<'a> = (&'a str, i32, CqlTimestamp, &'a str, i32);
+pub(crate) type AuditRow = (
+    CqlTimestamp,
+    String,
+    String,
+    String,
+    String,
+    String,
+    Option<String>,
+    Option<i64>,
+    Option<i64>,
+    Option<String>,
+    Option<String>,
+    String,
+);
+
+pub(crate) const DELETE_AUDIT_PARTITION_CQL: &str =
+    "DELETE FROM audit_log WHERE scope = ? AND month = ?";
+pub(crate) type AuditPartitionValues<'a> = (&'a str, i32);
+
+pub(crate) const NOTE_AUDIT_MONTH_CQL: &str =
+    "INSERT INTO audit_months (month, scope) VALUES (?, ?)";
+
+pub(crate) const LIST_AUDIT_MONTHS_CQL: &str = "SELECT DISTINCT month FROM audit_months";
+
+pub(crate) const LIST_MONTH_SCOPES_CQL: &str = "SELECT scope FROM audit_months WHERE month = ?";
+
+pub(crate) const FIND_AUDIT_MONTH_CQL: &str =
+    "SELECT scope FROM audit_months WHERE month = ? AND scope = ?";
+
+pub(crate) const DELETE_AUDIT_SCOPE_MONTH_CQL: &str =
+    "DELETE FROM audit_months WHERE month = ? AND scope = ?";
+
+pub(crate) const DELETE_AUDIT_MONTH_CQL: &str = "DELETE FROM audit_months WHERE month = ?";
 
 /// One entry of the table, for code that walks every statement.
 #[cfg(test)]
@@ -192,6 +321,45 @@ statements! {
     list_members: LIST_MEMBERS_CQL, idempotent: true, binds: (), row: MemberRow;
     mark_used: MARK_USED_CQL, idempotent: true, binds: MarkUsedValues;
     list_used: LIST_USED_CQL, idempotent: true, binds: ListUsedValues, row: UsedRow;
+    add_usage_point: ADD_USAGE_POINT_CQL, idempotent: false,
+        binds: AddUsagePointValues<'static>;
+    read_usage_points: READ_USAGE_POINTS_CQL, idempotent: true,
+        binds: ReadUsagePointsValues<'static>, row: UsagePointRow;
+    delete_usage_history: DELETE_USAGE_HISTORY_CQL, idempotent: true,
+        binds: UsageHistoryKeyValues<'static>;
+    add_client_day: ADD_CLIENT_DAY_CQL, idempotent: false, binds: AddClientDayValues<'static>;
+    read_client_day: READ_CLIENT_DAY_CQL, idempotent: true, binds: ClientDayValues<'static>,
+        row: ClientDayRow;
+    list_client_day: LIST_CLIENT_DAY_CQL, idempotent: true, binds: ClientDayValues<'static>,
+        row: NameRow;
+    delete_client_day: DELETE_CLIENT_DAY_CQL, idempotent: true,
+        binds: ClientDayValues<'static>;
+    note_tenant_month: NOTE_TENANT_MONTH_CQL, idempotent: true,
+        binds: MonthNameValues<'static>;
+    list_history_months: LIST_HISTORY_MONTHS_CQL, idempotent: true, binds: (), row: MonthRow;
+    list_month_tenants: LIST_MONTH_TENANTS_CQL, idempotent: true, binds: MonthValues,
+        row: NameRow;
+    find_tenant_month: FIND_TENANT_MONTH_CQL, idempotent: true,
+        binds: MonthNameValues<'static>, row: NameRow;
+    delete_tenant_month: DELETE_TENANT_MONTH_CQL, idempotent: true,
+        binds: MonthNameValues<'static>;
+    delete_history_month: DELETE_HISTORY_MONTH_CQL, idempotent: true, binds: MonthValues;
+    insert_audit: INSERT_AUDIT_CQL, idempotent: true, binds: InsertAuditValues<'static>;
+    read_audit: READ_AUDIT_CQL, idempotent: true, binds: ReadAuditValues<'static>,
+        row: AuditRow, setup: in_audit_pages;
+    read_audit_before: READ_AUDIT_BEFORE_CQL, idempotent: true,
+        binds: ReadAuditBeforeValues<'static>, row: AuditRow, setup: in_audit_pages;
+    delete_audit_partition: DELETE_AUDIT_PARTITION_CQL, idempotent: true,
+        binds: AuditPartitionValues<'static>;
+    note_audit_month: NOTE_AUDIT_MONTH_CQL, idempotent: true, binds: MonthNameValues<'static>;
+    list_audit_months: LIST_AUDIT_MONTHS_CQL, idempotent: true, binds: (), row: MonthRow;
+    list_month_scopes: LIST_MONTH_SCOPES_CQL, idempotent: true, binds: MonthValues,
+        row: NameRow;
+    find_audit_month: FIND_AUDIT_MONTH_CQL, idempotent: true, binds: MonthNameValues<'static>,
+        row: NameRow;
+    delete_audit_scope_month: DELETE_AUDIT_SCOPE_MONTH_CQL, idempotent: true,
+        binds: MonthNameValues<'static>;
+    delete_audit_month: DELETE_AUDIT_MONTH_CQL, idempotent: true, binds: MonthValues;
 }
 
 fn at_local_serial(p: &mut PreparedStatement) {
@@ -200,6 +368,10 @@ fn at_local_serial(p: &mut PreparedStatement) {
 
 fn in_policy_pages(p: &mut PreparedStatement) {
     p.set_page_size(POLICY_PAGE_SIZE);
+}
+
+fn in_audit_pages(p: &mut PreparedStatement) {
+    p.set_page_size(AUDIT_PAGE_SIZE);
 }
 
 async fn prepare(session: &Session, cql: &str, idempotent: bool) -> StoreResult<PreparedStatement> {

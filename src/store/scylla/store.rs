@@ -25,14 +25,24 @@ use scylla::statement::prepared::PreparedStatement;
 use scylla::statement::SerialConsistency;
 use scylla::value::Counter;
 
-use super::errors::{combine_write_outcomes, internal, map_exec, map_new_session, Op};
-use super::partition::{epochs_of_range, group_increments, PartitionWrite};
-use super::statements::{BucketRow, IncrementValues, ReadBucketsValues, Statements};
+use super::errors::{
+    combine_write_outcomes, internal, map_exec, map_new_session, map_next_row, map_pager, Op,
+};
+use super::partition::{
+    epochs_of_range, group_increments, months_between, months_spanned, PartitionWrite,
+};
+use super::statements::{
+    BucketRow, IncrementValues, MonthNameValues, MonthRow, NameRow, ReadBucketsValues, Statements,
+};
 use crate::cql::{lwt_applied, session_builder, ScyllaOptions};
 use crate::store::{
     BucketTotal, CounterKey, CounterRange, CounterStore, Delta, PolicyStore, StoreError,
     StoreResult,
 };
+
+/// The widest range of months read month by month; a wider one goes through the month index
+/// ([`ScyllaStore::months_to_read`]). 13: a year of daily points, whatever day it starts on.
+const CALENDAR_WALK_MONTHS: i64 = 13;
 
 /// The scylla store; cheap to share behind an `Arc` (one session, its own connection pools).
 pub struct ScyllaStore {
@@ -131,23 +141,116 @@ impl ScyllaStore {
                 )
             })
             .collect();
-        if let [one] = values.as_slice() {
-            self.session
-                .execute_unpaged(&self.st.increment, one)
+        self.counter_batch(&self.st.increment, &values).await
+    }
+
+    /// Applies counter updates of ONE partition: a single statement, or a COUNTER batch (one
+    /// partition, so it is applied atomically on its replicas and routed right). Never
+    /// retried: the statements are non-idempotent, and a timeout is `Uncertain`.
+    pub(super) async fn counter_batch<V>(
+        &self,
+        st: &PreparedStatement,
+        values: &[V],
+    ) -> StoreResult<()>
+    where
+        V: scylla::serialize::row::SerializeRow,
+    {
+        match values {
+            [] => Ok(()),
+            [one] => self
+                .session
+                .execute_unpaged(st, one)
                 .await
-                .map_err(|e| map_exec(e, Op::Write))?;
-            return Ok(());
+                .map(|_| ())
+                .map_err(|e| map_exec(e, Op::Write)),
+            _ => {
+                let mut batch = Batch::new(BatchType::Counter);
+                for _ in values {
+                    batch.append_statement(st.clone());
+                }
+                self.session
+                    .batch(&batch, values)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| map_exec(e, Op::Write))
+            }
         }
-        // One partition, so the batch is applied atomically on its replicas and routed right.
-        let mut batch = Batch::new(BatchType::Counter);
-        for _ in &values {
-            batch.append_statement(self.st.increment.clone());
-        }
-        self.session
-            .batch(&batch, values)
+    }
+
+    /// Runs statements that are safe to repeat (deletes, index rows) in parallel; the first
+    /// error, as a write's.
+    pub(super) async fn run_all<V>(&self, st: &PreparedStatement, values: Vec<V>) -> StoreResult<()>
+    where
+        V: scylla::serialize::row::SerializeRow,
+    {
+        stream::iter(values)
+            .map(|v| async move {
+                self.session
+                    .execute_unpaged(st, v)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| map_exec(e, Op::Write))
+            })
+            .buffer_unordered(self.max_concurrency)
+            .try_collect()
             .await
-            .map_err(|e| map_exec(e, Op::Write))?;
-        Ok(())
+    }
+
+    /// Every row a read returns, page by page (for partitions that may hold more rows than
+    /// one answer should carry).
+    pub(super) async fn read_all<R>(
+        &self,
+        st: &PreparedStatement,
+        values: impl scylla::serialize::row::SerializeRow,
+    ) -> StoreResult<Vec<R>>
+    where
+        R: for<'f, 'm> scylla::deserialize::row::DeserializeRow<'f, 'm> + 'static,
+    {
+        let pager = self
+            .session
+            .execute_iter(st.clone(), values)
+            .await
+            .map_err(map_pager)?;
+        pager
+            .rows_stream::<R>()
+            .map_err(internal)?
+            .map_err(map_next_row)
+            .try_collect()
+            .await
+    }
+
+    /// The months of `first..=last` (yyyymm, oldest first) that may hold `name`'s partitions
+    /// of usage history or the audit log. A short range is walked month by month (an empty
+    /// partition costs one cheap read); a longer one, e.g. "since 1970", visits only the months
+    /// that the month index lists (`list`: its partition keys, one per month kept) and that
+    /// hold `name` (`find`).
+    pub(super) async fn months_to_read(
+        &self,
+        first: i32,
+        last: i32,
+        list: &PreparedStatement,
+        find: &PreparedStatement,
+        name: &str,
+    ) -> StoreResult<Vec<i32>> {
+        if months_spanned(first, last) <= CALENDAR_WALK_MONTHS {
+            return Ok(months_between(first, last));
+        }
+        let listed: Vec<MonthRow> = self.read_all(list, ()).await?;
+        let mut months: Vec<i32> = listed
+            .into_iter()
+            .map(|(m,)| m)
+            .filter(|m| (first..=last).contains(m))
+            .collect();
+        months.sort_unstable();
+        let held: Vec<Option<i32>> = stream::iter(months.into_iter().map(|m| async move {
+            let values: MonthNameValues<'_> = (m, name);
+            let rows: Vec<NameRow> = self.read_all(find, values).await?;
+            Ok::<_, StoreError>((!rows.is_empty()).then_some(m))
+        }))
+        .buffered(self.max_concurrency)
+        .try_collect()
+        .await?;
+        Ok(held.into_iter().flatten().collect())
     }
 
     async fn read_partition(

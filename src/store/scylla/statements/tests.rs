@@ -31,6 +31,13 @@ fn the_schema_parser_reads_the_migrations() {
     let pol = tables.iter().find(|t| t.name == "policies").unwrap();
     assert_eq!(pol.partition_key, ["part"]);
     assert_eq!(pol.clustering, ["kind", "tenant", "client"]);
+    let hist = tables.iter().find(|t| t.name == "usage_history").unwrap();
+    assert_eq!(hist.partition_key, ["tenant", "subject", "month"]);
+    assert_eq!(hist.clustering, ["step", "start", "field"]);
+    let audit = tables.iter().find(|t| t.name == "audit_log").unwrap();
+    assert_eq!(audit.partition_key, ["scope", "month"]);
+    assert_eq!(audit.clustering, ["at", "id"]);
+    assert_eq!(audit.column_type("at"), Some("timestamp"));
 }
 
 #[test]
@@ -146,6 +153,18 @@ fn the_checker_catches_wrong_statements() {
     // Counter tables refuse TTLs and INSERT.
     let ttl = INCREMENT_CQL.replace("SET", "USING TTL 60 SET");
     assert!(check(&tables, &ttl, &inc, None).is_err());
+    // A multi-column slice binds its columns in order.
+    let cursor = names::<ReadAuditBeforeValues<'static>>();
+    check(
+        &tables,
+        READ_AUDIT_BEFORE_CQL,
+        &cursor,
+        Some(&names::<AuditRow>()),
+    )
+    .unwrap();
+    let swapped = READ_AUDIT_BEFORE_CQL.replace("(at, id) < (?, ?)", "(id, at) < (?, ?)");
+    let e = check(&tables, &swapped, &cursor, Some(&names::<AuditRow>())).unwrap_err();
+    assert!(e.contains("markers bind"), "{e}");
     // A row type that does not match the selection.
     assert!(check(
         &tables,

@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use hashbrown::{DefaultHashBuilder, Equivalent, HashMap};
 use smallvec::SmallVec;
 
+use crate::limiter::BuildKeyHash;
 use crate::store::history::{Counts, UsageDelta, HOUR_MS};
 
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -80,35 +81,8 @@ impl Row {
     }
 }
 
-/// The maps' hasher: keys carry their hash.
-#[derive(Clone, Copy, Default)]
-struct PassHash(u64);
-
-impl Hasher for PassHash {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ b as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
-}
-
-#[derive(Clone, Copy, Default)]
-struct BuildPassHash;
-
-impl BuildHasher for BuildPassHash {
-    type Hasher = PassHash;
-    fn build_hasher(&self) -> PassHash {
-        PassHash::default()
-    }
-}
-
-type Shard = HashMap<RowKey, Row, BuildPassHash>;
+/// Keys carry their hash: the maps use the limiter's pass-through hasher.
+type Shard = HashMap<RowKey, Row, BuildKeyHash>;
 
 /// What one check was answered, as history counts it.
 #[derive(Clone, Copy, Debug)]

@@ -66,7 +66,7 @@ impl Equivalent<EntryKey> for EntryRef<'_> {
 
 /// The maps' hasher: keys carry their hash already.
 #[derive(Clone, Copy, Default)]
-pub(super) struct KeyHash(u64);
+pub(crate) struct KeyHash(u64);
 
 impl Hasher for KeyHash {
     fn finish(&self) -> u64 {
@@ -84,7 +84,7 @@ impl Hasher for KeyHash {
 }
 
 #[derive(Clone, Copy, Default)]
-pub(super) struct BuildKeyHash;
+pub(crate) struct BuildKeyHash;
 
 impl BuildHasher for BuildKeyHash {
     type Hasher = KeyHash;

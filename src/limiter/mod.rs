@@ -46,6 +46,7 @@ use hashbrown::DefaultHashBuilder;
 use smallvec::SmallVec;
 
 pub use decision::{Binding, Decision};
+pub(crate) use key::BuildKeyHash;
 pub use key::CLOCK_SKEW_MS;
 pub use share::share_of;
 pub use sync::SyncBatch;

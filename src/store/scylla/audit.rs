@@ -18,10 +18,10 @@ use scylla::statement::batch::{Batch, BatchType};
 use scylla::value::{CqlTimestamp, MaybeUnset};
 
 use super::errors::{internal, map_exec, Op};
-use super::partition::{month_end, month_of, FIRST_MS};
+use super::partition::{month_of, FIRST_MS};
 use super::statements::{
-    AuditPartitionValues, AuditRow, InsertAuditValues, MonthNameValues, MonthRow, MonthValues,
-    NameRow, ReadAuditBeforeValues, ReadAuditValues,
+    AuditPartitionValues, AuditRow, InsertAuditValues, MonthNameValues, MonthValues, NameRow,
+    ReadAuditBeforeValues, ReadAuditValues,
 };
 use super::ScyllaStore;
 use crate::store::audit::{AuditEntry, AuditQuery, AuditStore};
@@ -173,13 +173,9 @@ impl AuditStore for ScyllaStore {
         if budget == 0 {
             return Ok(0);
         }
-        let listed: Vec<MonthRow> = self.read_all(&self.st.list_audit_months, ()).await?;
-        let mut months: Vec<i32> = listed
-            .into_iter()
-            .map(|(m,)| m)
-            .filter(|m| month_end(*m).is_some_and(|end| end <= before))
-            .collect();
-        months.sort_unstable();
+        let months = self
+            .months_ended_by(&self.st.list_audit_months, before)
+            .await?;
         for month in months {
             let values: MonthValues = (month,);
             let scopes: Vec<NameRow> = self.read_all(&self.st.list_month_scopes, values).await?;

@@ -28,7 +28,7 @@ use super::errors::{combine_write_outcomes, internal};
 use super::partition::{month_end, month_of, month_start, FIRST_MS, LAST_MS};
 use super::statements::{
     AddClientDayValues, AddUsagePointValues, ClientDayRow, ClientDayValues, MonthNameValues,
-    MonthRow, MonthValues, NameRow, ReadUsagePointsValues, UsageHistoryKeyValues, UsagePointRow,
+    MonthValues, NameRow, ReadUsagePointsValues, UsageHistoryKeyValues, UsagePointRow,
 };
 use super::ScyllaStore;
 use crate::domain::TENANT_SUBJECT;
@@ -414,13 +414,9 @@ impl HistoryStore for ScyllaStore {
         if budget == 0 {
             return Ok(0);
         }
-        let listed: Vec<MonthRow> = self.read_all(&self.st.list_history_months, ()).await?;
-        let mut months: Vec<i32> = listed
-            .into_iter()
-            .map(|(m,)| m)
-            .filter(|m| month_end(*m).is_some_and(|end| end <= before))
-            .collect();
-        months.sort_unstable();
+        let months = self
+            .months_ended_by(&self.st.list_history_months, before)
+            .await?;
         for month in months {
             let values: MonthValues = (month,);
             let tenants: Vec<NameRow> = self.read_all(&self.st.list_month_tenants, values).await?;

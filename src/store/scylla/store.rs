@@ -198,6 +198,23 @@ impl ScyllaStore {
 
     /// Every row a read returns, page by page (for partitions that may hold more rows than
     /// one answer should carry).
+    /// The months an index statement lists (rows of one `int` month) that ended at or before
+    /// `before`, oldest first: what retention deletes.
+    pub(super) async fn months_ended_by(
+        &self,
+        st: &PreparedStatement,
+        before: i64,
+    ) -> StoreResult<Vec<i32>> {
+        let listed: Vec<super::statements::MonthRow> = self.read_all(st, ()).await?;
+        let mut months: Vec<i32> = listed
+            .into_iter()
+            .map(|(m,)| m)
+            .filter(|m| super::partition::month_end(*m).is_some_and(|end| end <= before))
+            .collect();
+        months.sort_unstable();
+        Ok(months)
+    }
+
     pub(super) async fn read_all<R>(
         &self,
         st: &PreparedStatement,

@@ -29,6 +29,9 @@ struct TokenEntry {
 #[derive(Clone, Debug)]
 pub struct Principal {
     pub role: Role,
+    /// The token's configured name (the audit log's actor): `admin_token` and `check_token`
+    /// for the single tokens.
+    pub name: Arc<str>,
     /// None: every tenant.
     tenants: Option<Arc<HashSet<String>>>,
 }
@@ -64,6 +67,15 @@ impl Principal {
     pub fn sees(&self, tenant: &str) -> bool {
         self.may_manage(tenant).is_ok()
     }
+
+    /// The tenants this principal is limited to, sorted; None: every tenant.
+    pub fn tenants(&self) -> Option<Vec<&str>> {
+        self.tenants.as_ref().map(|t| {
+            let mut v: Vec<&str> = t.iter().map(String::as_str).collect();
+            v.sort_unstable();
+            v
+        })
+    }
 }
 
 /// A token's SHA-256: what `auth.tokens[].sha256` holds and `quotad hash-token` prints.
@@ -81,20 +93,21 @@ impl Auth {
     /// `tokens` the scoped ones, already validated by the configuration.
     pub fn new(admin_token: &str, check_token: &str, tokens: &[TokenSettings]) -> Self {
         let mut entries = Vec::new();
-        let unscoped = |role| Principal {
+        let unscoped = |role, name: &str| Principal {
             role,
+            name: name.into(),
             tenants: None,
         };
         if !admin_token.is_empty() {
             entries.push(TokenEntry {
                 digest: digest(admin_token),
-                principal: unscoped(Role::Admin),
+                principal: unscoped(Role::Admin, "admin_token"),
             });
         }
         if !check_token.is_empty() {
             entries.push(TokenEntry {
                 digest: digest(check_token),
-                principal: unscoped(Role::Check),
+                principal: unscoped(Role::Check, "check_token"),
             });
         }
         for t in tokens {
@@ -106,6 +119,11 @@ impl Auth {
                 digest: d,
                 principal: Principal {
                     role: t.role,
+                    name: if t.name.is_empty() {
+                        format!("{}-{}", t.role.as_str(), &t.sha256[..8]).into()
+                    } else {
+                        t.name.as_str().into()
+                    },
                     tenants: t
                         .tenants
                         .as_ref()

@@ -28,10 +28,22 @@ pub enum Role {
     Check,
 }
 
+impl Role {
+    /// As the configuration spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Admin => "admin",
+            Role::TenantAdmin => "tenant_admin",
+            Role::Check => "check",
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TokenSettings {
-    /// A name for logs (never the token).
+    /// Who the token is, for logs and the audit log (never the token). Unique; when empty,
+    /// the token is named `<role>-<first 8 hex digits of sha256>`.
     #[serde(default)]
     pub name: String,
     /// Hex SHA-256 of the token.

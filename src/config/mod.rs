@@ -16,8 +16,8 @@ mod values;
 
 pub use auth::{AuthSettings, Role, TokenSettings};
 pub use sections::{
-    FleetSettings, LimiterSettings, LogSettings, MetricsSettings, QuotaSettings, ServerSettings,
-    StoreKind, StoreSettings, SyncSettings, HEADER_BYTES_CEILING,
+    AuditSettings, FleetSettings, HistorySettings, LimiterSettings, LogSettings, MetricsSettings,
+    QuotaSettings, ServerSettings, StoreKind, StoreSettings, SyncSettings, HEADER_BYTES_CEILING,
 };
 pub use values::{DurationMs, Secret};
 
@@ -32,6 +32,8 @@ pub struct Settings {
     pub limiter: LimiterSettings,
     pub fleet: FleetSettings,
     pub metrics: MetricsSettings,
+    pub history: HistorySettings,
+    pub audit: AuditSettings,
     pub log: LogSettings,
 }
 

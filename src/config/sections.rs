@@ -212,3 +212,38 @@ impl Default for LogSettings {
         }
     }
 }
+
+/// Usage history (`crate::history`): how long its hourly and daily points are kept.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HistorySettings {
+    /// Points older than this are deleted by the janitor, a whole day (embedded) or month
+    /// (scylla) at a time.
+    pub retention: DurationMs,
+}
+
+impl Default for HistorySettings {
+    fn default() -> Self {
+        Self {
+            retention: DurationMs(400 * DAY_MS),
+        }
+    }
+}
+
+/// The audit log: how long its entries are kept.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuditSettings {
+    /// Entries older than this are deleted by the janitor (whole months on the scylla store).
+    pub retention: DurationMs,
+}
+
+impl Default for AuditSettings {
+    fn default() -> Self {
+        Self {
+            retention: DurationMs(730 * DAY_MS),
+        }
+    }
+}
+
+const DAY_MS: u64 = 86_400_000;

@@ -80,6 +80,8 @@ fn unknown_keys_and_bad_values_are_named() {
         (("QUOTAD__SYNC__INTERVAL_MS", "soon"), "soon"),
         (("QUOTAD__NOPE__X", "1"), "nope"),
         (("QUOTAD__STORE__KEYSPACE", "bad-name"), "store.keyspace"),
+        (("QUOTAD__HISTORY__RETENTION", "1h"), "history.retention"),
+        (("QUOTAD__AUDIT__RETENTION", "0"), "audit.retention"),
         // Unquoted CQL names are case-insensitive: one rule with `quotad migrate`, lowercase.
         (("QUOTAD__STORE__KEYSPACE", "Quota"), "store.keyspace"),
         (("QUOTAD__LOG__LEVEL", "=[="), "log.level"),
@@ -135,6 +137,17 @@ fn scoped_tokens_are_checked() {
         (
             &format!("sha256 = \"{h}\"\nrole = \"check\"\ntenants = [\"a b\"]"),
             "auth.tokens[0].tenants",
+        ),
+        (
+            &format!("name = \"tab\\there\"\nsha256 = \"{h}\"\nrole = \"admin\""),
+            "auth.tokens[0].name",
+        ),
+        (
+            &format!(
+                "name = \"ops\"\nsha256 = \"{h}\"\nrole = \"admin\"\n\
+                 [[auth.tokens]]\nname = \"ops\"\nsha256 = \"{h}\"\nrole = \"check\""
+            ),
+            "auth.tokens[1].name",
         ),
     ] {
         std::fs::write(&f, format!("[[auth.tokens]]\n{body}\n")).unwrap();

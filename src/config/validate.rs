@@ -99,6 +99,16 @@ impl Settings {
         if self.limiter.max_counters == 0 {
             return bad("limiter.max_counters", "must be at least 1".into());
         }
+        // A day: the embedded store keeps history by the day, and less would delete the day
+        // being written.
+        for (key, d) in [
+            ("history.retention", self.history.retention),
+            ("audit.retention", self.audit.retention),
+        ] {
+            if d.0 < 86_400_000 {
+                return bad(key, "must be at least 1d".into());
+            }
+        }
         if self.limiter.max_clients_per_tenant == 0 {
             return bad(
                 "limiter.max_clients_per_tenant",
@@ -109,8 +119,25 @@ impl Settings {
     }
 
     fn validate_tokens(&self) -> Result<(), ConfigError> {
+        let mut names = std::collections::HashSet::new();
         for (i, t) in self.auth.tokens.iter().enumerate() {
             let k = format!("auth.tokens[{i}]");
+            // The audit log names the token that made each change: names must tell them apart.
+            if !t.name.is_empty() {
+                let printable = t.name.bytes().all(|b| (0x20..0x7f).contains(&b));
+                if t.name.len() > 128 || !printable {
+                    return bad(
+                        &format!("{k}.name"),
+                        "must be 1..=128 printable ASCII characters".into(),
+                    );
+                }
+                if !names.insert(t.name.as_str()) {
+                    return bad(
+                        &format!("{k}.name"),
+                        format!("{:?} names another token too; names must be unique", t.name),
+                    );
+                }
+            }
             if t.sha256.len() != 64 || hex::decode(&t.sha256).is_err() {
                 return bad(
                     &format!("{k}.sha256"),

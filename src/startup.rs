@@ -262,6 +262,8 @@ fn http_server(settings: &Settings, state: AppState) -> Result<(Server, u16), St
             .wrap(middleware::from_fn(move |req, next| {
                 api::limit_header_bytes(max_header_bytes, req, next)
             }))
+            // The last wrapped runs first: every answer, a 431 included, carries the id.
+            .wrap(middleware::from_fn(api::request_id))
             .app_data(data.clone())
             .app_data(api::query_config())
             .configure(api::routes)

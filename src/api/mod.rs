@@ -3,13 +3,16 @@
 //!
 //! One module a job: `state` (what handlers share), `auth` (tokens and principals), `middleware`
 //! (before routing), `body` (reading and parsing JSON bodies), `routes` (the route table),
-//! `check`, `quotas`, `usage` and `ops` (the handlers, each beside the types it answers with),
+//! `check`, `quotas`, `usage`, `history`, `audit` and `ops` (the handlers, each beside the types
+//! it answers with),
 //! and `openapi` (the document, which only names handlers and their types).
 
+mod audit;
 mod auth;
 mod body;
 mod check;
 pub mod error;
+mod history;
 mod middleware;
 mod openapi;
 mod ops;
@@ -23,6 +26,6 @@ mod usage;
 pub use auth::{digest, Auth, Principal};
 pub use body::{json_body, parse_json, MAX_BODY};
 pub use error::ApiError;
-pub use middleware::{header_bytes, limit_header_bytes};
+pub use middleware::{header_bytes, limit_header_bytes, request_id, RequestId};
 pub use routes::{query_config, routes, Route, ROUTES};
 pub use state::AppState;

@@ -54,6 +54,7 @@ pub struct Metrics {
     memory_cap_checks: IntCounterVec,
     unrecorded_hits: IntCounter,
     unrecorded_history: IntCounter,
+    unrecorded_audit: IntCounter,
     fleet: FleetMetrics,
 }
 
@@ -218,6 +219,11 @@ impl Metrics {
                  with an unknown outcome (never resent), no room for one more row in memory, or \
                  a shutdown that gave up; each is also logged.",
             ),
+            unrecorded_audit: counter(
+                "quotad_audit_unrecorded_total",
+                "Changes made but not appended to the audit log (the store failed after the \
+                 change); each is logged in full at error level.",
+            ),
             fleet: FleetMetrics::new(&registry),
             registry,
         };
@@ -245,6 +251,7 @@ impl Metrics {
             Box::new(self.memory_cap_checks.clone()),
             Box::new(self.unrecorded_hits.clone()),
             Box::new(self.unrecorded_history.clone()),
+            Box::new(self.unrecorded_audit.clone()),
         ];
         if let Some(t) = &self.tenant_checks {
             all.push(Box::new(t.clone()));
@@ -323,6 +330,11 @@ impl Metrics {
     /// outcome, the row cap, or a shutdown that gave up).
     pub fn unrecorded_history(&self, checks: u64) {
         self.unrecorded_history.inc_by(checks);
+    }
+
+    /// A change that the audit log could not take.
+    pub fn unrecorded_audit(&self) {
+        self.unrecorded_audit.inc();
     }
 
     /// The Prometheus text exposition.

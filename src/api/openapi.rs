@@ -19,7 +19,7 @@ use utoipa::openapi::{ContentBuilder, ObjectBuilder, Ref, ResponseBuilder, Type}
 use utoipa::{Modify, OpenApi};
 
 use super::error::ErrorBody;
-use super::{check, ops, quotas, usage};
+use super::{audit, check, history, ops, quotas, usage};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -44,6 +44,10 @@ use super::{check, ops, quotas, usage};
         quotas::get_client,
         quotas::delete_client,
         usage::usage,
+        history::client_history,
+        history::tenant_history,
+        history::top,
+        audit::list,
         ops::healthz,
         ops::readyz,
         ops::metrics,
@@ -53,7 +57,8 @@ use super::{check, ops, quotas, usage};
     tags(
         (name = "checks", description = "Rate-limit decisions"),
         (name = "quotas", description = "Tenants' policies and clients' overrides (admin)"),
-        (name = "usage", description = "Counts, read without consuming (admin)"),
+        (name = "usage", description = "Counts, read without consuming, and usage history (admin)"),
+        (name = "audit", description = "The log of every quota change (admin)"),
         (name = "ops", description = "Health, readiness, metrics, this document"),
     )
 )]
@@ -72,7 +77,7 @@ impl Modify for Extras {
                 Http::builder()
                     .scheme(HttpAuthScheme::Bearer)
                     .description(Some(
-                        "The admin token for /v1/quotas and /v1/usage; the check token (when one \
+                        "An admin or tenant_admin token for /v1/quotas, /v1/usage and /v1/audit; the check token (when one \
                          is configured) or the admin token for /v1/check",
                     ))
                     .build(),
@@ -182,14 +187,23 @@ mod tests {
     #[test]
     fn patterns_are_the_domain_rules() {
         // The document spells the domain's rules as regexes; these are the only two, and these
-        // samples show they agree with the validators at their edges.
+        // samples show they agree with the validators at their edges. Besides them: the
+        // history's step, and the audit log's entry ids and cursors (tested in api::audit).
         const ID: &str = "^[A-Za-z0-9._~:@-]{1,128}$";
         const RESOURCE: &str = "^[ -~]{1,256}$";
+        const OTHERS: [&str; 3] = [
+            "^(hour|day)$",
+            "^[0-9a-f]{1,64}$",
+            "^[0-9]{1,16}\\.[0-9a-f]{1,64}$",
+        ];
         let mut found = Vec::new();
         patterns(&doc(), String::new(), &mut found);
         assert!(found.len() > 10, "{found:?}");
         for (at, p) in &found {
-            assert!(p == ID || p == RESOURCE, "{at}: unexpected pattern {p}");
+            assert!(
+                p == ID || p == RESOURCE || OTHERS.contains(&p.as_str()),
+                "{at}: unexpected pattern {p}"
+            );
         }
         let id_ok = |s: &str| validate_id("f", s).is_ok();
         assert!(id_ok("AZaz09._~:@-") && id_ok(&"a".repeat(128)));

@@ -23,3 +23,33 @@ pub fn query<T: for<'de> Deserialize<'de>>(req: &HttpRequest) -> Result<T, ApiEr
         .map(web::Query::into_inner)
         .map_err(|e| ApiError::invalid("query", e.to_string()))
 }
+
+/// An instant given in the query as RFC 3339 (`2026-11-23T14:00:00Z`), as ms since the epoch.
+pub fn instant(field: &str, value: Option<&str>) -> Result<Option<i64>, ApiError> {
+    value
+        .map(|v| {
+            chrono::DateTime::parse_from_rfc3339(v)
+                .map(|t| t.timestamp_millis())
+                .map_err(|e| {
+                    ApiError::invalid(
+                        field,
+                        format!(
+                            "{field} must be an RFC 3339 time such as 2026-11-23T14:00:00Z: {e}"
+                        ),
+                    )
+                })
+        })
+        .transpose()
+}
+
+/// A page size from the query: `default` when absent, else 1..=`max`.
+pub fn page_size(value: Option<&str>, default: usize, max: usize) -> Result<usize, ApiError> {
+    match value {
+        None => Ok(default),
+        Some(s) => s
+            .parse::<usize>()
+            .ok()
+            .filter(|n| (1..=max).contains(n))
+            .ok_or_else(|| ApiError::invalid("limit", format!("limit must be 1..={max}"))),
+    }
+}

@@ -6,9 +6,10 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
+use super::audit::{self, Action};
 use super::body::{json_body, parse_json};
 use super::error::{ApiError, ErrorBody};
-use super::params::{path_ids, query};
+use super::params::{page_size, path_ids, query};
 use super::responses::{AdminErrors, BodyErrors};
 use super::state::AppState;
 use crate::domain::{Consistency, LimitDoc, Mode, OnStoreFailure, Policy, PolicyDoc, TenantId};
@@ -90,10 +91,23 @@ async fn put(
     let canonical =
         serde_json::to_string(&policy.to_doc()).map_err(|e| ApiError::Internal(e.to_string()))?;
     let key = PolicyKey { tenant, client };
+    // What the audit log shows as "before" (concurrent changes of one key may interleave
+    // between this read and the write; the versions in the log tell).
+    let before = state.store.get_policy(&key).await?;
     let record = state
         .store
         .put_policy(&key, &canonical, chrono::Utc::now())
         .await?;
+    audit::record(
+        &state,
+        &req,
+        &who,
+        Action::Put,
+        &key,
+        before.as_ref(),
+        Some(&record),
+    )
+    .await;
     // This instance enforces the change at once; the others within quotas.refresh_ms.
     if let Err(e) = state.policies.reload(true).await {
         tracing::warn!(error = %e, "policy saved but the local cache could not reload yet");
@@ -122,9 +136,20 @@ async fn delete(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResp
     let (tenant, client) = path_ids(&req)?;
     who.may_manage(tenant.as_str())?;
     let key = PolicyKey { tenant, client };
+    let before = state.store.get_policy(&key).await?;
     if !state.store.delete_policy(&key).await? {
         return Err(not_found(&key));
     }
+    audit::record(
+        &state,
+        &req,
+        &who,
+        Action::Delete,
+        &key,
+        before.as_ref(),
+        None,
+    )
+    .await;
     if let Err(e) = state.policies.reload(true).await {
         tracing::warn!(error = %e, "policy deleted but the local cache could not reload yet");
     }
@@ -305,14 +330,7 @@ const PAGE_MAX: usize = 1000;
 pub async fn list(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     let who = state.auth.admin(&req)?;
     let q: ListQuery = query(&req)?;
-    let limit = match q.limit.as_deref() {
-        None => PAGE_DEFAULT,
-        Some(s) => s
-            .parse::<usize>()
-            .ok()
-            .filter(|n| (1..=PAGE_MAX).contains(n))
-            .ok_or_else(|| ApiError::invalid("limit", format!("limit must be 1..={PAGE_MAX}")))?,
-    };
+    let limit = page_size(q.limit.as_deref(), PAGE_DEFAULT, PAGE_MAX)?;
     let after = q
         .after
         .as_deref()

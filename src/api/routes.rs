@@ -10,7 +10,7 @@ use actix_web::http::Method;
 use actix_web::{web, HttpResponse};
 
 use super::error::ApiError;
-use super::{check, openapi, ops, quotas, usage};
+use super::{audit, check, history, openapi, ops, quotas, usage};
 
 /// One method on one path, and the handler that serves it.
 pub struct Route {
@@ -22,7 +22,7 @@ pub struct Route {
 }
 
 /// Every route of the server. Entries of one path are registered together, in this order.
-pub static ROUTES: [Route; 14] = [
+pub static ROUTES: [Route; 18] = [
     route(Method::POST, "/v1/check", |r| r.to(check::check)),
     route(Method::POST, "/v1/check/batch", |r| r.to(check::batch)),
     route(Method::GET, "/v1/quotas", |r| r.to(quotas::list)),
@@ -46,9 +46,20 @@ pub static ROUTES: [Route; 14] = [
         "/v1/quotas/{tenant}/clients/{client}",
         |r| r.to(quotas::delete_client),
     ),
+    // The literal paths before `{client}`: actix takes the first resource that matches.
+    route(Method::GET, "/v1/usage/{tenant}/history", |r| {
+        r.to(history::tenant_history)
+    }),
+    route(Method::GET, "/v1/usage/{tenant}/top", |r| {
+        r.to(history::top)
+    }),
     route(Method::GET, "/v1/usage/{tenant}/{client}", |r| {
         r.to(usage::usage)
     }),
+    route(Method::GET, "/v1/usage/{tenant}/{client}/history", |r| {
+        r.to(history::client_history)
+    }),
+    route(Method::GET, "/v1/audit", |r| r.to(audit::list)),
     route(Method::GET, "/healthz", |r| r.to(ops::healthz)),
     route(Method::GET, "/readyz", |r| r.to(ops::readyz)),
     route(Method::GET, "/metrics", |r| r.to(ops::metrics)),

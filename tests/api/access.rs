@@ -7,7 +7,7 @@ use crate::helpers::*;
 
 fn token(role: Role, tenants: Option<&[&str]>, secret: &str) -> TokenSettings {
     TokenSettings {
-        name: format!("{role:?}"),
+        name: secret.trim_end_matches("-secret").to_owned(),
         sha256: hex::encode(quotad::api::digest(secret)),
         role,
         tenants: tenants.map(|t| t.iter().map(|s| s.to_string()).collect()),
@@ -94,6 +94,43 @@ async fn every_token_gets_exactly_the_access_of_its_role_and_tenants() {
         ),
         (M::GET, "/v1/usage/acme/k", [401, 401, 200, 200, 403, 403]),
         (M::GET, "/v1/usage/globex/k", [401, 401, 200, 403, 403, 403]),
+        (
+            M::GET,
+            "/v1/usage/acme/k/history",
+            [401, 401, 200, 200, 403, 403],
+        ),
+        (
+            M::GET,
+            "/v1/usage/globex/k/history",
+            [401, 401, 200, 403, 403, 403],
+        ),
+        (
+            M::GET,
+            "/v1/usage/acme/history",
+            [401, 401, 200, 200, 403, 403],
+        ),
+        (
+            M::GET,
+            "/v1/usage/globex/history",
+            [401, 401, 200, 403, 403, 403],
+        ),
+        (M::GET, "/v1/usage/acme/top", [401, 401, 200, 200, 403, 403]),
+        (
+            M::GET,
+            "/v1/usage/globex/top",
+            [401, 401, 200, 403, 403, 403],
+        ),
+        (M::GET, "/v1/audit", [401, 401, 200, 200, 403, 403]),
+        (
+            M::GET,
+            "/v1/audit?tenant=acme",
+            [401, 401, 200, 200, 403, 403],
+        ),
+        (
+            M::GET,
+            "/v1/audit?tenant=globex",
+            [401, 401, 200, 403, 403, 403],
+        ),
         (M::POST, "/v1/check#acme", [401, 401, 200, 200, 200, 200]),
         (M::POST, "/v1/check#globex", [401, 401, 200, 403, 403, 200]),
         (
@@ -158,6 +195,103 @@ async fn a_tenant_admin_lists_only_its_tenants_and_a_batch_item_of_another_tenan
     let b: serde_json::Value = r.json().await.unwrap();
     assert_eq!(b["results"][0]["allowed"], true);
     assert_eq!(b["results"][1]["error"]["code"], "permission_denied");
+}
+
+#[tokio::test]
+async fn the_audit_log_names_who_changed_each_quota_and_shows_a_tenant_admin_only_its_own() {
+    let app = app().await; // the admin token put acme, then globex
+    let new_acme = json!({"limits": [{"id": "d", "max": 250, "period": "day"}]});
+    let r = app
+        .http
+        .put(app.url("/v1/quotas/acme"))
+        .bearer_auth(ACME_ADMIN)
+        .header("x-request-id", "req-42")
+        .json(&new_acme)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["x-request-id"], "req-42");
+    let r = app
+        .http
+        .delete(app.url("/v1/quotas/globex"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+    // A request without an id gets one made, errors included.
+    let made = r.headers()["x-request-id"].to_str().unwrap().to_owned();
+    assert_eq!(made.len(), 32, "{made}");
+    let r = app.http.get(app.url("/v1/audit")).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    assert!(r.headers().contains_key("x-request-id"));
+
+    let who = |e: &serde_json::Value| {
+        format!(
+            "{} {} {} {}",
+            e["actor"].as_str().unwrap(),
+            e["role"].as_str().unwrap(),
+            e["action"].as_str().unwrap(),
+            e["tenant"].as_str().unwrap()
+        )
+    };
+    let all = app.get_json("/v1/audit").await;
+    let entries = all["entries"].as_array().unwrap();
+    let said: Vec<String> = entries.iter().map(who).collect();
+    assert_eq!(
+        said,
+        [
+            "admin_token admin quota.delete globex",
+            "acme-admin tenant_admin quota.put acme",
+            "admin_token admin quota.put globex",
+            "admin_token admin quota.put acme",
+        ]
+    );
+    let change = &entries[1];
+    assert_eq!(change["request_id"], "req-42");
+    assert_eq!(
+        (
+            change["version_before"].as_u64(),
+            change["version_after"].as_u64()
+        ),
+        (Some(1), Some(2))
+    );
+    assert_eq!(change["body_before"]["limits"][0]["max"], 100);
+    assert_eq!(change["body_after"]["limits"][0]["max"], 250);
+    assert!(change["client"].is_null());
+    assert_eq!(entries[0]["request_id"], made.as_str());
+    assert!(entries[0]["body_after"].is_null() && entries[3]["body_before"].is_null());
+
+    // Paging one at a time walks the same entries.
+    let mut paged = Vec::new();
+    let mut next = String::new();
+    loop {
+        let v = app.get_json(&format!("/v1/audit?limit=1{next}")).await;
+        paged.extend(v["entries"].as_array().unwrap().iter().map(who));
+        match v["next"].as_str() {
+            Some(n) => next = format!("&after={n}"),
+            None => break,
+        }
+    }
+    assert_eq!(paged, said);
+
+    // The tenant admin sees acme's changes only, whoever made them.
+    let mine = app
+        .http
+        .get(app.url("/v1/audit"))
+        .bearer_auth(ACME_ADMIN)
+        .send()
+        .await
+        .unwrap();
+    let mine: serde_json::Value = mine.json().await.unwrap();
+    let mine: Vec<String> = mine["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(who)
+        .collect();
+    assert_eq!(mine, [said[1].clone(), said[3].clone()]);
 }
 
 #[test]

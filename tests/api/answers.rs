@@ -17,6 +17,7 @@ async fn real_answers_match_the_document() {
     check_answers(&mut c, &app).await;
     batch_and_usage_answers(&mut c, &app).await;
     deletes_and_ops_answers(&mut c, &app).await;
+    history_and_audit_answers(&mut c, &app).await;
 
     // Every operation was exercised, and each answer kind the contract names at least once.
     let ops: BTreeSet<(String, String)> = c
@@ -257,6 +258,72 @@ async fn deletes_and_ops_answers(c: &mut Conformance, app: &TestApp) {
         "/v1/openapi.json",
         None,
         None,
+    )
+    .await;
+}
+
+/// Usage history, top clients and the audit log, well and badly asked.
+async fn history_and_audit_answers(c: &mut Conformance, app: &TestApp) {
+    let a = Some(ADMIN);
+    let ch = "/v1/usage/{tenant}/{client}/history";
+    let th = "/v1/usage/{tenant}/history";
+    let top = "/v1/usage/{tenant}/top";
+    let (_, v) = c
+        .send(app, "get", ch, "/v1/usage/acme/k1/history", None, a)
+        .await;
+    assert_eq!(v["points"].as_array().map(Vec::len), Some(24), "{v}");
+    let (s, v) = c
+        .send(
+            app,
+            "get",
+            ch,
+            "/v1/usage/acme/k1/history?step=week",
+            None,
+            a,
+        )
+        .await;
+    assert_eq!(
+        (s, v["error"]["field"].as_str()),
+        (400, Some("step")),
+        "{v}"
+    );
+    let (_, v) = c
+        .send(app, "get", th, "/v1/usage/acme/history?step=day", None, a)
+        .await;
+    assert_eq!(v["points"].as_array().map(Vec::len), Some(30), "{v}");
+    let (s, _) = c
+        .send(
+            app,
+            "get",
+            th,
+            "/v1/usage/acme/history?from=yesterday",
+            None,
+            a,
+        )
+        .await;
+    assert_eq!(s, 400);
+    c.send(app, "get", top, "/v1/usage/acme/top", None, a).await;
+    let (s, _) = c
+        .send(app, "get", top, "/v1/usage/acme/top?limit=0", None, a)
+        .await;
+    assert_eq!(s, 400);
+    let (_, v) = c.send(app, "get", "/v1/audit", "/v1/audit", None, a).await;
+    assert!(!v["entries"].as_array().unwrap().is_empty(), "{v}");
+    let (s, v) = c
+        .send(app, "get", "/v1/audit", "/v1/audit?after=nope", None, a)
+        .await;
+    assert_eq!(
+        (s, v["error"]["field"].as_str()),
+        (400, Some("after")),
+        "{v}"
+    );
+    c.send(
+        app,
+        "get",
+        "/v1/audit",
+        "/v1/audit?tenant=acme&limit=1",
+        None,
+        a,
     )
     .await;
 }

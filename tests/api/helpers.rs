@@ -172,6 +172,15 @@ impl TestApp {
             .unwrap()
     }
 
+    /// An admin GET that must answer 200 with JSON.
+    pub async fn get_json(&self, path: &str) -> Value {
+        let r = self.admin_get(path).await;
+        let status = r.status();
+        let text = r.text().await.unwrap();
+        assert_eq!(status, 200, "GET {path}: {text}");
+        serde_json::from_str(&text).unwrap()
+    }
+
     /// The Prometheus text of `/metrics`.
     pub async fn metrics_text(&self) -> String {
         let r = self.http.get(self.url("/metrics")).send().await.unwrap();

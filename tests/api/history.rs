@@ -5,12 +5,12 @@ use std::sync::Arc;
 
 use quotad::clock::ManualClock;
 use quotad::store::embedded::EmbeddedStore;
-use quotad::store::history::{Step, DAY_MS, HOUR_MS};
+use quotad::store::history::HOUR_MS;
 use quotad::store::DynStore;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
 
-use crate::helpers::spawn_on_store_at;
+use crate::helpers::{spawn_on_store_at, ADMIN};
 
 /// 2026-11-02T00:00:00Z, a Monday: the day the test drives.
 const DAY0: i64 = 1_793_577_600_000;
@@ -106,58 +106,119 @@ async fn a_day_of_checks_is_recorded_hour_by_hour_as_answered() {
         "the traffic both admits and denies"
     );
 
-    // Every client's every hour, zero or not, equals what its checks were answered.
+    // A new instance on the same store answers the history routes: every client's every
+    // hour, zero or not, equals what its checks were answered.
+    let app = spawn_on_store_at(store.clone(), Arc::new(clock.clone()), |_| {}).await;
+    let span = "from=2026-11-02T00:00:00Z&to=2026-11-03T00:00:00Z";
     for tenant in ["acme", "globex"] {
         let mut tenant_day = (0, 0, 0);
+        let mut by_client = Vec::new();
         for client in clients {
-            let points = store
-                .usage_points(tenant, Some(client), Step::Hour, DAY0, DAY0 + DAY_MS)
-                .await
-                .unwrap();
-            let stored: BTreeMap<i64, _> = points.iter().map(|p| (p.start, &p.counts)).collect();
+            let v = app
+                .get_json(&format!("/v1/usage/{tenant}/{client}/history?{span}"))
+                .await;
+            let points = v["points"].as_array().unwrap();
+            assert_eq!(points.len(), 24, "{v}");
             let mut client_day = (0, 0, 0);
-            for hour in 0..24 {
+            for (hour, p) in (0..24).zip(points) {
                 let start = DAY0 + hour * HOUR_MS;
                 let want = model
                     .get(&(tenant.to_owned(), client.to_owned(), start))
                     .cloned()
                     .unwrap_or_default();
-                let got = stored
-                    .get(&start)
-                    .map(|c| (c.admitted, c.cost, c.denied, c.denied_by.clone()))
-                    .unwrap_or_default();
+                assert_eq!(p["start"], rfc3339(start));
+                let got: (u64, u64, u64, BTreeMap<String, u64>) = (
+                    p["admitted"].as_u64().unwrap(),
+                    p["cost"].as_u64().unwrap(),
+                    p["denied"].as_u64().unwrap(),
+                    serde_json::from_value(p["denied_by"].clone()).unwrap(),
+                );
                 assert_eq!(got, want, "{tenant}/{client} at hour {hour}");
                 client_day.0 += want.0;
                 client_day.1 += want.1;
                 client_day.2 += want.2;
             }
-            let day = store
-                .usage_points(tenant, Some(client), Step::Day, DAY0, DAY0 + DAY_MS)
-                .await
-                .unwrap();
-            let got = day
-                .first()
-                .map(|p| (p.counts.admitted, p.counts.cost, p.counts.denied))
-                .unwrap_or_default();
-            assert_eq!(got, client_day, "{tenant}/{client} for the day");
+            let total = &v["total"];
+            assert_eq!(total["cost"].as_u64(), Some(client_day.1), "{v}");
+            let v = app
+                .get_json(&format!(
+                    "/v1/usage/{tenant}/{client}/history?{span}&step=day"
+                ))
+                .await;
+            assert_eq!(counts(&v["points"][0]), client_day, "{tenant}/{client} day");
             tenant_day.0 += client_day.0;
             tenant_day.1 += client_day.1;
             tenant_day.2 += client_day.2;
+            by_client.push((client_day.1, client_day.0, client, client_day.2));
         }
-        let day = store
-            .usage_points(tenant, None, Step::Day, DAY0, DAY0 + DAY_MS)
+        let v = app
+            .get_json(&format!("/v1/usage/{tenant}/history?{span}&step=day"))
+            .await;
+        assert_eq!(counts(&v["points"][0]), tenant_day, "{tenant}'s day");
+
+        // Top: by cost, then admitted, then name; the same figures.
+        by_client.sort_by(|a, b| (b.0, b.1).cmp(&(a.0, a.1)).then(a.2.cmp(b.2)));
+        let v = app
+            .get_json(&format!("/v1/usage/{tenant}/top?{span}&limit=2"))
+            .await;
+        let seen = by_client.iter().filter(|c| c.0 + c.1 + c.3 > 0).count();
+        assert_eq!(v["clients_seen"].as_u64(), Some(seen as u64), "{v}");
+        let top: Vec<(u64, u64, &str, u64)> = v["clients"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| {
+                (
+                    c["cost"].as_u64().unwrap(),
+                    c["admitted"].as_u64().unwrap(),
+                    c["client"].as_str().unwrap(),
+                    c["denied"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(top, by_client[..2], "{tenant}'s top clients");
+
+        // The same history as CSV: a header, then one line per hour adding up the same.
+        let csv = app
+            .http
+            .get(app.url(&format!("/v1/usage/{tenant}/history?{span}")))
+            .bearer_auth(ADMIN)
+            .header("accept", "text/csv")
+            .send()
             .await
             .unwrap();
-        let got = day
-            .first()
-            .map(|p| (p.counts.admitted, p.counts.cost, p.counts.denied))
-            .unwrap_or_default();
-        assert_eq!(got, tenant_day, "{tenant}'s totals for the day");
-        let seen = store
-            .clients_seen(tenant, DAY0, DAY0 + DAY_MS)
-            .await
-            .unwrap();
-        let cost: u64 = seen.iter().map(|c| c.cost).sum();
-        assert_eq!(cost, tenant_day.1, "{tenant}'s index of clients");
+        assert!(csv.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/csv"));
+        let text = csv.text().await.unwrap();
+        let mut lines = text.lines();
+        assert!(lines
+            .next()
+            .unwrap()
+            .starts_with("start,admitted,cost,denied"));
+        let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
+        assert_eq!(rows.len(), 24);
+        let col = |i: usize| {
+            rows.iter()
+                .map(|r| r[i].parse::<u64>().unwrap())
+                .sum::<u64>()
+        };
+        assert_eq!((col(1), col(2), col(3)), tenant_day, "{tenant}'s CSV");
     }
+    app.stop().await;
+}
+
+fn counts(p: &serde_json::Value) -> (u64, u64, u64) {
+    (
+        p["admitted"].as_u64().unwrap(),
+        p["cost"].as_u64().unwrap(),
+        p["denied"].as_u64().unwrap(),
+    )
+}
+
+fn rfc3339(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms)
+        .unwrap()
+        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
 }

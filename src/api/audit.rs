@@ -1,0 +1,291 @@
+//! The audit log at the edge: [`record`] appends what an admin route changed, and
+//! `GET /v1/audit` pages through the log newest first ([`AuditPage`]). No route edits or
+//! deletes an entry; only retention (`audit.retention`) removes old ones.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::LazyLock;
+
+use actix_web::{web, HttpRequest, HttpResponse};
+use chrono::{SecondsFormat, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+
+use super::auth::Principal;
+use super::error::ApiError;
+use super::middleware::RequestId;
+use super::params::{instant, page_size, query};
+use super::responses::AdminErrors;
+use super::state::AppState;
+use crate::domain::TenantId;
+use crate::store::audit::{AuditCursor, AuditEntry, AuditQuery};
+use crate::store::{PolicyKey, PolicyRecord};
+
+/// What a change did, as the log names it.
+#[derive(Clone, Copy)]
+pub enum Action {
+    Put,
+    Delete,
+}
+
+/// Appends a change to the audit log: `before` and `after` are the record as it was and as it
+/// is (None where there was or is none).
+///
+/// The change has already been made when this runs, so a failure here does not undo it or fail
+/// the request: the entry is logged in full at error level (from where it can be restored) and
+/// counted in `quotad_audit_unrecorded_total`.
+pub async fn record(
+    state: &AppState,
+    req: &HttpRequest,
+    who: &Principal,
+    action: Action,
+    key: &PolicyKey,
+    before: Option<&PolicyRecord>,
+    after: Option<&PolicyRecord>,
+) {
+    let kind = if key.client.is_some() {
+        "override"
+    } else {
+        "quota"
+    };
+    let verb = match action {
+        Action::Put => "put",
+        Action::Delete => "delete",
+    };
+    let entry = AuditEntry {
+        at: now_ms(),
+        id: format!("{:016x}", NEXT_ID.fetch_add(1, Ordering::Relaxed)),
+        actor: who.name.to_string(),
+        role: who.role.as_str().to_owned(),
+        action: format!("{kind}.{verb}"),
+        tenant: key.tenant.to_string(),
+        client: key.client.as_ref().map(ToString::to_string),
+        version_before: before.map(|r| r.version),
+        version_after: after.map(|r| r.version),
+        body_before: before.map(|r| r.body.clone()),
+        body_after: after.map(|r| r.body.clone()),
+        request_id: RequestId::of(req),
+    };
+    let res = tokio::time::timeout(
+        state.store_timeout.max(std::time::Duration::from_secs(2)),
+        state.store.append_audit(&entry),
+    )
+    .await;
+    let why = match res {
+        Ok(Ok(())) => return,
+        Ok(Err(e)) => e.to_string(),
+        Err(_) => "timed out".to_owned(),
+    };
+    state.metrics.unrecorded_audit();
+    tracing::error!(
+        error = %why,
+        entry = %serde_json::to_string(&entry).unwrap_or_default(),
+        "the change was made but the audit log could not take its entry"
+    );
+}
+
+/// Entry ids: increasing in one process, so that its changes of one millisecond keep their
+/// order; from a random 63-bit start, so that two instances' ids do not meet.
+static NEXT_ID: LazyLock<AtomicU64> = LazyLock::new(|| AtomicU64::new(rand::random::<u64>() >> 1));
+
+/// Now, to the millisecond the log keeps.
+fn now_ms() -> chrono::DateTime<Utc> {
+    let ms = Utc::now().timestamp_millis();
+    chrono::DateTime::from_timestamp_millis(ms).unwrap_or_default()
+}
+
+#[derive(Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+struct AuditParams {
+    /// Only this tenant's changes. Without it: every tenant's for an admin token, the token's
+    /// own tenants' for a tenant_admin token.
+    #[param(pattern = "^[A-Za-z0-9._~:@-]{1,128}$")]
+    tenant: Option<String>,
+    /// Changes made at or after this time (RFC 3339); default: the oldest kept.
+    #[param(format = DateTime, example = "2026-11-01T00:00:00Z")]
+    from: Option<String>,
+    /// Changes made before this time (RFC 3339); default: now.
+    #[param(format = DateTime, example = "2026-12-01T00:00:00Z")]
+    to: Option<String>,
+    /// Page size.
+    #[param(value_type = u32, required = false, minimum = 1, maximum = 1000, default = 100)]
+    limit: Option<String>,
+    /// Continue after this entry: the previous page's `next`.
+    #[param(pattern = "^[0-9]{1,16}\\.[0-9a-f]{1,64}$")]
+    after: Option<String>,
+}
+
+/// A page of the audit log, newest first.
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AuditPage {
+    entries: Vec<AuditView>,
+    /// The `after` of the next page; null on the last page.
+    #[schema(required = true, pattern = "^[0-9]{1,16}\\.[0-9a-f]{1,64}$")]
+    next: Option<String>,
+}
+
+/// One change.
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(as = AuditEntry)]
+pub struct AuditView {
+    /// The change's action: `quota.put`, `quota.delete`, `override.put`, `override.delete`.
+    #[schema(example = "quota.put")]
+    action: String,
+    /// The configured name of the token that made it (never the token).
+    #[schema(example = "ops-alice")]
+    actor: String,
+    /// When it was made (UTC, milliseconds).
+    #[schema(format = DateTime)]
+    at: String,
+    /// The policy document after the change; null after a delete.
+    #[schema(value_type = Option<Object>, required = true)]
+    body_after: Option<serde_json::Value>,
+    /// The policy document before the change; null when it created the policy.
+    #[schema(value_type = Option<Object>, required = true)]
+    body_before: Option<serde_json::Value>,
+    /// The client, for an override; null for a tenant's policy.
+    #[schema(required = true, pattern = "^[A-Za-z0-9._~:@-]{1,128}$")]
+    client: Option<String>,
+    /// Orders entries of the same millisecond.
+    #[schema(pattern = "^[0-9a-f]{1,64}$")]
+    id: String,
+    /// The request's `X-Request-Id` (taken from the request, or made by quotad).
+    request_id: String,
+    /// The token's role: `admin` or `tenant_admin`.
+    #[schema(example = "admin")]
+    role: String,
+    #[schema(pattern = "^[A-Za-z0-9._~:@-]{1,128}$")]
+    tenant: String,
+    #[schema(required = true, minimum = 1)]
+    version_after: Option<u64>,
+    #[schema(required = true, minimum = 1)]
+    version_before: Option<u64>,
+}
+
+impl AuditView {
+    fn of(e: AuditEntry) -> Self {
+        // Bodies are the canonical documents the store holds: JSON, shown as objects.
+        let doc = |b: Option<String>| {
+            b.map(|s| serde_json::from_str(&s).unwrap_or(serde_json::Value::String(s)))
+        };
+        AuditView {
+            at: e.at.to_rfc3339_opts(SecondsFormat::Millis, true),
+            id: e.id,
+            actor: e.actor,
+            role: e.role,
+            action: e.action,
+            tenant: e.tenant,
+            client: e.client,
+            version_before: e.version_before,
+            version_after: e.version_after,
+            body_before: doc(e.body_before),
+            body_after: doc(e.body_after),
+            request_id: e.request_id,
+        }
+    }
+}
+
+fn cursor_text(c: &AuditCursor) -> String {
+    format!("{}.{}", c.at_ms, c.id)
+}
+
+fn parse_cursor(s: &str) -> Result<AuditCursor, ApiError> {
+    let bad = || ApiError::invalid("after", "after must be the `next` of a previous page");
+    let (at, id) = s.split_once('.').ok_or_else(bad)?;
+    let ok_id = (1..=64).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_hexdigit());
+    match at.parse::<i64>() {
+        Ok(at_ms) if ok_id && at.len() <= 16 => Ok(AuditCursor {
+            at_ms,
+            id: id.to_owned(),
+        }),
+        _ => Err(bad()),
+    }
+}
+
+/// Default and largest page of `GET /v1/audit`.
+const PAGE_DEFAULT: usize = 100;
+const PAGE_MAX: usize = 1000;
+
+#[utoipa::path(
+    get,
+    path = "/v1/audit",
+    tag = "audit",
+    operation_id = "list_audit",
+    summary = "Every quota change, newest first, a page at a time",
+    params(AuditParams),
+    responses(
+        (status = 200, description = "A page; `next` is the `after` of the next page, null on the last", body = AuditPage),
+        AdminErrors,
+    ),
+    security(("bearer" = [])),
+)]
+pub async fn list(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    let who = state.auth.admin(&req)?;
+    let q: AuditParams = query(&req)?;
+    let tenant = q
+        .tenant
+        .as_deref()
+        .map(|t| TenantId::parse_field(t, "tenant"))
+        .transpose()?;
+    if let Some(t) = &tenant {
+        who.may_manage(t.as_str())?;
+    }
+    let limit = page_size(q.limit.as_deref(), PAGE_DEFAULT, PAGE_MAX)?;
+    let from = instant("from", q.from.as_deref())?.unwrap_or(0);
+    // Entries another instance wrote with a clock slightly ahead are still in "now".
+    let to =
+        instant("to", q.to.as_deref())?.unwrap_or_else(|| Utc::now().timestamp_millis() + 60_000);
+    if from >= to {
+        return Err(ApiError::invalid("to", "to must be after from"));
+    }
+    let before = q.after.as_deref().map(parse_cursor).transpose()?;
+    let scopes: Vec<Option<String>> = match (&tenant, who.tenants()) {
+        (Some(t), _) => vec![Some(t.to_string())],
+        (None, None) => vec![None],
+        // A tenant admin's view of "all": its own tenants' logs, merged.
+        (None, Some(own)) => own.into_iter().map(|t| Some(t.to_owned())).collect(),
+    };
+    let mut entries = Vec::new();
+    for scope in scopes {
+        let page = state
+            .store
+            .audit_page(&AuditQuery {
+                tenant: scope,
+                from,
+                to,
+                before: before.clone(),
+                limit: limit + 1,
+            })
+            .await?;
+        entries.extend(page);
+    }
+    entries.sort_by_key(|e| std::cmp::Reverse(e.cursor()));
+    let more = entries.len() > limit;
+    entries.truncate(limit);
+    let next = more
+        .then(|| entries.last().map(|e| cursor_text(&e.cursor())))
+        .flatten();
+    Ok(HttpResponse::Ok().json(AuditPage {
+        entries: entries.into_iter().map(AuditView::of).collect(),
+        next,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cursors_read_back_what_they_wrote() {
+        let c = AuditCursor {
+            at_ms: 1_795_000_000_123,
+            id: "00ff12ab00ff12ab".into(),
+        };
+        assert_eq!(parse_cursor(&cursor_text(&c)).unwrap(), c);
+        for bad in ["", "12", "x.ab", "12.", "12.zz", "-1x.ab"] {
+            assert!(parse_cursor(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -16,6 +16,7 @@ pub mod limiter;
 pub mod metrics;
 pub mod migrate;
 pub mod policy;
+pub mod retention;
 pub mod startup;
 pub mod store;
 pub mod sync;

@@ -33,6 +33,31 @@ enum Command {
     },
     /// Print the SHA-256 of a token read from standard input, for `[[auth.tokens]] sha256`.
     HashToken,
+    /// Print the audit log from the store, newest first, one JSON object per line (no token
+    /// needed: whoever can read the configuration and the store can read the log).
+    Audit(AuditArgs),
+}
+
+#[derive(clap::Args)]
+struct AuditArgs {
+    /// Only this tenant's changes.
+    #[arg(long)]
+    tenant: Option<String>,
+    /// Changes made at or after this time (RFC 3339).
+    #[arg(long, value_parser = rfc3339)]
+    from: Option<i64>,
+    /// Changes made before this time (RFC 3339); default: now.
+    #[arg(long, value_parser = rfc3339)]
+    to: Option<i64>,
+    /// Print at most this many entries; 0 prints every one.
+    #[arg(long, default_value_t = 100)]
+    limit: usize,
+}
+
+fn rfc3339(s: &str) -> Result<i64, String> {
+    chrono::DateTime::parse_from_rfc3339(s)
+        .map(|t| t.timestamp_millis())
+        .map_err(|e| format!("{e} (expected e.g. 2026-11-23T14:00:00Z)"))
 }
 
 fn init_logging(level: &str) {
@@ -100,6 +125,20 @@ async fn main() -> ExitCode {
             println!("{}", hex::encode(quotad::api::digest(token)));
             ExitCode::SUCCESS
         }
+        Command::Audit(args) => {
+            let settings = match load(config) {
+                Ok(s) => s,
+                Err(code) => return code,
+            };
+            init_logging(&settings.log.level);
+            match print_audit(&settings, &args).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("quotad audit: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::Migrate { dry_run } => {
             let settings = match load(config) {
                 Ok(s) => s,
@@ -122,4 +161,59 @@ async fn main() -> ExitCode {
             }
         }
     }
+}
+
+/// `quotad audit`: pages through the log in the store and prints each entry as the API shows it.
+async fn print_audit(settings: &Settings, args: &AuditArgs) -> Result<(), String> {
+    use std::io::Write;
+
+    use quotad::store::audit::AuditQuery;
+
+    if let Some(t) = &args.tenant {
+        quotad::domain::TenantId::parse(t).map_err(|e| format!("--tenant: {}", e.message))?;
+    }
+    let store = quotad::startup::open_store(settings).await.map_err(|e| {
+        if settings.store.kind == quotad::config::StoreKind::Embedded {
+            format!(
+                "{e}\n(the embedded store is opened by one process at a time: stop the \
+                 service first, or read GET /v1/audit with an admin token)"
+            )
+        } else {
+            e.to_string()
+        }
+    })?;
+    let mut q = AuditQuery {
+        tenant: args.tenant.clone(),
+        from: args.from.unwrap_or(0),
+        to: args
+            .to
+            .unwrap_or_else(|| chrono::Utc::now().timestamp_millis() + 60_000),
+        before: None,
+        limit: 0,
+    };
+    let mut left = if args.limit == 0 {
+        usize::MAX
+    } else {
+        args.limit
+    };
+    let mut out = std::io::stdout().lock();
+    while left > 0 {
+        q.limit = left.min(1000);
+        let page = store.audit_page(&q).await.map_err(|e| e.to_string())?;
+        let Some(last) = page.last() else { break };
+        q.before = Some(last.cursor());
+        let full = page.len() == q.limit;
+        left -= page.len();
+        for e in page {
+            let line =
+                serde_json::to_string(&quotad::api::AuditView::of(e)).map_err(|e| e.to_string())?;
+            if writeln!(out, "{line}").is_err() {
+                return Ok(()); // the reader went away (| head)
+            }
+        }
+        if !full {
+            break;
+        }
+    }
+    Ok(())
 }

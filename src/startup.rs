@@ -16,6 +16,7 @@ use crate::fleet::{Fleet, FleetConfig, Membership};
 use crate::limiter::{Limiter, LimiterConfig};
 use crate::metrics::Metrics;
 use crate::policy::PolicyCache;
+use crate::retention::{Retention, RetentionConfig};
 use crate::store::embedded::EmbeddedStore;
 use crate::store::scylla::{parse_consistency, ScyllaOptions, ScyllaStore};
 use crate::store::DynStore;
@@ -97,7 +98,7 @@ impl Application {
             .map_or_else(|| Arc::new(Membership::alone()), Fleet::membership);
         let limiter = Arc::new(Limiter::new(
             store.clone(),
-            clock,
+            clock.clone(),
             metrics.clone(),
             limiter_config(&settings, membership.clone()),
         ));
@@ -128,8 +129,15 @@ impl Application {
         let (server, port) = http_server(&settings, state)?;
 
         let (shutdown, rx) = watch::channel(false);
-        let syncer = Syncer::new(limiter, store.clone(), metrics, sync_config(&settings));
+        let syncer = Syncer::new(
+            limiter,
+            store.clone(),
+            metrics.clone(),
+            sync_config(&settings),
+        );
         let sync = tokio::spawn(syncer.run(rx.clone()));
+        let retention = Retention::new(store.clone(), clock, metrics, retention_config(&settings));
+        tokio::spawn(retention.run(rx.clone()));
         let refresh = tokio::spawn(policies.run(settings.quotas.refresh_ms.get(), rx));
         let fleet = fleet.map(|f| {
             let (leave, rx) = watch::channel(false);
@@ -291,5 +299,15 @@ fn sync_config(settings: &Settings) -> SyncConfig {
         drain_timeout: settings.sync.drain_timeout_ms.get(),
         // A tenth of the interval: enough for the fleet's writes of a tick to land.
         settle: settings.sync.interval_ms.get() / 10,
+    }
+}
+
+fn retention_config(settings: &Settings) -> RetentionConfig {
+    RetentionConfig {
+        history: settings.history.retention.get(),
+        audit: settings.audit.retention.get(),
+        interval: settings.sync.janitor_interval_ms.get(),
+        budget: 10_000,
+        timeout: settings.sync.timeout_ms.get(),
     }
 }

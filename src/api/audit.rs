@@ -165,7 +165,8 @@ pub struct AuditView {
 }
 
 impl AuditView {
-    fn of(e: AuditEntry) -> Self {
+    /// An entry as the API (and `quotad audit`) shows it.
+    pub fn of(e: AuditEntry) -> Self {
         // Bodies are the canonical documents the store holds: JSON, shown as objects.
         let doc = |b: Option<String>| {
             b.map(|s| serde_json::from_str(&s).unwrap_or(serde_json::Value::String(s)))

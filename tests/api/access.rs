@@ -294,6 +294,54 @@ async fn the_audit_log_names_who_changed_each_quota_and_shows_a_tenant_admin_onl
     assert_eq!(mine, [said[1].clone(), said[3].clone()]);
 }
 
+#[tokio::test]
+async fn quotad_audit_prints_the_log_from_the_store_without_a_token() {
+    let app = app().await;
+    let r = app
+        .http
+        .delete(app.url("/v1/quotas/acme"))
+        .bearer_auth(ACME_ADMIN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+    let (_, dir) = app.stop().await;
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_quotad"))
+            .arg("audit")
+            .args(args)
+            .env("QUOTAD__STORE__PATH", dir.path())
+            .env("QUOTAD__LOG__LEVEL", "warn")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{stderr}");
+        String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .map(|l| {
+                let e: serde_json::Value = serde_json::from_str(l).unwrap();
+                format!("{} {} {}", e["actor"], e["action"], e["tenant"])
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        run(&["--tenant", "acme"]),
+        [
+            r#""acme-admin" "quota.delete" "acme""#,
+            r#""admin_token" "quota.put" "acme""#
+        ]
+    );
+    assert_eq!(run(&["--limit", "0"]).len(), 3);
+    assert_eq!(run(&["--limit", "1"]).len(), 1);
+    let bad = std::process::Command::new(env!("CARGO_BIN_EXE_quotad"))
+        .args(["audit", "--from", "yesterday"])
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--from"));
+}
+
 #[test]
 fn hash_token_prints_the_sha256_of_stdin() {
     use std::io::Write;

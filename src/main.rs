@@ -33,8 +33,10 @@ enum Command {
     },
     /// Print the SHA-256 of a token read from standard input, for `[[auth.tokens]] sha256`.
     HashToken,
-    /// Print the audit log from the store, newest first, one JSON object per line (no token
-    /// needed: whoever can read the configuration and the store can read the log).
+    /// Print the audit log from the store, newest first, as JSON lines
+    ///
+    /// Needs no token: whoever can read the configuration and the store can read the log. On
+    /// the embedded store, stop the service first (one process opens it at a time).
     Audit(AuditArgs),
 }
 
@@ -131,6 +133,10 @@ async fn main() -> ExitCode {
                 Err(code) => return code,
             };
             init_logging(&settings.log.level);
+            if let Some(Err(e)) = args.tenant.as_deref().map(quotad::domain::TenantId::parse) {
+                eprintln!("quotad audit: --tenant: {}", e.message);
+                return ExitCode::from(2);
+            }
             match print_audit(&settings, &args).await {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
@@ -169,9 +175,6 @@ async fn print_audit(settings: &Settings, args: &AuditArgs) -> Result<(), String
 
     use quotad::store::audit::AuditQuery;
 
-    if let Some(t) = &args.tenant {
-        quotad::domain::TenantId::parse(t).map_err(|e| format!("--tenant: {}", e.message))?;
-    }
     let store = quotad::startup::open_store(settings).await.map_err(|e| {
         if settings.store.kind == quotad::config::StoreKind::Embedded {
             format!(

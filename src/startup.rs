@@ -229,12 +229,7 @@ fn limiter_config(settings: &Settings, fleet: Arc<Membership>) -> LimiterConfig 
         max_counters: settings.limiter.max_counters,
         max_clients_per_tenant: settings.limiter.max_clients_per_tenant,
         // History rows live one sync round: as many as counters is room for every active client.
-        // The scylla store's history tables pass the contract suite, but a fleet has not yet
-        // been run through them end to end (issue 11): recording stays off there until then.
-        max_history_rows: match settings.store.kind {
-            StoreKind::Embedded => settings.limiter.max_counters,
-            StoreKind::Scylla => 0,
-        },
+        max_history_rows: settings.limiter.max_counters,
     }
 }
 

@@ -6,6 +6,7 @@
 //! the `store` in the background.
 
 pub mod api;
+pub mod apply;
 pub mod clock;
 pub mod config;
 pub mod cql;

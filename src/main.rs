@@ -38,6 +38,27 @@ enum Command {
     /// Needs no token: whoever can read the configuration and the store can read the log. On
     /// the embedded store, stop the service first (one process opens it at a time).
     Audit(AuditArgs),
+    /// Apply a quotas file (YAML or JSON) to the store: prints a diff per tenant, then applies it
+    ///
+    /// Validates every policy as the admin API does and writes through the store with the same
+    /// versioning, each change in the audit log. On the embedded store, stop the service first.
+    Apply {
+        /// The quotas file; `-` reads standard input. JSON when the name ends in .json.
+        #[arg(short = 'f', long = "file", value_name = "FILE")]
+        file: String,
+        /// Print the diff, change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Also remove the policies and overrides the file does not name.
+        #[arg(long)]
+        prune: bool,
+    },
+    /// Print every policy and override in the store as a quotas file (what apply reads)
+    Export {
+        /// yaml or json.
+        #[arg(long, default_value = "yaml", value_parser = ["yaml", "json"])]
+        format: String,
+    },
 }
 
 #[derive(clap::Args)]
@@ -145,6 +166,32 @@ async fn main() -> ExitCode {
                 }
             }
         }
+        Command::Apply {
+            file,
+            dry_run,
+            prune,
+        } => {
+            let settings = match load(config) {
+                Ok(s) => s,
+                Err(code) => return code,
+            };
+            init_logging(&settings.log.level);
+            apply_file(&settings, &file, dry_run, prune).await
+        }
+        Command::Export { format } => {
+            let settings = match load(config) {
+                Ok(s) => s,
+                Err(code) => return code,
+            };
+            init_logging(&settings.log.level);
+            match export(&settings, &format).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("quotad export: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::Migrate { dry_run } => {
             let settings = match load(config) {
                 Ok(s) => s,
@@ -169,22 +216,113 @@ async fn main() -> ExitCode {
     }
 }
 
+/// Opens the configured store for a command, saying what to do when the embedded one is held.
+async fn open_for_cli(settings: &Settings) -> Result<quotad::store::DynStore, String> {
+    quotad::startup::open_store(settings).await.map_err(|e| {
+        if settings.store.kind == quotad::config::StoreKind::Embedded {
+            format!(
+                "{e}\n(the embedded store is opened by one process at a time: stop the \
+                 service first)"
+            )
+        } else {
+            e.to_string()
+        }
+    })
+}
+
+/// `quotad apply`: exit 2 for a file that cannot be applied, 1 for a store that fails.
+async fn apply_file(settings: &Settings, file: &str, dry_run: bool, prune: bool) -> ExitCode {
+    let text = if file == "-" {
+        let mut t = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut t).map(|_| t)
+    } else {
+        std::fs::read_to_string(file)
+    };
+    let text = match text {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("quotad apply: {file}: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let desired = match quotad::apply::parse(file, &text) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("quotad apply: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let store = match open_for_cli(settings).await {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("quotad apply: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let changes = match quotad::apply::plan(&store, &desired, prune).await {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("quotad apply: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    for c in &changes {
+        println!("{}", c.title());
+        for l in &c.lines {
+            println!("  {l}");
+        }
+    }
+    let n = changes.len();
+    if n == 0 {
+        println!("no changes");
+        return ExitCode::SUCCESS;
+    }
+    if dry_run {
+        println!("dry run: {n} change(s), nothing applied");
+        return ExitCode::SUCCESS;
+    }
+    let actor = format!(
+        "cli:{}",
+        std::env::var("USER").unwrap_or_else(|_| "unknown".into())
+    );
+    match quotad::apply::apply(&store, &changes, &actor).await {
+        Ok(()) => {
+            if let Err(e) = quotad::store::CounterStore::flush(&*store).await {
+                eprintln!("quotad apply: flushing the store: {e}");
+                return ExitCode::FAILURE;
+            }
+            println!("{n} change(s) applied");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("quotad apply: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `quotad export`: the store's policies and overrides as a quotas file on standard output.
+async fn export(settings: &Settings, format: &str) -> Result<(), String> {
+    let store = open_for_cli(settings).await?;
+    let file = quotad::apply::export(&store)
+        .await
+        .map_err(|e| e.to_string())?;
+    let text = if format == "json" {
+        serde_json::to_string_pretty(&file).map_err(|e| e.to_string())? + "\n"
+    } else {
+        serde_yaml_ng::to_string(&file).map_err(|e| e.to_string())?
+    };
+    print!("{text}");
+    Ok(())
+}
+
 /// `quotad audit`: pages through the log in the store and prints each entry as the API shows it.
 async fn print_audit(settings: &Settings, args: &AuditArgs) -> Result<(), String> {
     use std::io::Write;
 
     use quotad::store::audit::AuditQuery;
 
-    let store = quotad::startup::open_store(settings).await.map_err(|e| {
-        if settings.store.kind == quotad::config::StoreKind::Embedded {
-            format!(
-                "{e}\n(the embedded store is opened by one process at a time: stop the \
-                 service first, or read GET /v1/audit with an admin token)"
-            )
-        } else {
-            e.to_string()
-        }
-    })?;
+    let store = open_for_cli(settings).await?;
     let mut q = AuditQuery {
         tenant: args.tenant.clone(),
         from: args.from.unwrap_or(0),

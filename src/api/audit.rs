@@ -20,15 +20,8 @@ use crate::domain::TenantId;
 use crate::store::audit::{AuditCursor, AuditEntry, AuditQuery};
 use crate::store::{PolicyKey, PolicyRecord};
 
-/// What a change did, as the log names it.
-#[derive(Clone, Copy)]
-pub enum Action {
-    Put,
-    Delete,
-}
-
 /// Appends a change to the audit log: `before` and `after` are the record as it was and as it
-/// is (None where there was or is none).
+/// is (None where there was or is none: a create, a delete).
 ///
 /// The change has already been made when this runs, so a failure here does not undo it or fail
 /// the request: the entry is logged in full at error level (from where it can be restored) and
@@ -37,34 +30,18 @@ pub async fn record(
     state: &AppState,
     req: &HttpRequest,
     who: &Principal,
-    action: Action,
     key: &PolicyKey,
     before: Option<&PolicyRecord>,
     after: Option<&PolicyRecord>,
 ) {
-    let kind = if key.client.is_some() {
-        "override"
-    } else {
-        "quota"
-    };
-    let verb = match action {
-        Action::Put => "put",
-        Action::Delete => "delete",
-    };
-    let entry = AuditEntry {
-        at: now_ms(),
-        id: format!("{:016x}", NEXT_ID.fetch_add(1, Ordering::Relaxed)),
-        actor: who.name.to_string(),
-        role: who.role.as_str().to_owned(),
-        action: format!("{kind}.{verb}"),
-        tenant: key.tenant.to_string(),
-        client: key.client.as_ref().map(ToString::to_string),
-        version_before: before.map(|r| r.version),
-        version_after: after.map(|r| r.version),
-        body_before: before.map(|r| r.body.clone()),
-        body_after: after.map(|r| r.body.clone()),
-        request_id: RequestId::of(req),
-    };
+    let entry = audit_entry(
+        &who.name,
+        who.role.as_str(),
+        key,
+        before,
+        after,
+        RequestId::of(req),
+    );
     let res = tokio::time::timeout(
         state.store_timeout.max(std::time::Duration::from_secs(2)),
         state.store.append_audit(&entry),
@@ -81,6 +58,38 @@ pub async fn record(
         entry = %serde_json::to_string(&entry).unwrap_or_default(),
         "the change was made but the audit log could not take its entry"
     );
+}
+
+/// The entry of a change of `key` from `before` to `after` (None after a delete), made now by
+/// `actor` in `role`: the API's, and `quotad apply`'s.
+pub fn audit_entry(
+    actor: &str,
+    role: &str,
+    key: &PolicyKey,
+    before: Option<&PolicyRecord>,
+    after: Option<&PolicyRecord>,
+    request_id: String,
+) -> AuditEntry {
+    let kind = if key.client.is_some() {
+        "override"
+    } else {
+        "quota"
+    };
+    let verb = if after.is_some() { "put" } else { "delete" };
+    AuditEntry {
+        at: now_ms(),
+        id: format!("{:016x}", NEXT_ID.fetch_add(1, Ordering::Relaxed)),
+        actor: actor.to_owned(),
+        role: role.to_owned(),
+        action: format!("{kind}.{verb}"),
+        tenant: key.tenant.to_string(),
+        client: key.client.as_ref().map(ToString::to_string),
+        version_before: before.map(|r| r.version),
+        version_after: after.map(|r| r.version),
+        body_before: before.map(|r| r.body.clone()),
+        body_after: after.map(|r| r.body.clone()),
+        request_id,
+    }
 }
 
 /// Entry ids: increasing in one process, so that its changes of one millisecond keep their

@@ -23,7 +23,7 @@ mod routes;
 mod state;
 mod usage;
 
-pub use audit::AuditView;
+pub use audit::{audit_entry, AuditView};
 pub use auth::{digest, Auth, Principal};
 pub use body::{json_body, parse_json, MAX_BODY};
 pub use error::ApiError;

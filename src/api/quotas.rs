@@ -6,7 +6,7 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
-use super::audit::{self, Action};
+use super::audit;
 use super::body::{json_body, parse_json};
 use super::error::{ApiError, ErrorBody};
 use super::params::{page_size, path_ids, query};
@@ -98,16 +98,7 @@ async fn put(
         .store
         .put_policy(&key, &canonical, chrono::Utc::now())
         .await?;
-    audit::record(
-        &state,
-        &req,
-        &who,
-        Action::Put,
-        &key,
-        before.as_ref(),
-        Some(&record),
-    )
-    .await;
+    audit::record(&state, &req, &who, &key, before.as_ref(), Some(&record)).await;
     // This instance enforces the change at once; the others within quotas.refresh_ms.
     if let Err(e) = state.policies.reload(true).await {
         tracing::warn!(error = %e, "policy saved but the local cache could not reload yet");
@@ -140,16 +131,7 @@ async fn delete(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResp
     if !state.store.delete_policy(&key).await? {
         return Err(not_found(&key));
     }
-    audit::record(
-        &state,
-        &req,
-        &who,
-        Action::Delete,
-        &key,
-        before.as_ref(),
-        None,
-    )
-    .await;
+    audit::record(&state, &req, &who, &key, before.as_ref(), None).await;
     if let Err(e) = state.policies.reload(true).await {
         tracing::warn!(error = %e, "policy deleted but the local cache could not reload yet");
     }

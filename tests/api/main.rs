@@ -2,6 +2,7 @@
 
 mod access;
 mod answers;
+mod apply;
 mod checks;
 mod conformance;
 mod errors;

@@ -11,7 +11,9 @@ fresh one. Then it stops the rest with SIGTERM and compares:
   which must stay within 1%;
 - how long the fresh instance took to hold a shard (its /readyz), against one heartbeat;
 - the store's count (read by one more instance) with the hits admitted: the difference must be
-  at most what the killed instance admitted after its last sync round.
+  at most what the killed instance admitted after its last sync round;
+- the usage history (read by that instance) with the answers: admitted and denied each equal
+  the 200s and 429s, less at most what the killed instance answered after its last round.
 
 It talks only to 127.0.0.1. Usage (needs a reachable cluster and a built binary):
 
@@ -209,10 +211,21 @@ def main():
     errors = sum(1 for (_, _, s) in load.answers if s not in (200, 429))
     victim_last = sum(1 for (at, port, s) in load.answers
                       if port == victim.port and s == 200 and at >= killed_at - 2 * SYNC_MS / 1000)
+    victim_last_denied = sum(1 for (at, port, s) in load.answers
+                             if port == victim.port and s == 429
+                             and at >= killed_at - 2 * SYNC_MS / 1000)
     reader = start(PORT + N + 1)
     wait_ready(reader)
     _, usage = request(reader.port, "GET", "/v1/usage/acme/k1")
     stored = next(l["count"] for l in usage["limits"] if l["limit_id"] == "total")
+    # The usage history of the run (whole UTC days around it): what the answers said.
+    day = 86400
+    first = int(time.time() - 3 * day) // day * day
+    span = (time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(first)),
+            time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(first + 5 * day)))
+    _, hist = request(reader.port, "GET",
+                      f"/v1/usage/acme/k1/history?step=day&from={span[0]}&to={span[1]}")
+    hist_admitted, hist_denied = hist["total"]["admitted"], hist["total"]["denied"]
     reader.send_signal(signal.SIGTERM)
     reader.wait(timeout=60)
 
@@ -237,6 +250,13 @@ def main():
         ok = False
     if not (0 <= admitted - stored <= victim_last):
         print("FAIL: the store does not hold every admitted hit")
+        ok = False
+    print(f"the usage history holds {hist_admitted} admitted and {hist_denied} denied; the "
+          f"answers said {admitted} and {denied}; the killed instance answered "
+          f"{victim_last} and {victim_last_denied} in its last {2 * SYNC_MS} ms")
+    if not (0 <= admitted - hist_admitted <= victim_last
+            and 0 <= denied - hist_denied <= victim_last_denied):
+        print("FAIL: the usage history does not hold what the checks were answered")
         ok = False
     claim_ms = join_ms(fresh.port)
     print(f"the fresh instance claimed its shard {claim_ms:.0f} ms after connecting to the store")

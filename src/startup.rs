@@ -125,6 +125,7 @@ impl Application {
             auth: Arc::new(auth),
             store_timeout: settings.store.timeout_ms.get(),
             fleet: membership,
+            forward_auth: Arc::new(api::ForwardAuth::new(&settings.forward_auth)),
         };
         let (server, port) = http_server(&settings, state)?;
 

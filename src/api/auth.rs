@@ -155,6 +155,11 @@ impl Auth {
             .ok_or(ApiError::Unauthenticated(
                 "Authorization must be: Bearer <token>",
             ))?;
+        self.principal_of(token)
+    }
+
+    /// The principal of a token: 401 when unknown.
+    fn principal_of(&self, token: &str) -> Result<Principal, ApiError> {
         let got = digest(token);
         // Compare against every entry, so the time taken does not tell which one matched.
         let mut found = None;
@@ -166,6 +171,28 @@ impl Auth {
         found
             .cloned()
             .ok_or(ApiError::Unauthenticated("invalid token"))
+    }
+
+    /// For `/v1/forward-auth`: as [`Auth::checker`], with the token taken from `header` (the
+    /// proxy's), as a bare token or `Bearer <token>`.
+    pub fn checker_in(
+        &self,
+        req: &HttpRequest,
+        header: &header::HeaderName,
+    ) -> Result<Option<Principal>, ApiError> {
+        if self.checks_open {
+            return Ok(None);
+        }
+        let value = req
+            .headers()
+            .get(header)
+            .and_then(|v| v.to_str().ok())
+            .map(|v| v.strip_prefix("Bearer ").unwrap_or(v).trim())
+            .filter(|t| !t.is_empty())
+            .ok_or(ApiError::Unauthenticated(
+                "missing check token in the forward-auth token header",
+            ))?;
+        self.principal_of(value).map(Some)
     }
 
     /// For the admin API: a token whose role may use it (check-only tokens get 403).

@@ -55,11 +55,11 @@ struct BatchDto<'a> {
     checks: Vec<CheckDto<'a>>,
 }
 
-struct Parsed<'a> {
-    tenant: TenantId,
-    client: ClientId,
-    resource: Option<Cow<'a, str>>,
-    cost: u64,
+pub(super) struct Parsed<'a> {
+    pub(super) tenant: TenantId,
+    pub(super) client: ClientId,
+    pub(super) resource: Option<Cow<'a, str>>,
+    pub(super) cost: u64,
 }
 
 /// A field's name in errors: `tenant` in a single check, `checks[3].tenant` in a batch.
@@ -145,7 +145,7 @@ impl<'a> Answer<'a> {
 }
 
 /// Decides one parsed check; None when the tenant has no quota.
-async fn decide(state: &AppState, p: &Parsed<'_>) -> Option<Decision> {
+pub(super) async fn decide(state: &AppState, p: &Parsed<'_>) -> Option<Decision> {
     let started = Instant::now();
     let policy = state
         .policies
@@ -236,6 +236,12 @@ pub async fn check(
         StatusCode::TOO_MANY_REQUESTS
     };
     let mut res = HttpResponse::build(status);
+    rate_headers(&mut res, &d);
+    Ok(res.json(Answer::of(&d)))
+}
+
+/// The RateLimit-* (and X-RateLimit-*) headers of a decision, and Retry-After on a denial.
+pub(super) fn rate_headers(res: &mut actix_web::HttpResponseBuilder, d: &Decision) {
     if let Some(b) = &d.binding {
         let reset = ceil_secs(b.reset_after_ms);
         // Each value formatted once and shared by its two names; the names are constants.
@@ -256,7 +262,6 @@ pub async fn check(
             res.insert_header((header::RETRY_AFTER, HeaderValue::from(ceil_secs(ms).max(1))));
         }
     }
-    Ok(res.json(Answer::of(&d)))
 }
 
 const RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("ratelimit-limit");

@@ -19,7 +19,7 @@ use utoipa::openapi::{ContentBuilder, ObjectBuilder, Ref, ResponseBuilder, Type}
 use utoipa::{Modify, OpenApi};
 
 use super::error::ErrorBody;
-use super::{audit, check, history, ops, quotas, usage};
+use super::{audit, check, forward_auth, history, ops, quotas, usage};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -36,6 +36,7 @@ use super::{audit, check, history, ops, quotas, usage};
     paths(
         check::check,
         check::batch,
+        forward_auth::forward_auth,
         quotas::list,
         quotas::put_tenant,
         quotas::get_tenant,

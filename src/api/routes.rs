@@ -22,9 +22,16 @@ pub struct Route {
 }
 
 /// Every route of the server. Entries of one path are registered together, in this order.
-pub static ROUTES: [Route; 18] = [
+pub static ROUTES: [Route; 25] = [
     route(Method::POST, "/v1/check", |r| r.to(check::check)),
     route(Method::POST, "/v1/check/batch", |r| r.to(check::batch)),
+    route(Method::GET, "/v1/forward-auth", forward_auth),
+    route(Method::HEAD, "/v1/forward-auth", forward_auth),
+    route(Method::POST, "/v1/forward-auth", forward_auth),
+    route(Method::PUT, "/v1/forward-auth", forward_auth),
+    route(Method::PATCH, "/v1/forward-auth", forward_auth),
+    route(Method::DELETE, "/v1/forward-auth", forward_auth),
+    route(Method::OPTIONS, "/v1/forward-auth", forward_auth),
     route(Method::GET, "/v1/quotas", |r| r.to(quotas::list)),
     route(Method::PUT, "/v1/quotas/{tenant}", |r| {
         r.to(quotas::put_tenant)
@@ -67,6 +74,11 @@ pub static ROUTES: [Route; 18] = [
         r.to(openapi::openapi_json)
     }),
 ];
+
+/// Any method a proxy may forward: the forward-auth check reads no body.
+fn forward_auth(r: actix_web::Route) -> actix_web::Route {
+    r.to(super::forward_auth::forward_auth)
+}
 
 const fn route(
     method: Method,

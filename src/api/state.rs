@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::auth::Auth;
+use super::forward_auth::ForwardAuth;
 use crate::fleet::Membership;
 use crate::limiter::Limiter;
 use crate::metrics::Metrics;
@@ -21,4 +22,6 @@ pub struct AppState {
     pub store_timeout: Duration,
     /// This instance's place in the fleet (`/readyz`).
     pub fleet: Arc<Membership>,
+    /// Where `/v1/forward-auth` finds its inputs, and what it answers a denial with.
+    pub forward_auth: Arc<ForwardAuth>,
 }

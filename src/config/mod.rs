@@ -16,8 +16,9 @@ mod values;
 
 pub use auth::{AuthSettings, Role, TokenSettings};
 pub use sections::{
-    AuditSettings, FleetSettings, HistorySettings, LimiterSettings, LogSettings, MetricsSettings,
-    QuotaSettings, ServerSettings, StoreKind, StoreSettings, SyncSettings, HEADER_BYTES_CEILING,
+    AuditSettings, FleetSettings, ForwardAuthSettings, HistorySettings, LimiterSettings,
+    LogSettings, MetricsSettings, QuotaSettings, ServerSettings, StoreKind, StoreSettings,
+    SyncSettings, HEADER_BYTES_CEILING,
 };
 pub use values::{DurationMs, Secret};
 
@@ -34,6 +35,7 @@ pub struct Settings {
     pub metrics: MetricsSettings,
     pub history: HistorySettings,
     pub audit: AuditSettings,
+    pub forward_auth: ForwardAuthSettings,
     pub log: LogSettings,
 }
 

@@ -247,3 +247,34 @@ impl Default for AuditSettings {
 }
 
 const DAY_MS: u64 = 86_400_000;
+
+/// `/v1/forward-auth`: where a proxy's subrequest carries the tenant, the client and the cost,
+/// and what a denial answers.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ForwardAuthSettings {
+    /// The request header naming the tenant.
+    pub tenant_header: String,
+    /// The request header naming the client.
+    pub client_header: String,
+    /// The request header with the cost (absent: 1).
+    pub cost_header: String,
+    /// The request header with a check token, when check tokens are configured (the
+    /// `Authorization` header of a forwarded request is the end user's, not the proxy's).
+    pub token_header: String,
+    /// The status of a denial: 429, or 403 for nginx's `auth_request`, which passes on only
+    /// 401 and 403 (map it back to 429 with `error_page`).
+    pub deny_status: u16,
+}
+
+impl Default for ForwardAuthSettings {
+    fn default() -> Self {
+        Self {
+            tenant_header: "X-Quota-Tenant".into(),
+            client_header: "X-Quota-Client".into(),
+            cost_header: "X-Quota-Cost".into(),
+            token_header: "X-Quota-Token".into(),
+            deny_status: 429,
+        }
+    }
+}

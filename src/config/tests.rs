@@ -81,6 +81,14 @@ fn unknown_keys_and_bad_values_are_named() {
         (("QUOTAD__NOPE__X", "1"), "nope"),
         (("QUOTAD__STORE__KEYSPACE", "bad-name"), "store.keyspace"),
         (("QUOTAD__HISTORY__RETENTION", "1h"), "history.retention"),
+        (
+            ("QUOTAD__FORWARD_AUTH__DENY_STATUS", "200"),
+            "forward_auth.deny_status",
+        ),
+        (
+            ("QUOTAD__FORWARD_AUTH__TENANT_HEADER", "bad header"),
+            "forward_auth.tenant_header",
+        ),
         (("QUOTAD__AUDIT__RETENTION", "0"), "audit.retention"),
         // Unquoted CQL names are case-insensitive: one rule with `quotad migrate`, lowercase.
         (("QUOTAD__STORE__KEYSPACE", "Quota"), "store.keyspace"),

@@ -14,6 +14,7 @@ impl Settings {
         self.validate_store()?;
         self.validate_limits()?;
         self.validate_tokens()?;
+        self.validate_forward_auth()?;
         self.default_policy()?;
         Ok(())
     }
@@ -164,6 +165,27 @@ impl Settings {
                     return bad(&format!("{k}.tenants"), e.message);
                 }
             }
+        }
+        Ok(())
+    }
+
+    fn validate_forward_auth(&self) -> Result<(), ConfigError> {
+        let f = &self.forward_auth;
+        for (key, name) in [
+            ("forward_auth.tenant_header", &f.tenant_header),
+            ("forward_auth.client_header", &f.client_header),
+            ("forward_auth.cost_header", &f.cost_header),
+            ("forward_auth.token_header", &f.token_header),
+        ] {
+            if actix_web::http::header::HeaderName::from_bytes(name.as_bytes()).is_err() {
+                return bad(key, format!("{name:?} is not a header name"));
+            }
+        }
+        if !(400..=499).contains(&f.deny_status) {
+            return bad(
+                "forward_auth.deny_status",
+                "must be a 4xx status (429, or 403 for nginx)".into(),
+            );
         }
         Ok(())
     }

@@ -18,6 +18,7 @@ async fn real_answers_match_the_document() {
     batch_and_usage_answers(&mut c, &app).await;
     deletes_and_ops_answers(&mut c, &app).await;
     history_and_audit_answers(&mut c, &app).await;
+    forward_auth_answers(&mut c, &app).await;
 
     // Every operation was exercised, and each answer kind the contract names at least once.
     let ops: BTreeSet<(String, String)> = c
@@ -326,4 +327,25 @@ async fn history_and_audit_answers(c: &mut Conformance, app: &TestApp) {
         a,
     )
     .await;
+}
+
+/// The forward-auth check under every method a proxy may forward, admitted and denied.
+async fn forward_auth_answers(c: &mut Conformance, app: &TestApp) {
+    let fa = "/v1/forward-auth";
+    let client = [("x-quota-tenant", "acme"), ("x-quota-client", "fa")];
+    let mut seen = Vec::new();
+    for m in ["get", "head", "post", "put", "patch", "delete", "options"] {
+        let (s, _) = c.send_with(app, m, fa, fa, None, None, &client).await;
+        seen.push(s);
+    }
+    // acme allows 2 a minute per client: two admitted, then denials.
+    assert_eq!(seen, [200, 200, 429, 429, 429, 429, 429]);
+    let (s, v) = c
+        .send_with(app, "get", fa, fa, None, None, &client[..1])
+        .await;
+    assert_eq!(
+        (s, v["error"]["field"].as_str()),
+        (400, Some("x-quota-client")),
+        "{v}"
+    );
 }

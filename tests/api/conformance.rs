@@ -189,7 +189,23 @@ impl Conformance {
         body: Option<Value>,
         token: Option<&str>,
     ) -> (u16, Value) {
-        let got = request(app, method, path, body, token).await;
+        self.send_with(app, method, template, path, body, token, &[])
+            .await
+    }
+
+    /// As [`Conformance::send`], with request headers.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn send_with(
+        &mut self,
+        app: &TestApp,
+        method: &str,
+        template: &str,
+        path: &str,
+        body: Option<Value>,
+        token: Option<&str>,
+        headers: &[(&str, &str)],
+    ) -> (u16, Value) {
+        let got = request(app, method, path, body, token, headers).await;
         let status = got.status;
         let op = &self.doc["paths"][template][method];
         assert!(op.is_object(), "{method} {template} is not documented");
@@ -245,9 +261,13 @@ async fn request(
     path: &str,
     body: Option<Value>,
     token: Option<&str>,
+    headers: &[(&str, &str)],
 ) -> Answer {
     let m = reqwest::Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
     let mut req = app.http.request(m, app.url(path));
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
     if let Some(t) = token {
         req = req.bearer_auth(t);
     }

@@ -14,5 +14,6 @@ mod lifecycle;
 mod memory;
 mod openapi;
 mod outage;
+mod proxy;
 mod quotas;
 mod routing;

@@ -7,7 +7,7 @@ use serde_json::{json, Value};
 
 use crate::helpers::*;
 
-const METHODS: [&str; 5] = ["get", "put", "post", "delete", "patch"];
+const METHODS: [&str; 7] = ["get", "head", "post", "put", "patch", "delete", "options"];
 
 pub async fn fetch_doc(app: &TestApp) -> Value {
     let r = app

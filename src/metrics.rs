@@ -227,9 +227,13 @@ impl Metrics {
             fleet: FleetMetrics::new(&registry),
             registry,
         };
-        // Both caps are exported from the start, at zero, so an alert can watch them.
+        // Both caps, and each store-failure rule, are exported from the start, at zero, so an
+        // alert (deploy/prometheus/alerts.yml) and the dashboard can watch them.
         for cap in ["counters", "tenant_clients"] {
             m.memory_cap_checks.with_label_values(&[cap]);
+        }
+        for rule in ["local", "allow", "deny"] {
+            m.store_failure_decisions.with_label_values(&[rule]);
         }
         m.register(checks);
         m

@@ -5,6 +5,7 @@ mod answers;
 mod apply;
 mod checks;
 mod conformance;
+mod deploy;
 mod errors;
 mod fuzz;
 mod headers;

@@ -12,6 +12,7 @@ pub mod config;
 pub mod cql;
 pub mod domain;
 pub mod fleet;
+pub mod grpc;
 pub mod history;
 pub mod limiter;
 pub mod metrics;

@@ -69,6 +69,8 @@ pub fn scylla_options(settings: &Settings) -> Result<ScyllaOptions, StartError> 
 
 pub struct Application {
     port: u16,
+    /// The gRPC rate limit service: its port, its stop signal, its task.
+    grpc: Option<GrpcServer>,
     server: Server,
     admin_token: String,
     shutdown: watch::Sender<bool>,
@@ -127,6 +129,10 @@ impl Application {
             fleet: membership,
             forward_auth: Arc::new(api::ForwardAuth::new(&settings.forward_auth)),
         };
+        let grpc = match &settings.server.grpc_bind {
+            Some(bind) => Some(grpc_server(bind, state.clone(), &settings.grpc.client_key)?),
+            None => None,
+        };
         let (server, port) = http_server(&settings, state)?;
 
         let (shutdown, rx) = watch::channel(false);
@@ -147,6 +153,7 @@ impl Application {
         tracing::info!(port, store = store.kind(), "quotad listening");
         Ok(Self {
             port,
+            grpc,
             server,
             admin_token,
             shutdown,
@@ -158,6 +165,11 @@ impl Application {
 
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// The port of Envoy's rate limit service, when `server.grpc_bind` is set.
+    pub fn grpc_port(&self) -> Option<u16> {
+        self.grpc.as_ref().map(|g| g.port)
     }
 
     pub fn admin_token(&self) -> &str {
@@ -173,6 +185,11 @@ impl Application {
     /// writes every pending hit and returns the number it could not write (0 normally).
     pub async fn run_until_stopped(self) -> std::io::Result<u64> {
         let served = self.server.await;
+        // No more checks from either server before the drain.
+        if let Some(g) = self.grpc {
+            let _ = g.stop.send(true);
+            let _ = g.task.await;
+        }
         tracing::info!("HTTP server stopped; writing pending hits");
         let _ = self.shutdown.send(true);
         let _ = self.refresh.await;
@@ -306,4 +323,42 @@ fn retention_config(settings: &Settings) -> RetentionConfig {
         budget: 10_000,
         timeout: settings.sync.timeout_ms.get(),
     }
+}
+
+/// The gRPC server of Envoy's rate limit service, running.
+struct GrpcServer {
+    port: u16,
+    stop: watch::Sender<bool>,
+    task: JoinHandle<()>,
+}
+
+/// Binds `bind` (port 0 picks a free one) and serves Envoy's rate limit service on it.
+fn grpc_server(bind: &str, state: AppState, client_key: &str) -> Result<GrpcServer, StartError> {
+    let std_listener = TcpListener::bind(bind)
+        .map_err(|e| StartError(format!("cannot listen on {bind} (server.grpc_bind): {e}")))?;
+    std_listener
+        .set_nonblocking(true)
+        .map_err(|e| StartError(e.to_string()))?;
+    let port = std_listener
+        .local_addr()
+        .map_err(|e| StartError(e.to_string()))?
+        .port();
+    let listener =
+        tokio::net::TcpListener::from_std(std_listener).map_err(|e| StartError(e.to_string()))?;
+    let service = crate::grpc::RateLimiter::new(state, client_key.to_owned()).service();
+    let (stop, mut rx) = watch::channel(false);
+    let task = tokio::spawn(async move {
+        let incoming = tonic::transport::server::TcpIncoming::from(listener);
+        let res = tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming_shutdown(incoming, async move {
+                let _ = rx.wait_for(|s| *s).await;
+            })
+            .await;
+        if let Err(e) = res {
+            tracing::error!(error = %e, "gRPC server failed");
+        }
+    });
+    tracing::info!(port, "Envoy rate limit service (gRPC) listening");
+    Ok(GrpcServer { port, stop, task })
 }

@@ -180,19 +180,23 @@ impl Auth {
         req: &HttpRequest,
         header: &header::HeaderName,
     ) -> Result<Option<Principal>, ApiError> {
-        if self.checks_open {
-            return Ok(None);
-        }
         let value = req
             .headers()
             .get(header)
             .and_then(|v| v.to_str().ok())
-            .map(|v| v.strip_prefix("Bearer ").unwrap_or(v).trim())
+            .map(|v| v.strip_prefix("Bearer ").unwrap_or(v).trim());
+        self.checker_with(value)
+    }
+
+    /// As [`Auth::checker`], for a token found elsewhere (gRPC metadata, a proxy's header).
+    pub fn checker_with(&self, token: Option<&str>) -> Result<Option<Principal>, ApiError> {
+        if self.checks_open {
+            return Ok(None);
+        }
+        let token = token
             .filter(|t| !t.is_empty())
-            .ok_or(ApiError::Unauthenticated(
-                "missing check token in the forward-auth token header",
-            ))?;
-        self.principal_of(value).map(Some)
+            .ok_or(ApiError::Unauthenticated("missing check token"))?;
+        self.principal_of(token).map(Some)
     }
 
     /// For the admin API: a token whose role may use it (check-only tokens get 403).

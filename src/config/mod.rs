@@ -16,9 +16,9 @@ mod values;
 
 pub use auth::{AuthSettings, Role, TokenSettings};
 pub use sections::{
-    AuditSettings, FleetSettings, ForwardAuthSettings, HistorySettings, LimiterSettings,
-    LogSettings, MetricsSettings, QuotaSettings, ServerSettings, StoreKind, StoreSettings,
-    SyncSettings, HEADER_BYTES_CEILING,
+    AuditSettings, FleetSettings, ForwardAuthSettings, GrpcSettings, HistorySettings,
+    LimiterSettings, LogSettings, MetricsSettings, QuotaSettings, ServerSettings, StoreKind,
+    StoreSettings, SyncSettings, HEADER_BYTES_CEILING,
 };
 pub use values::{DurationMs, Secret};
 
@@ -36,6 +36,7 @@ pub struct Settings {
     pub history: HistorySettings,
     pub audit: AuditSettings,
     pub forward_auth: ForwardAuthSettings,
+    pub grpc: GrpcSettings,
     pub log: LogSettings,
 }
 

@@ -28,6 +28,8 @@ pub struct ServerSettings {
     pub shutdown_timeout_ms: DurationMs,
     /// Most bytes of request header fields, counted as `name: value\r\n` each; more gets 431.
     pub max_header_bytes: usize,
+    /// Where Envoy's rate limit service (gRPC) listens; unset: not served.
+    pub grpc_bind: Option<String>,
 }
 
 /// The most `server.max_header_bytes` may be: actix-http refuses a request head (request line and
@@ -44,6 +46,7 @@ impl Default for ServerSettings {
             max_connections: 25_000,
             shutdown_timeout_ms: DurationMs(10_000),
             max_header_bytes: 16 * 1024,
+            grpc_bind: None,
         }
     }
 }
@@ -275,6 +278,23 @@ impl Default for ForwardAuthSettings {
             cost_header: "X-Quota-Cost".into(),
             token_header: "X-Quota-Token".into(),
             deny_status: 429,
+        }
+    }
+}
+
+/// Envoy's rate limit service (`server.grpc_bind`): how a descriptor names its client.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GrpcSettings {
+    /// The descriptor entry whose key is this is the client (e.g. `remote_address`, or a
+    /// header's descriptor key); the other entries, in order, are the resource.
+    pub client_key: String,
+}
+
+impl Default for GrpcSettings {
+    fn default() -> Self {
+        Self {
+            client_key: "client".into(),
         }
     }
 }

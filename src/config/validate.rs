@@ -29,6 +29,17 @@ impl Settings {
                 ),
             );
         }
+        if let Some(g) = &self.server.grpc_bind {
+            if g.parse::<SocketAddr>().is_err() {
+                return bad(
+                    "server.grpc_bind",
+                    format!("{g:?} is not an address such as 127.0.0.1:8081"),
+                );
+            }
+        }
+        if self.grpc.client_key.is_empty() {
+            return bad("grpc.client_key", "must not be empty".into());
+        }
         if self.server.max_connections == 0 {
             return bad("server.max_connections", "must be at least 1".into());
         }

@@ -193,9 +193,51 @@ impl Limiter {
     /// Decides one check, and adds its answer to the usage history. Never fails: store
     /// trouble is decided by the policy's `on_store_failure` rule, and the decision says so.
     pub async fn check(&self, policy: &Policy, input: CheckInput<'_>) -> Decision {
-        let d = self.decide(policy, input).await;
+        let limits: Applicable<'_> = policy
+            .limits
+            .iter()
+            .filter(|l| l.applies_to(input.resource))
+            .collect();
+        let d = self.decide(policy, limits, input).await;
+        self.record(input, &d);
+        d
+    }
+
+    /// One check over the limits that apply to any of `resources` (`input.resource` is not
+    /// read): decided together, all or nothing, as one check. Envoy's rate limit service sends
+    /// a request's descriptors of one client so.
+    pub async fn check_any(
+        &self,
+        policy: &Policy,
+        input: CheckInput<'_>,
+        resources: &[Option<&str>],
+    ) -> Decision {
+        let limits: Applicable<'_> = policy
+            .limits
+            .iter()
+            .filter(|l| resources.iter().any(|r| l.applies_to(*r)))
+            .collect();
+        let d = self.decide(policy, limits, input).await;
+        self.record(input, &d);
+        d
+    }
+
+    /// What a check of `input` would answer now, consuming nothing and recorded nowhere (the
+    /// per-descriptor statuses of Envoy's rate limit service).
+    pub async fn peek(&self, policy: &Policy, input: CheckInput<'_>) -> Decision {
+        let limits: Applicable<'_> = policy
+            .limits
+            .iter()
+            .filter(|l| l.applies_to(input.resource))
+            .collect();
+        self.decide(policy, limits, CheckInput { cost: 0, ..input })
+            .await
+    }
+
+    /// Adds a check's answer to the usage history.
+    fn record(&self, input: CheckInput<'_>, d: &Decision) {
         if self.cfg.max_history_rows == 0 {
-            return d;
+            return;
         }
         let answer = if d.allowed {
             Answer::Admitted { cost: input.cost }
@@ -210,15 +252,14 @@ impl Limiter {
             self.clock.now_ms(),
             answer,
         );
-        d
     }
 
-    async fn decide(&self, policy: &Policy, input: CheckInput<'_>) -> Decision {
-        let limits: Applicable<'_> = policy
-            .limits
-            .iter()
-            .filter(|l| l.applies_to(input.resource))
-            .collect();
+    async fn decide(
+        &self,
+        policy: &Policy,
+        limits: Applicable<'_>,
+        input: CheckInput<'_>,
+    ) -> Decision {
         if limits.is_empty() {
             return Decision::no_limit();
         }

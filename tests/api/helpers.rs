@@ -17,6 +17,8 @@ pub struct TestApp {
     pub handle: actix_web::dev::ServerHandle,
     pub done: tokio::task::JoinHandle<std::io::Result<u64>>,
     pub dir: Arc<tempfile::TempDir>,
+    /// Envoy's rate limit service, when `server.grpc_bind` was set.
+    pub grpc_port: Option<u16>,
 }
 
 pub fn settings(dir: &std::path::Path) -> Settings {
@@ -113,6 +115,7 @@ pub async fn spawn_on_store_at(
 
 fn launch(app: Application, dir: Arc<tempfile::TempDir>) -> TestApp {
     let base = format!("http://127.0.0.1:{}", app.port());
+    let grpc_port = app.grpc_port();
     let handle = app.handle();
     let done = tokio::spawn(app.run_until_stopped());
     TestApp {
@@ -121,6 +124,7 @@ fn launch(app: Application, dir: Arc<tempfile::TempDir>) -> TestApp {
         handle,
         done,
         dir,
+        grpc_port,
     }
 }
 

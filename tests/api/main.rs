@@ -8,6 +8,7 @@ mod conformance;
 mod deploy;
 mod errors;
 mod fuzz;
+mod grpc;
 mod headers;
 mod helpers;
 mod history;

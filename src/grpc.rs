@@ -1,0 +1,351 @@
+//! Envoy's rate limit service over gRPC (`envoy.service.ratelimit.v3.RateLimitService`), served on
+//! `server.grpc_bind` beside the HTTP API, sharing its limiter, policies, tokens and metrics.
+//!
+//! Mapping: the request's `domain` is the tenant. In each descriptor, the entry whose key is
+//! `grpc.client_key` names the client, and the other entries, in order, form the resource
+//! `key=value/key=value` that limits match exactly or by prefix. `hits_addend` is the cost (0
+//! means 1, as Envoy does; a descriptor's own `hits_addend` wins over the request's).
+//!
+//! The descriptors of one client are decided together as one check over every limit any of them
+//! meets: all or nothing, so a request denied by one descriptor consumes nothing from the others
+//! (where envoyproxy/ratelimit counts the request against every descriptor it checked).
+//! Descriptors of several clients are decided client by client, in order. A tenant without a
+//! quota, a descriptor without the client entry, or one no limit matches answers OK, as Envoy
+//! expects of a service without a rule.
+
+use std::time::Instant;
+
+use envoy_types::pb::envoy::config::core::v3::HeaderValue;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+    rate_limit::Unit, Code, DescriptorStatus, RateLimit,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
+    RateLimitService, RateLimitServiceServer,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::Duration as PbDuration;
+use tonic::{Request, Response, Status};
+
+use crate::api::{ApiError, AppState};
+use crate::domain::{validate_resource, ClientId, LimitKind, Period, TenantId, MAX_RESOURCE_LEN};
+use crate::limiter::{CheckInput, Decision};
+use crate::metrics::DecisionLabel;
+
+/// The service, over the state the HTTP handlers share.
+pub struct RateLimiter {
+    state: AppState,
+    client_key: String,
+}
+
+impl RateLimiter {
+    pub fn new(state: AppState, client_key: String) -> Self {
+        RateLimiter { state, client_key }
+    }
+
+    /// As a tonic service.
+    pub fn service(self) -> RateLimitServiceServer<Self> {
+        RateLimitServiceServer::new(self)
+    }
+}
+
+fn status_of(e: ApiError) -> Status {
+    match &e {
+        ApiError::Unauthenticated(_) => Status::unauthenticated(e.to_string()),
+        ApiError::PermissionDenied(_) => Status::permission_denied(e.to_string()),
+        ApiError::InvalidArgument { field, .. } => Status::invalid_argument(match field {
+            Some(f) => format!("{f}: {e}"),
+            None => e.to_string(),
+        }),
+        ApiError::Unavailable(_) => Status::unavailable(e.to_string()),
+        _ => Status::internal("internal error"),
+    }
+}
+
+/// One descriptor, read: its client (None without the client entry) and resource.
+struct Read {
+    client: Option<ClientId>,
+    resource: Option<String>,
+    cost: u64,
+}
+
+fn read(d: &RateLimitDescriptor, client_key: &str, i: usize, cost: u64) -> Result<Read, Status> {
+    let mut client = None;
+    let mut parts: Vec<String> = Vec::new();
+    for e in &d.entries {
+        if e.key == client_key && client.is_none() {
+            let field = format!("descriptors[{i}].{client_key}");
+            client =
+                Some(ClientId::parse_field(&e.value, &field).map_err(|e| status_of(e.into()))?);
+        } else {
+            parts.push(format!("{}={}", e.key, e.value));
+        }
+    }
+    let resource = if parts.is_empty() {
+        None
+    } else {
+        let mut r = parts.join("/");
+        // Long resources are cut, not refused: a limit's pattern matches a prefix anyway.
+        if r.len() > MAX_RESOURCE_LEN && r.is_ascii() {
+            r.truncate(MAX_RESOURCE_LEN);
+        }
+        validate_resource(&format!("descriptors[{i}].entries"), &r)
+            .map_err(|e| status_of(e.into()))?;
+        Some(r)
+    };
+    let cost = match d.hits_addend.as_ref().map(|h| h.value) {
+        Some(0) | None => cost,
+        Some(n) => n,
+    };
+    Ok(Read {
+        client,
+        resource,
+        cost,
+    })
+}
+
+/// Envoy's `current_limit` of a limit: its max per one of Envoy's units. A window of exactly a
+/// second, minute, hour or day, or a calendar period, maps as it is; another window gets the
+/// nearest unit (the limit's id in `name` says which limit it is).
+fn current_limit(id: &str, max: u64, kind: LimitKind) -> RateLimit {
+    let unit = match kind {
+        LimitKind::Calendar(p) => match p {
+            Period::Second => Unit::Second,
+            Period::Minute => Unit::Minute,
+            Period::Hour => Unit::Hour,
+            Period::Day => Unit::Day,
+            Period::Month => Unit::Month,
+        },
+        LimitKind::Sliding { window_ms, .. } => match window_ms {
+            ms if ms < 60_000 => Unit::Second,
+            ms if ms < 3_600_000 => Unit::Minute,
+            ms if ms < 86_400_000 => Unit::Hour,
+            _ => Unit::Day,
+        },
+    };
+    RateLimit {
+        name: id.to_owned(),
+        requests_per_unit: u32::try_from(max).unwrap_or(u32::MAX),
+        unit: unit as i32,
+    }
+}
+
+fn duration(ms: i64) -> PbDuration {
+    let ms = ms.max(0);
+    PbDuration {
+        seconds: ms / 1000,
+        nanos: ((ms % 1000) * 1_000_000) as i32,
+    }
+}
+
+fn header(key: &str, value: String) -> HeaderValue {
+    HeaderValue {
+        key: key.to_owned(),
+        value,
+        ..Default::default()
+    }
+}
+
+fn ceil_secs(ms: i64) -> i64 {
+    (ms.max(0) + 999) / 1000
+}
+
+#[tonic::async_trait]
+impl RateLimitService for RateLimiter {
+    async fn should_rate_limit(
+        &self,
+        request: Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, Status> {
+        let token = request
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .map(|v| v.strip_prefix("Bearer ").unwrap_or(v).trim().to_owned());
+        let who = self
+            .state
+            .auth
+            .checker_with(token.as_deref())
+            .map_err(status_of)?;
+        let req = request.into_inner();
+        let tenant =
+            TenantId::parse_field(&req.domain, "domain").map_err(|e| status_of(e.into()))?;
+        if let Some(w) = &who {
+            w.may_check(tenant.as_str()).map_err(status_of)?;
+        }
+        let cost = u64::from(req.hits_addend.max(1));
+        let read: Vec<Read> = req
+            .descriptors
+            .iter()
+            .enumerate()
+            .map(|(i, d)| read(d, &self.client_key, i, cost))
+            .collect::<Result<_, _>>()?;
+
+        let mut statuses: Vec<DescriptorStatus> = read
+            .iter()
+            .map(|_| DescriptorStatus {
+                code: Code::Ok as i32,
+                ..Default::default()
+            })
+            .collect();
+        let mut over = false;
+        // The binding limit of the answer's headers: the first denial, else the least remaining.
+        let mut headline: Option<Decision> = None;
+        // Clients in order of first appearance, each with its descriptors.
+        let mut groups: Vec<(&ClientId, Vec<usize>)> = Vec::new();
+        for (i, r) in read.iter().enumerate() {
+            if let Some(c) = &r.client {
+                match groups.iter_mut().find(|(g, _)| *g == c) {
+                    Some((_, idx)) => idx.push(i),
+                    None => groups.push((c, vec![i])),
+                }
+            }
+        }
+        for (client, idx) in groups {
+            let Some(policy) = self
+                .state
+                .policies
+                .resolve(tenant.as_str(), client.as_str())
+            else {
+                continue;
+            };
+            let resources: Vec<Option<&str>> =
+                idx.iter().map(|&i| read[i].resource.as_deref()).collect();
+            let cost = idx.iter().map(|&i| read[i].cost).max().unwrap_or(cost);
+            let input = CheckInput {
+                tenant: &tenant,
+                client,
+                resource: None,
+                cost,
+            };
+            let started = Instant::now();
+            let d = self
+                .state
+                .limiter
+                .check_any(&policy, input, &resources)
+                .await;
+            let label = match (&d.binding, d.dry_run_denied, d.allowed) {
+                (None, _, _) => DecisionLabel::NoLimit,
+                (_, true, _) => DecisionLabel::DryRunDenied,
+                (_, _, true) => DecisionLabel::Allowed,
+                _ => DecisionLabel::Denied,
+            };
+            self.state.metrics.check_decided(
+                tenant.as_str(),
+                label,
+                started.elapsed().as_secs_f64(),
+            );
+            let denied = !d.allowed;
+            let mut marked = false;
+            for &i in &idx {
+                let peek = self
+                    .state
+                    .limiter
+                    .peek(
+                        &policy,
+                        CheckInput {
+                            resource: read[i].resource.as_deref(),
+                            ..input
+                        },
+                    )
+                    .await;
+                let Some(b) = &peek.binding else { continue };
+                let kind = policy
+                    .limits
+                    .iter()
+                    .find(|l| l.id == b.limit_id)
+                    .map(|l| l.kind);
+                let st = &mut statuses[i];
+                st.current_limit = kind.map(|k| current_limit(b.limit_id.as_str(), b.limit, k));
+                st.limit_remaining = u32::try_from(b.remaining).unwrap_or(u32::MAX);
+                st.duration_until_reset = Some(duration(b.reset_after_ms));
+                // Over: this descriptor's own limits cannot take the cost now.
+                if denied && b.remaining < cost {
+                    st.code = Code::OverLimit as i32;
+                    marked = true;
+                }
+            }
+            if denied && !marked {
+                // Denied by this instance's share of a limit, not its count: name the binding
+                // limit's descriptors.
+                let id = d.binding.as_ref().map(|b| b.limit_id.clone());
+                for &i in &idx {
+                    if statuses[i].current_limit.as_ref().map(|l| l.name.as_str())
+                        == id.as_ref().map(|id| id.as_str())
+                    {
+                        statuses[i].code = Code::OverLimit as i32;
+                    }
+                }
+            }
+            if denied && !over {
+                over = true;
+                headline = Some(d);
+            } else if !over && d.binding.is_some() {
+                let less = match (&headline, &d.binding) {
+                    (Some(h), Some(b)) => h
+                        .binding
+                        .as_ref()
+                        .is_none_or(|hb| b.remaining < hb.remaining),
+                    _ => true,
+                };
+                if less {
+                    headline = Some(d);
+                }
+            }
+        }
+
+        let mut headers = Vec::new();
+        if let Some(d) = &headline {
+            if let Some(b) = &d.binding {
+                headers.push(header("RateLimit-Limit", b.limit.to_string()));
+                headers.push(header("RateLimit-Remaining", b.remaining.to_string()));
+                headers.push(header(
+                    "RateLimit-Reset",
+                    ceil_secs(b.reset_after_ms).to_string(),
+                ));
+            }
+            if over {
+                if let Some(ms) = d.retry_after_ms {
+                    headers.push(header("Retry-After", ceil_secs(ms).max(1).to_string()));
+                }
+            }
+        }
+        Ok(Response::new(RateLimitResponse {
+            overall_code: if over { Code::OverLimit } else { Code::Ok } as i32,
+            statuses,
+            response_headers_to_add: headers,
+            ..Default::default()
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn whole_units_map_as_they_are_and_others_to_the_nearest() {
+        let w = |ms| LimitKind::Sliding {
+            window_ms: ms,
+            grain_ms: 100,
+        };
+        let unit = |k| current_limit("x", 5, k).unit;
+        assert_eq!(unit(w(1_000)), Unit::Second as i32);
+        assert_eq!(unit(w(60_000)), Unit::Minute as i32);
+        assert_eq!(unit(w(3_600_000)), Unit::Hour as i32);
+        assert_eq!(unit(w(86_400_000)), Unit::Day as i32);
+        assert_eq!(unit(w(10_000)), Unit::Second as i32);
+        assert_eq!(unit(w(600_000)), Unit::Minute as i32);
+        assert_eq!(unit(LimitKind::Calendar(Period::Month)), Unit::Month as i32);
+        assert_eq!(
+            current_limit("x", u64::MAX, w(1_000)).requests_per_unit,
+            u32::MAX
+        );
+    }
+
+    #[test]
+    fn durations_split_into_seconds_and_nanos() {
+        let d = duration(1_250);
+        assert_eq!((d.seconds, d.nanos), (1, 250_000_000));
+        assert_eq!(duration(-5).seconds, 0);
+    }
+}

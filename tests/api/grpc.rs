@@ -1,0 +1,204 @@
+//! Envoy's rate limit service (gRPC), spoken to by a client generated from Envoy's own protobuf
+//! definitions (envoy-types), against a running quotad.
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use serde_json::json;
+use tonic::transport::Channel;
+
+use crate::helpers::*;
+
+fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: entries
+            .iter()
+            .map(|(k, v)| Entry {
+                key: k.to_string(),
+                value: v.to_string(),
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+async fn client(app: &TestApp) -> RateLimitServiceClient<Channel> {
+    let port = app.grpc_port.expect("grpc_bind is set");
+    RateLimitServiceClient::connect(format!("http://127.0.0.1:{port}"))
+        .await
+        .unwrap()
+}
+
+async fn ask(
+    c: &mut RateLimitServiceClient<Channel>,
+    domain: &str,
+    descriptors: Vec<RateLimitDescriptor>,
+) -> RateLimitResponse {
+    c.should_rate_limit(RateLimitRequest {
+        domain: domain.into(),
+        descriptors,
+        hits_addend: 0,
+    })
+    .await
+    .unwrap()
+    .into_inner()
+}
+
+fn header<'a>(r: &'a RateLimitResponse, name: &str) -> Option<&'a str> {
+    r.response_headers_to_add
+        .iter()
+        .find(|h| h.key.eq_ignore_ascii_case(name))
+        .map(|h| h.value.as_str())
+}
+
+async fn app() -> TestApp {
+    let app = spawn_with(|s| s.server.grpc_bind = Some("127.0.0.1:0".into())).await;
+    let r = app
+        .put_quota(
+            "shop",
+            json!({"limits": [
+                {"id": "per-second", "max": 3, "window": "1s", "resource": "path=/api"},
+                {"id": "search", "max": 5, "window": "1m", "resource": "path=/search*"},
+                {"id": "uploads", "max": 1, "period": "hour", "resource": "method=POST/path=/upload"}]}),
+        )
+        .await;
+    assert_eq!(r.status(), 201);
+    app
+}
+
+#[tokio::test]
+async fn ok_then_over_limit_with_the_current_limit_remaining_and_headers() {
+    let app = app().await;
+    let mut c = client(&app).await;
+    let d = || vec![descriptor(&[("client", "k1"), ("path", "/api")])];
+    let mut remaining = Vec::new();
+    for _ in 0..3 {
+        let r = ask(&mut c, "shop", d()).await;
+        assert_eq!(r.overall_code, Code::Ok as i32, "{r:?}");
+        let s = &r.statuses[0];
+        let limit = s.current_limit.as_ref().unwrap();
+        assert_eq!(
+            (limit.requests_per_unit, limit.unit, limit.name.as_str()),
+            (3, Unit::Second as i32, "per-second")
+        );
+        remaining.push(s.limit_remaining);
+        assert_eq!(
+            header(&r, "RateLimit-Remaining"),
+            Some(s.limit_remaining.to_string().as_str())
+        );
+        assert_eq!(header(&r, "Retry-After"), None);
+    }
+    assert_eq!(remaining, [2, 1, 0]);
+    let r = ask(&mut c, "shop", d()).await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32, "{r:?}");
+    assert_eq!(r.statuses[0].code, Code::OverLimit as i32);
+    assert_eq!(r.statuses[0].limit_remaining, 0);
+    let reset = r.statuses[0].duration_until_reset.unwrap();
+    assert!(
+        reset.seconds <= 1 && (reset.seconds > 0 || reset.nanos > 0),
+        "{reset:?}"
+    );
+    let retry: u64 = header(&r, "Retry-After").unwrap().parse().unwrap();
+    assert!((1..=2).contains(&retry), "{r:?}");
+    assert_eq!(header(&r, "RateLimit-Limit"), Some("3"));
+
+    // A calendar period maps to its unit; an unknown tenant and an unmatched descriptor are OK.
+    let r = ask(
+        &mut c,
+        "shop",
+        vec![descriptor(&[
+            ("client", "k1"),
+            ("method", "POST"),
+            ("path", "/upload"),
+        ])],
+    )
+    .await;
+    let limit = r.statuses[0].current_limit.as_ref().unwrap();
+    assert_eq!(
+        (limit.requests_per_unit, limit.unit),
+        (1, Unit::Hour as i32)
+    );
+    let r = ask(&mut c, "nobody", d()).await;
+    assert_eq!((r.overall_code, r.statuses.len()), (Code::Ok as i32, 1));
+    let r = ask(
+        &mut c,
+        "shop",
+        vec![descriptor(&[("client", "k1"), ("path", "/other")])],
+    )
+    .await;
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    assert!(r.statuses[0].current_limit.is_none());
+
+    // A bad domain is refused, not guessed.
+    let e = c
+        .should_rate_limit(RateLimitRequest {
+            domain: "a b".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_request_denied_by_one_descriptor_consumes_nothing_from_the_other() {
+    let app = app().await;
+    let mut c = client(&app).await;
+    let upload = descriptor(&[("client", "k2"), ("method", "POST"), ("path", "/upload")]);
+    let search = descriptor(&[("client", "k2"), ("path", "/search")]);
+    // Use up the upload limit (1 an hour).
+    let r = ask(&mut c, "shop", vec![upload.clone()]).await;
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    // Both descriptors: the upload one is over, so nothing is taken from search.
+    for _ in 0..3 {
+        let r = ask(&mut c, "shop", vec![search.clone(), upload.clone()]).await;
+        assert_eq!(r.overall_code, Code::OverLimit as i32, "{r:?}");
+        assert_eq!(r.statuses[0].code, Code::Ok as i32);
+        assert_eq!(r.statuses[1].code, Code::OverLimit as i32);
+        assert_eq!(r.statuses[0].limit_remaining, 5, "{r:?}");
+    }
+    let usage = app
+        .get_json("/v1/usage/shop/k2?resource=path=/search")
+        .await;
+    let search_count = usage["limits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["limit_id"] == "search")
+        .map(|l| l["count"].as_u64().unwrap());
+    assert_eq!(search_count, Some(0), "{usage}");
+    // Search alone still has its whole allowance.
+    let r = ask(&mut c, "shop", vec![search]).await;
+    assert_eq!(
+        (r.overall_code, r.statuses[0].limit_remaining),
+        (Code::Ok as i32, 4)
+    );
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_check_token_is_read_from_the_authorization_metadata() {
+    let app = spawn_with(|s| {
+        s.server.grpc_bind = Some("127.0.0.1:0".into());
+        s.auth.check_token = quotad::config::Secret::new("envoy-secret");
+    })
+    .await;
+    let mut c = client(&app).await;
+    let req = || RateLimitRequest {
+        domain: "shop".into(),
+        descriptors: vec![descriptor(&[("client", "k")])],
+        hits_addend: 1,
+    };
+    let e = c.should_rate_limit(req()).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unauthenticated);
+    let mut with = tonic::Request::new(req());
+    with.metadata_mut()
+        .insert("authorization", "Bearer envoy-secret".parse().unwrap());
+    let r = c.should_rate_limit(with).await.unwrap().into_inner();
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    app.stop().await;
+}

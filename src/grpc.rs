@@ -28,7 +28,9 @@ use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use tonic::{Request, Response, Status};
 
 use crate::api::{ApiError, AppState};
-use crate::domain::{validate_resource, ClientId, LimitKind, Period, TenantId, MAX_RESOURCE_LEN};
+use crate::domain::{
+    validate_resource, ClientId, LimitKind, Period, TenantId, MAX_COST, MAX_RESOURCE_LEN,
+};
 use crate::limiter::{CheckInput, Decision};
 use crate::metrics::DecisionLabel;
 
@@ -97,6 +99,11 @@ fn read(d: &RateLimitDescriptor, client_key: &str, i: usize, cost: u64) -> Resul
         Some(0) | None => cost,
         Some(n) => n,
     };
+    if cost > MAX_COST {
+        return Err(Status::invalid_argument(format!(
+            "descriptors[{i}]: hits_addend must be 0..={MAX_COST}"
+        )));
+    }
     Ok(Read {
         client,
         resource,

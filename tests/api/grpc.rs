@@ -141,6 +141,16 @@ async fn ok_then_over_limit_with_the_current_limit_remaining_and_headers() {
         .await
         .unwrap_err();
     assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    // So is a cost above a check's most (as a 400 is on HTTP).
+    let e = c
+        .should_rate_limit(RateLimitRequest {
+            domain: "shop".into(),
+            descriptors: d(),
+            hits_addend: 1_000_001,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
     app.stop().await;
 }
 

@@ -5,6 +5,7 @@ use actix_web::body::{EitherBody, MessageBody};
 use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::http::header::{HeaderMap, HeaderName, HeaderValue};
 use actix_web::middleware::Next;
+use actix_web::HttpMessage;
 use actix_web::ResponseError;
 
 use super::error::ApiError;
@@ -38,16 +39,17 @@ pub async fn limit_header_bytes<B: MessageBody>(
         .map(ServiceResponse::map_into_left_body)
 }
 
-/// The request's id: its `X-Request-Id` when it sent a usable one, else one made here and put in
-/// the request's headers in its place, where handlers find it; every response carries it back.
-pub struct RequestId;
+/// The request's id: its `X-Request-Id` when it sent a usable one, else one made here. Handlers
+/// find it in the request's extensions; every response carries it back.
+#[derive(Clone, Debug)]
+pub struct RequestId(pub HeaderValue);
 
 impl RequestId {
     /// The id of a request that went through [`request_id`] (empty otherwise, in unit tests).
     pub fn of(req: &actix_web::HttpRequest) -> String {
-        req.headers()
-            .get(&X_REQUEST_ID)
-            .and_then(|v| v.to_str().ok())
+        req.extensions()
+            .get::<RequestId>()
+            .and_then(|r| r.0.to_str().ok())
             .unwrap_or_default()
             .to_owned()
     }
@@ -76,19 +78,14 @@ fn new_id() -> HeaderValue {
 /// Middleware, outermost: takes or makes the request's id and echoes it on every response,
 /// errors and refusals included.
 pub async fn request_id<B: MessageBody>(
-    mut req: ServiceRequest,
+    req: ServiceRequest,
     next: Next<B>,
 ) -> Result<ServiceResponse<B>, actix_web::Error> {
     let id = match req.headers().get(&X_REQUEST_ID) {
         Some(v) if usable(v) => v.clone(),
-        _ => {
-            // Handlers read the id from the request: the made one replaces an unusable one.
-            // (A header, not an extension: no boxed allocation per request.)
-            let id = new_id();
-            req.headers_mut().insert(X_REQUEST_ID, id.clone());
-            id
-        }
+        _ => new_id(),
     };
+    req.extensions_mut().insert(RequestId(id.clone()));
     let mut res = next.call(req).await?;
     res.headers_mut().insert(X_REQUEST_ID, id);
     Ok(res)

@@ -8,7 +8,9 @@
 //!
 //! The descriptors of one client are decided together as one check over every limit any of them
 //! meets: all or nothing, so a request denied by one descriptor consumes nothing from the others
-//! (where envoyproxy/ratelimit counts the request against every descriptor it checked).
+//! (where envoyproxy/ratelimit counts the request against every descriptor it checked). That one
+//! check has one cost: when the descriptors of a client carry different `hits_addend`s, the
+//! largest is taken for all of them.
 //! Descriptors of several clients are decided client by client, in order. A tenant without a
 //! quota, a descriptor without the client entry, or one no limit matches answers OK, as Envoy
 //! expects of a service without a rule.
@@ -76,9 +78,7 @@ fn read(d: &RateLimitDescriptor, client_key: &str, i: usize, cost: u64) -> Resul
     let mut parts: Vec<String> = Vec::new();
     for e in &d.entries {
         if e.key == client_key && client.is_none() {
-            let field = format!("descriptors[{i}].{client_key}");
-            client =
-                Some(ClientId::parse_field(&e.value, &field).map_err(|e| status_of(e.into()))?);
+            client = Some(client_id(&e.value));
         } else {
             parts.push(format!("{}={}", e.key, e.value));
         }
@@ -108,6 +108,17 @@ fn read(d: &RateLimitDescriptor, client_key: &str, i: usize, cost: u64) -> Resul
         client,
         resource,
         cost,
+    })
+}
+
+/// The client a descriptor names. A value that is not a valid client id (a header with spaces,
+/// longer than 128) is not refused, which would fail the whole request and, with Envoy's
+/// `failure_mode_deny: false`, let it through unlimited: it becomes `h-` and 32 hex digits of
+/// its SHA-256, the same for the same value.
+fn client_id(value: &str) -> ClientId {
+    ClientId::parse(value).unwrap_or_else(|_| {
+        let d = crate::api::digest(value);
+        ClientId::parse(&format!("h-{}", hex::encode(&d[..16]))).expect("hex is a valid id")
     })
 }
 
@@ -347,6 +358,18 @@ mod tests {
             current_limit("x", u64::MAX, w(1_000)).requests_per_unit,
             u32::MAX
         );
+    }
+
+    #[test]
+    fn invalid_client_values_become_stable_hashed_ids() {
+        assert_eq!(client_id("10.0.0.1").as_str(), "10.0.0.1");
+        let a = client_id("Mozilla/5.0 (X11)");
+        assert_eq!(a, client_id("Mozilla/5.0 (X11)"));
+        assert!(
+            a.as_str().starts_with("h-") && a.as_str().len() == 34,
+            "{a}"
+        );
+        assert_ne!(a, client_id("Mozilla/5.0 (X12)"));
     }
 
     #[test]

@@ -50,7 +50,8 @@ impl Retention {
     /// deletions each made (0 for one that failed, which is logged and counted).
     pub async fn sweep(&self) -> (u64, u64) {
         let now = self.clock.now_ms();
-        let cut = |d: Duration| now.saturating_sub(d.as_millis() as i64);
+        let cut =
+            |d: Duration| now.saturating_sub(i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
         let history = self
             .timed(
                 "delete_history",

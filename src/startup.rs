@@ -71,6 +71,8 @@ pub struct Application {
     port: u16,
     /// The gRPC rate limit service: its port, its stop signal, its task.
     grpc: Option<GrpcServer>,
+    /// `server.shutdown_timeout_ms`: how long calls in flight get at shutdown.
+    shutdown_grace: std::time::Duration,
     server: Server,
     admin_token: String,
     shutdown: watch::Sender<bool>,
@@ -154,6 +156,7 @@ impl Application {
         Ok(Self {
             port,
             grpc,
+            shutdown_grace: settings.server.shutdown_timeout_ms.get(),
             server,
             admin_token,
             shutdown,
@@ -188,7 +191,13 @@ impl Application {
         // No more checks from either server before the drain.
         if let Some(g) = self.grpc {
             let _ = g.stop.send(true);
-            let _ = g.task.await;
+            // In-flight calls get the same grace as HTTP requests.
+            if tokio::time::timeout(self.shutdown_grace, g.task)
+                .await
+                .is_err()
+            {
+                tracing::warn!("gRPC calls still in flight at the shutdown timeout");
+            }
         }
         tracing::info!("HTTP server stopped; writing pending hits");
         let _ = self.shutdown.send(true);

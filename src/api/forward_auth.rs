@@ -46,12 +46,23 @@ impl ForwardAuth {
 const ORIGINAL_METHOD: [&str; 2] = ["x-original-method", "x-forwarded-method"];
 const ORIGINAL_URI: [&str; 2] = ["x-original-uri", "x-forwarded-uri"];
 
-/// The first of `names` present in the request, as text.
-fn first_header<'a>(req: &'a HttpRequest, names: &[&str]) -> Option<&'a str> {
-    names
-        .iter()
-        .find_map(|n| req.headers().get(*n))
-        .and_then(|v| v.to_str().ok())
+/// The first of `names` present in the request, with its name, as visible ASCII: other bytes
+/// (raw UTF-8 in a path, say) are percent-encoded, so a header that is there is never taken
+/// for absent (which would let `/orders/é` pass as `/`).
+fn first_header(req: &HttpRequest, names: &[&'static str]) -> Option<(&'static str, String)> {
+    names.iter().find_map(|n| {
+        req.headers().get(*n).map(|v| {
+            let mut out = String::with_capacity(v.len());
+            for &b in v.as_bytes() {
+                if (0x21..0x7f).contains(&b) || b == b' ' {
+                    out.push(b as char);
+                } else {
+                    out.push_str(&format!("%{b:02X}"));
+                }
+            }
+            (*n, out)
+        })
+    })
 }
 
 /// A header's value, required: a 400 naming the header when absent.
@@ -70,14 +81,15 @@ fn resource(req: &HttpRequest) -> Result<Option<String>, ApiError> {
     if method.is_none() && uri.is_none() {
         return Ok(None);
     }
-    let path = uri.unwrap_or("/");
+    let path = uri.as_ref().map_or("/", |(_, u)| u.as_str());
     let path = path.split(['?', '#']).next().unwrap_or(path);
-    let mut r = format!("{} {path}", method.unwrap_or("GET"));
+    let method_name = method.as_ref().map_or("GET", |(_, m)| m.as_str());
+    let mut r = format!("{method_name} {path}");
     // Long paths are cut, not refused: a limit's resource pattern matches a prefix anyway.
-    if r.len() > MAX_RESOURCE_LEN && r.is_ascii() {
-        r.truncate(MAX_RESOURCE_LEN);
-    }
-    validate_resource(ORIGINAL_URI[0], &r)?;
+    // (All ASCII by now, so any cut is on a character boundary.)
+    r.truncate(MAX_RESOURCE_LEN);
+    let field = uri.or(method).map_or(ORIGINAL_URI[0], |(n, _)| n);
+    validate_resource(field, &r)?;
     Ok(Some(r))
 }
 

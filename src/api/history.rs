@@ -163,6 +163,9 @@ fn span(
     now: i64,
 ) -> Result<(i64, i64), ApiError> {
     let to = to.unwrap_or(now);
+    if from.is_some_and(|f| f >= to) {
+        return Err(ApiError::invalid("to", "to must be after from"));
+    }
     let from = match from {
         Some(f) => step.floor(f),
         None => step.floor(to - 1) - (default_points - 1) * step.ms(),
@@ -440,6 +443,9 @@ mod tests {
     fn empty_and_too_long_spans_are_refused() {
         assert!(span(Some(T0), Some(T0), Step::Hour, 24, MAX_HOURS, 0).is_err());
         assert!(span(Some(T0 + 1), Some(T0), Step::Hour, 24, MAX_HOURS, 0).is_err());
+        // 14:30 to 14:10: refused, though both fall in the hour starting 14:00.
+        let (a, b) = (T0 + 14 * HOUR_MS + 1_800_000, T0 + 14 * HOUR_MS + 600_000);
+        assert!(span(Some(a), Some(b), Step::Hour, 24, MAX_HOURS, 0).is_err());
         let hours = |n| {
             span(
                 Some(T0),

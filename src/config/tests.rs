@@ -90,6 +90,10 @@ fn unknown_keys_and_bad_values_are_named() {
             "forward_auth.tenant_header",
         ),
         (("QUOTAD__AUDIT__RETENTION", "0"), "audit.retention"),
+        (
+            ("QUOTAD__AUDIT__RETENTION", "300000000y"),
+            "audit.retention",
+        ),
         // Unquoted CQL names are case-insensitive: one rule with `quotad migrate`, lowercase.
         (("QUOTAD__STORE__KEYSPACE", "Quota"), "store.keyspace"),
         (("QUOTAD__LOG__LEVEL", "=[="), "log.level"),
@@ -148,6 +152,10 @@ fn scoped_tokens_are_checked() {
         ),
         (
             &format!("name = \"tab\\there\"\nsha256 = \"{h}\"\nrole = \"admin\""),
+            "auth.tokens[0].name",
+        ),
+        (
+            &format!("name = \"admin_token\"\nsha256 = \"{h}\"\nrole = \"admin\""),
             "auth.tokens[0].name",
         ),
         (

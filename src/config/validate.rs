@@ -117,8 +117,9 @@ impl Settings {
             ("history.retention", self.history.retention),
             ("audit.retention", self.audit.retention),
         ] {
-            if d.0 < 86_400_000 {
-                return bad(key, "must be at least 1d".into());
+            // At most 100 years: "keep forever" must not wrap into a cut-off after now.
+            if d.0 < 86_400_000 || d.0 > 100 * 366 * 86_400_000 {
+                return bad(key, "must be 1d..=100y".into());
             }
         }
         if self.limiter.max_clients_per_tenant == 0 {
@@ -141,6 +142,17 @@ impl Settings {
                     return bad(
                         &format!("{k}.name"),
                         "must be 1..=128 printable ASCII characters".into(),
+                    );
+                }
+                let generated = ["admin-", "tenant_admin-", "check-"].iter().any(|p| {
+                    t.name
+                        .strip_prefix(p)
+                        .is_some_and(|h| h.len() == 8 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+                });
+                if ["admin_token", "check_token"].contains(&t.name.as_str()) || generated {
+                    return bad(
+                        &format!("{k}.name"),
+                        format!("{:?} is the name quotad gives another token", t.name),
                     );
                 }
                 if !names.insert(t.name.as_str()) {

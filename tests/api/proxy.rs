@@ -89,6 +89,28 @@ async fn forward_auth_answers_with_a_status_and_headers_and_no_body() {
             > 1
     );
     assert_eq!(ask(&app, "GET", &post("/cart")).await.status(), 200);
+    // A path with raw UTF-8 is still that path (percent-encoded), not "/": the write limit
+    // of client k4 applies to it as to any POST /orders.
+    let mut raw = reqwest::header::HeaderMap::new();
+    for (k, v) in [
+        ("x-quota-tenant", "shop"),
+        ("x-quota-client", "k4"),
+        ("x-forwarded-method", "POST"),
+    ] {
+        raw.insert(k, v.parse().unwrap());
+    }
+    raw.insert(
+        "x-forwarded-uri",
+        reqwest::header::HeaderValue::from_bytes("/orders/é".as_bytes()).unwrap(),
+    );
+    let send = || {
+        app.http
+            .get(app.url("/v1/forward-auth"))
+            .headers(raw.clone())
+            .send()
+    };
+    assert_eq!(send().await.unwrap().status(), 200);
+    assert_eq!(send().await.unwrap().status(), 429);
 
     // A cost, a denial that consumed nothing, a tenant without a quota, and bad headers.
     let costly = [

@@ -42,6 +42,11 @@ pub async fn record(
         after,
         RequestId::of(req),
     );
+    append(state, entry).await;
+}
+
+/// Appends an entry; on failure, logs it in full and counts it (the change stands).
+pub async fn append(state: &AppState, entry: AuditEntry) {
     let res = tokio::time::timeout(
         state.store_timeout.max(std::time::Duration::from_secs(2)),
         state.store.append_audit(&entry),
@@ -139,7 +144,8 @@ pub struct AuditPage {
 #[serde(deny_unknown_fields)]
 #[schema(as = AuditEntry)]
 pub struct AuditView {
-    /// The change's action: `quota.put`, `quota.delete`, `override.put`, `override.delete`.
+    /// The change's action: `quota.put`, `quota.delete`, `override.put`, `override.delete`,
+    /// `usage.reset`.
     #[schema(example = "quota.put")]
     action: String,
     /// The configured name of the token that made it (never the token).
@@ -162,7 +168,7 @@ pub struct AuditView {
     id: String,
     /// The request's `X-Request-Id` (taken from the request, or made by quotad).
     request_id: String,
-    /// The token's role: `admin` or `tenant_admin`.
+    /// The token's role: `admin` or `tenant_admin` (`operator` for `quotad apply`).
     #[schema(example = "admin")]
     role: String,
     #[schema(pattern = "^[A-Za-z0-9._~:@-]{1,128}$")]

@@ -45,6 +45,7 @@ use super::{audit, check, forward_auth, history, ops, quotas, usage};
         quotas::get_client,
         quotas::delete_client,
         usage::usage,
+        usage::reset,
         history::client_history,
         history::tenant_history,
         history::top,

@@ -22,7 +22,7 @@ pub struct Route {
 }
 
 /// Every route of the server. Entries of one path are registered together, in this order.
-pub static ROUTES: [Route; 25] = [
+pub static ROUTES: [Route; 26] = [
     route(Method::POST, "/v1/check", |r| r.to(check::check)),
     route(Method::POST, "/v1/check/batch", |r| r.to(check::batch)),
     route(Method::GET, "/v1/forward-auth", forward_auth),
@@ -65,6 +65,9 @@ pub static ROUTES: [Route; 25] = [
     }),
     route(Method::GET, "/v1/usage/{tenant}/{client}/history", |r| {
         r.to(history::client_history)
+    }),
+    route(Method::POST, "/v1/usage/{tenant}/{client}/reset", |r| {
+        r.to(usage::reset)
     }),
     route(Method::GET, "/v1/audit", |r| r.to(audit::list)),
     route(Method::GET, "/healthz", |r| r.to(ops::healthz)),

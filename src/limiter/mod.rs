@@ -32,6 +32,7 @@ mod decision;
 mod eviction;
 mod failure;
 mod key;
+mod reset;
 mod share;
 mod state;
 mod strict;

@@ -235,6 +235,22 @@ async fn batch_and_usage_answers(c: &mut Conformance, app: &TestApp) {
     )
     .await;
     c.send(app, "get", u, "/v1/usage/nobody/k1", None, a).await;
+    let reset = "/v1/usage/{tenant}/{client}/reset";
+    let (s, v) = c
+        .send(
+            app,
+            "post",
+            reset,
+            "/v1/usage/acme/k1/reset",
+            Some(json!({"limit_id": "per-minute"})),
+            a,
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let (s, _) = c
+        .send(app, "post", reset, "/v1/usage/nobody/k1/reset", None, a)
+        .await;
+    assert_eq!(s, 404);
 }
 
 /// Deletes (the second one of each a 404), and the ops routes.

@@ -18,4 +18,5 @@ mod openapi;
 mod outage;
 mod proxy;
 mod quotas;
+mod reset;
 mod routing;

@@ -31,9 +31,9 @@ use tonic::{Request, Response, Status};
 
 use crate::api::{ApiError, AppState};
 use crate::domain::{
-    validate_resource, ClientId, LimitKind, Period, TenantId, MAX_COST, MAX_RESOURCE_LEN,
+    validate_resource, ClientId, LimitKind, Period, Policy, TenantId, MAX_COST, MAX_RESOURCE_LEN,
 };
-use crate::limiter::{CheckInput, Decision};
+use crate::limiter::{Binding, CheckInput, Decision};
 use crate::metrics::DecisionLabel;
 
 /// The service, over the state the HTTP handlers share.
@@ -148,6 +148,19 @@ fn current_limit(id: &str, max: u64, kind: LimitKind) -> RateLimit {
     }
 }
 
+/// A descriptor's status from the limit that binds it: `current_limit`, `limit_remaining` and
+/// `duration_until_reset` (the code is the caller's).
+fn describe(st: &mut DescriptorStatus, b: &Binding, policy: &Policy) {
+    let kind = policy
+        .limits
+        .iter()
+        .find(|l| l.id == b.limit_id)
+        .map(|l| l.kind);
+    st.current_limit = kind.map(|k| current_limit(b.limit_id.as_str(), b.limit, k));
+    st.limit_remaining = u32::try_from(b.remaining).unwrap_or(u32::MAX);
+    st.duration_until_reset = Some(duration(b.reset_after_ms));
+}
+
 fn duration(ms: i64) -> PbDuration {
     let ms = ms.max(0);
     PbDuration {
@@ -254,7 +267,20 @@ impl RateLimitService for RateLimiter {
             );
             let denied = !d.allowed;
             let mut marked = false;
-            for &i in &idx {
+            // While the store fails, a peek per descriptor would be decided by the failure rule
+            // again (and counted and logged as such): the decision's own binding stands for all.
+            if d.store_failure.is_some() {
+                if let Some(b) = &d.binding {
+                    for &i in &idx {
+                        describe(&mut statuses[i], b, &policy);
+                        if denied {
+                            statuses[i].code = Code::OverLimit as i32;
+                        }
+                    }
+                }
+                marked = true;
+            }
+            for &i in idx.iter().filter(|_| d.store_failure.is_none()) {
                 let peek = self
                     .state
                     .limiter
@@ -267,15 +293,8 @@ impl RateLimitService for RateLimiter {
                     )
                     .await;
                 let Some(b) = &peek.binding else { continue };
-                let kind = policy
-                    .limits
-                    .iter()
-                    .find(|l| l.id == b.limit_id)
-                    .map(|l| l.kind);
+                describe(&mut statuses[i], b, &policy);
                 let st = &mut statuses[i];
-                st.current_limit = kind.map(|k| current_limit(b.limit_id.as_str(), b.limit, k));
-                st.limit_remaining = u32::try_from(b.remaining).unwrap_or(u32::MAX);
-                st.duration_until_reset = Some(duration(b.reset_after_ms));
                 // Over: this descriptor's own limits cannot take the cost now.
                 if denied && b.remaining < cost {
                     st.code = Code::OverLimit as i32;

@@ -212,3 +212,51 @@ async fn a_check_token_is_read_from_the_authorization_metadata() {
     assert_eq!(r.overall_code, Code::Ok as i32);
     app.stop().await;
 }
+
+#[tokio::test]
+async fn while_the_store_fails_each_request_is_one_failure_decision_for_all_its_descriptors() {
+    use quotad::store::faulty::{Fault, FaultyStore};
+    let dir = tempfile::tempdir().unwrap();
+    let inner: quotad::store::DynStore =
+        std::sync::Arc::new(quotad::store::embedded::EmbeddedStore::open(dir.path()).unwrap());
+    let faulty = FaultyStore::new(inner);
+    let app = spawn_on_store(faulty.clone(), |s| {
+        s.server.grpc_bind = Some("127.0.0.1:0".into())
+    })
+    .await;
+    let r = app
+        .put_quota(
+            "shop",
+            json!({"on_store_failure": "deny", "limits": [
+                {"id": "api", "max": 3, "window": "1s", "resource": "path=/api"},
+                {"id": "search", "max": 5, "window": "1m", "resource": "path=/search"}]}),
+        )
+        .await;
+    assert_eq!(r.status(), 201);
+    let mut c = client(&app).await;
+    faulty.set(Fault::Failing);
+    let series = "quotad_store_failure_decisions_total{rule=\"deny\"}";
+    let before = app.metric(series).await;
+    // A client never seen: its counters must be read from the failing store.
+    let r = ask(
+        &mut c,
+        "shop",
+        vec![
+            descriptor(&[("client", "new"), ("path", "/api")]),
+            descriptor(&[("client", "new"), ("path", "/search")]),
+        ],
+    )
+    .await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32, "{r:?}");
+    assert!(
+        r.statuses.iter().all(|s| s.code == Code::OverLimit as i32),
+        "{r:?}"
+    );
+    assert!(
+        r.statuses.iter().all(|s| s.current_limit.is_some()),
+        "{r:?}"
+    );
+    assert_eq!(app.metric(series).await - before, 1.0);
+    faulty.set(Fault::Healthy);
+    app.stop().await;
+}

@@ -30,9 +30,7 @@ use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use tonic::{Request, Response, Status};
 
 use crate::api::{ApiError, AppState};
-use crate::domain::{
-    validate_resource, ClientId, LimitKind, Period, Policy, TenantId, MAX_COST, MAX_RESOURCE_LEN,
-};
+use crate::domain::{resource_from_bytes, ClientId, LimitKind, Period, Policy, TenantId, MAX_COST};
 use crate::limiter::{Binding, CheckInput, Decision};
 use crate::metrics::DecisionLabel;
 
@@ -83,18 +81,9 @@ fn read(d: &RateLimitDescriptor, client_key: &str, i: usize, cost: u64) -> Resul
             parts.push(format!("{}={}", e.key, e.value));
         }
     }
-    let resource = if parts.is_empty() {
-        None
-    } else {
-        let mut r = parts.join("/");
-        // Long resources are cut, not refused: a limit's pattern matches a prefix anyway.
-        if r.len() > MAX_RESOURCE_LEN && r.is_ascii() {
-            r.truncate(MAX_RESOURCE_LEN);
-        }
-        validate_resource(&format!("descriptors[{i}].entries"), &r)
-            .map_err(|e| status_of(e.into()))?;
-        Some(r)
-    };
+    // Values with bytes a resource may not hold (raw UTF-8) are percent-encoded and long ones
+    // cut, not refused: refusing fails the request, which a fail-open Envoy lets through.
+    let resource = (!parts.is_empty()).then(|| resource_from_bytes(parts.join("/").as_bytes()));
     let cost = match d.hits_addend.as_ref().map(|h| h.value) {
         Some(0) | None => cost,
         Some(n) => n,

@@ -16,7 +16,9 @@ use super::check::{decide, rate_headers, Parsed};
 use super::error::{ApiError, ErrorBody};
 use super::state::AppState;
 use crate::config::ForwardAuthSettings;
-use crate::domain::{parse_cost, validate_resource, ClientId, TenantId, MAX_RESOURCE_LEN};
+use crate::domain::{
+    parse_cost, resource_from_bytes, validate_resource, ClientId, TenantId, MAX_RESOURCE_LEN,
+};
 
 /// The forward-auth settings, parsed once.
 #[derive(Clone, Debug)]
@@ -51,17 +53,9 @@ const ORIGINAL_URI: [&str; 2] = ["x-original-uri", "x-forwarded-uri"];
 /// for absent (which would let `/orders/é` pass as `/`).
 fn first_header(req: &HttpRequest, names: &[&'static str]) -> Option<(&'static str, String)> {
     names.iter().find_map(|n| {
-        req.headers().get(*n).map(|v| {
-            let mut out = String::with_capacity(v.len());
-            for &b in v.as_bytes() {
-                if (0x21..0x7f).contains(&b) || b == b' ' {
-                    out.push(b as char);
-                } else {
-                    out.push_str(&format!("%{b:02X}"));
-                }
-            }
-            (*n, out)
-        })
+        req.headers()
+            .get(*n)
+            .map(|v| (*n, resource_from_bytes(v.as_bytes())))
     })
 }
 
@@ -86,7 +80,7 @@ fn resource(req: &HttpRequest) -> Result<Option<String>, ApiError> {
     let method_name = method.as_ref().map_or("GET", |(_, m)| m.as_str());
     let mut r = format!("{method_name} {path}");
     // Long paths are cut, not refused: a limit's resource pattern matches a prefix anyway.
-    // (All ASCII by now, so any cut is on a character boundary.)
+    // (Printable ASCII by now, so any cut is on a character boundary.)
     r.truncate(MAX_RESOURCE_LEN);
     let field = uri.or(method).map_or(ORIGINAL_URI[0], |(n, _)| n);
     validate_resource(field, &r)?;

@@ -33,7 +33,7 @@ pub use grain::{Grain, Period, MONTH_GRAIN_CODE};
 pub use ids::{validate_id, ClientId, FieldError, LimitId, TenantId, MAX_ID_LEN, TENANT_SUBJECT};
 pub use limit::{Limit, LimitKind, Scope, MAX_LIMIT};
 pub use policy::{Consistency, Mode, OnStoreFailure, Policy, MAX_LIMITS};
-pub use resource::{validate_resource, ResourceMatch, MAX_RESOURCE_LEN};
+pub use resource::{resource_from_bytes, validate_resource, ResourceMatch, MAX_RESOURCE_LEN};
 pub use window::{
     format_duration_ms, parse_duration_ms, sliding_grain, MAX_BUCKETS_PER_WINDOW, MAX_BUCKETS_READ,
     MAX_BUCKETS_SPANNED, MAX_WINDOW_MS, MIN_BUCKETS_PER_WINDOW, MIN_WINDOW_MS,

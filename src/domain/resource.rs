@@ -9,6 +9,26 @@ use super::FieldError;
 /// Maximum length of a resource string.
 pub const MAX_RESOURCE_LEN: usize = 256;
 
+/// A resource built from what a proxy forwarded (a path, a descriptor value), as the rule
+/// allows: printable ASCII kept, other bytes (raw UTF-8, control characters) percent-encoded,
+/// cut to [`MAX_RESOURCE_LEN`]. Never refused: a limit's pattern matches a prefix anyway, and
+/// refusing would let the request through a proxy that fails open.
+pub fn resource_from_bytes(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len().min(MAX_RESOURCE_LEN));
+    for &b in bytes {
+        if (0x20..0x7f).contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+        if out.len() >= MAX_RESOURCE_LEN {
+            break;
+        }
+    }
+    out.truncate(MAX_RESOURCE_LEN);
+    out
+}
+
 /// Checks the contract's resource rule without allocating.
 pub fn validate_resource(field: &str, s: &str) -> Result<(), FieldError> {
     if s.is_empty() || s.len() > MAX_RESOURCE_LEN {
@@ -66,6 +86,19 @@ impl ResourceMatch {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn forwarded_bytes_become_a_valid_resource() {
+        assert_eq!(resource_from_bytes(b"POST /orders/1"), "POST /orders/1");
+        let utf8 = resource_from_bytes("POST /orders/é".as_bytes());
+        assert_eq!(utf8, "POST /orders/%C3%A9");
+        assert_eq!(resource_from_bytes(b"a\tb"), "a%09b");
+        let long = resource_from_bytes(&[0xff; 400]);
+        assert_eq!(long.len(), MAX_RESOURCE_LEN);
+        for r in [utf8, long] {
+            assert!(validate_resource("r", &r).is_ok(), "{r}");
+        }
+    }
 
     #[test]
     fn resource_is_printable_ascii_up_to_256() {

@@ -123,6 +123,15 @@ async fn ok_then_over_limit_with_the_current_limit_remaining_and_headers() {
     );
     let r = ask(&mut c, "nobody", d()).await;
     assert_eq!((r.overall_code, r.statuses.len()), (Code::Ok as i32, 1));
+    // A value no resource may hold (raw UTF-8) is encoded, not refused (a refusal would let a
+    // fail-open Envoy through).
+    let r = ask(
+        &mut c,
+        "shop",
+        vec![descriptor(&[("client", "k1"), ("path", "/é")])],
+    )
+    .await;
+    assert_eq!(r.overall_code, Code::Ok as i32, "{r:?}");
     let r = ask(
         &mut c,
         "shop",

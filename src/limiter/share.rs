@@ -50,6 +50,10 @@ pub fn share_of(
         // for the first buckets, pushing its admissions late into them.
         (mine, total) = sum(false);
     }
+    // This instance's part cannot exceed the whole. It can in the store after a reset, whose
+    // minus lands in the resetting instance's shard alone while others' shards keep their
+    // hits: without this, an instance could take more than all of the headroom.
+    let mine = mine.min(total);
     let a = 1.0 + total / 100.0;
     ((mine + a) / (total + a * instances as f64)) as f32
 }
@@ -93,5 +97,29 @@ impl Limiter {
             shares: self.cfg.fleet.members() > 1 && policy.consistency == Consistency::Cached,
             sync_interval_ms: self.cfg.sync_interval_ms,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn after_a_reset_no_instance_takes_more_than_an_equal_share() {
+        // This instance's shard holds +3, another's -3 (a reset written there): the total is 0.
+        let t = [BucketTotal {
+            start: 0,
+            total: 0,
+            mine: 3,
+        }];
+        let s = share_of(&t, Grain::Fixed(1_000), 0, 10_000, 2);
+        assert!((s - 0.5).abs() < 1e-6, "{s}");
+        // In the ordinary case the busy instance still gets most of the headroom.
+        let busy = [BucketTotal {
+            start: 0,
+            total: 100,
+            mine: 100,
+        }];
+        assert!(share_of(&busy, Grain::Fixed(1_000), 0, 10_000, 3) > 0.9);
     }
 }

@@ -29,7 +29,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use tonic::{Request, Response, Status};
 
-use crate::api::{ApiError, AppState};
+use crate::api::{ceil_secs, ApiError, AppState};
 use crate::domain::{resource_from_bytes, ClientId, LimitKind, Period, Policy, TenantId, MAX_COST};
 use crate::limiter::{Binding, CheckInput, Decision};
 use crate::metrics::DecisionLabel;
@@ -166,10 +166,6 @@ fn header(key: &str, value: String) -> HeaderValue {
     }
 }
 
-fn ceil_secs(ms: i64) -> i64 {
-    (ms.max(0) + 999) / 1000
-}
-
 #[tonic::async_trait]
 impl RateLimitService for RateLimiter {
     async fn should_rate_limit(
@@ -243,15 +239,9 @@ impl RateLimitService for RateLimiter {
                 .limiter
                 .check_any(&policy, input, &resources)
                 .await;
-            let label = match (&d.binding, d.dry_run_denied, d.allowed) {
-                (None, _, _) => DecisionLabel::NoLimit,
-                (_, true, _) => DecisionLabel::DryRunDenied,
-                (_, _, true) => DecisionLabel::Allowed,
-                _ => DecisionLabel::Denied,
-            };
             self.state.metrics.check_decided(
                 tenant.as_str(),
-                label,
+                DecisionLabel::of(&d),
                 started.elapsed().as_secs_f64(),
             );
             let denied = !d.allowed;

@@ -95,6 +95,14 @@ fn init_logging(level: &str) {
         .init();
 }
 
+/// Loads the settings and starts logging at their level: what every command that reads the
+/// configuration does first.
+fn setup(config: Option<PathBuf>) -> Result<Settings, ExitCode> {
+    let settings = load(config)?;
+    init_logging(&settings.log.level);
+    Ok(settings)
+}
+
 fn load(config: Option<PathBuf>) -> Result<Settings, ExitCode> {
     Settings::load(config.as_deref()).map_err(|e| {
         eprintln!("quotad: {e}");
@@ -108,11 +116,10 @@ async fn main() -> ExitCode {
     let config = cli.config;
     match cli.command.unwrap_or(Command::Serve) {
         Command::Serve => {
-            let settings = match load(config) {
+            let settings = match setup(config) {
                 Ok(s) => s,
                 Err(code) => return code,
             };
-            init_logging(&settings.log.level);
             let app = match Application::build(settings).await {
                 Ok(a) => a,
                 Err(e) => {
@@ -149,11 +156,10 @@ async fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Audit(args) => {
-            let settings = match load(config) {
+            let settings = match setup(config) {
                 Ok(s) => s,
                 Err(code) => return code,
             };
-            init_logging(&settings.log.level);
             if let Some(Err(e)) = args.tenant.as_deref().map(quotad::domain::TenantId::parse) {
                 eprintln!("quotad audit: --tenant: {}", e.message);
                 return ExitCode::from(2);
@@ -171,19 +177,17 @@ async fn main() -> ExitCode {
             dry_run,
             prune,
         } => {
-            let settings = match load(config) {
+            let settings = match setup(config) {
                 Ok(s) => s,
                 Err(code) => return code,
             };
-            init_logging(&settings.log.level);
             apply_file(&settings, &file, dry_run, prune).await
         }
         Command::Export { format } => {
-            let settings = match load(config) {
+            let settings = match setup(config) {
                 Ok(s) => s,
                 Err(code) => return code,
             };
-            init_logging(&settings.log.level);
             match export(&settings, &format).await {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
@@ -193,11 +197,10 @@ async fn main() -> ExitCode {
             }
         }
         Command::Migrate { dry_run } => {
-            let settings = match load(config) {
+            let settings = match setup(config) {
                 Ok(s) => s,
                 Err(code) => return code,
             };
-            init_logging(&settings.log.level);
             let opts = match quotad::startup::scylla_options(&settings) {
                 Ok(o) => o,
                 Err(e) => {

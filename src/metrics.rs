@@ -123,6 +123,19 @@ pub enum DecisionLabel {
 }
 
 impl DecisionLabel {
+    /// The label of a decision.
+    pub fn of(d: &crate::limiter::Decision) -> Self {
+        if d.binding.is_none() {
+            DecisionLabel::NoLimit
+        } else if d.dry_run_denied {
+            DecisionLabel::DryRunDenied
+        } else if d.allowed {
+            DecisionLabel::Allowed
+        } else {
+            DecisionLabel::Denied
+        }
+    }
+
     const ALL: [DecisionLabel; 4] = [
         DecisionLabel::Allowed,
         DecisionLabel::Denied,

@@ -13,10 +13,10 @@ use utoipa::{IntoParams, ToSchema};
 use super::auth::Principal;
 use super::error::ApiError;
 use super::middleware::RequestId;
-use super::params::{instant, page_size, query};
+use super::params::{instant, page_size, query, PAGE_DEFAULT, PAGE_MAX};
 use super::responses::AdminErrors;
 use super::state::AppState;
-use crate::domain::TenantId;
+use crate::domain::{ClientId, TenantId};
 use crate::store::audit::{AuditCursor, AuditEntry, AuditQuery};
 use crate::store::{PolicyKey, PolicyRecord};
 
@@ -65,6 +65,32 @@ pub async fn append(state: &AppState, entry: AuditEntry) {
     );
 }
 
+/// An entry of `action` on a tenant (and client) made now by `actor` in `role`, with no versions
+/// or bodies yet: every entry starts here.
+pub fn new_entry(
+    actor: &str,
+    role: &str,
+    action: &str,
+    tenant: &TenantId,
+    client: Option<&ClientId>,
+    request_id: String,
+) -> AuditEntry {
+    AuditEntry {
+        at: now_ms(),
+        id: format!("{:016x}", NEXT_ID.fetch_add(1, Ordering::Relaxed)),
+        actor: actor.to_owned(),
+        role: role.to_owned(),
+        action: action.to_owned(),
+        tenant: tenant.to_string(),
+        client: client.map(ToString::to_string),
+        version_before: None,
+        version_after: None,
+        body_before: None,
+        body_after: None,
+        request_id,
+    }
+}
+
 /// The entry of a change of `key` from `before` to `after` (None after a delete), made now by
 /// `actor` in `role`: the API's, and `quotad apply`'s.
 pub fn audit_entry(
@@ -82,18 +108,18 @@ pub fn audit_entry(
     };
     let verb = if after.is_some() { "put" } else { "delete" };
     AuditEntry {
-        at: now_ms(),
-        id: format!("{:016x}", NEXT_ID.fetch_add(1, Ordering::Relaxed)),
-        actor: actor.to_owned(),
-        role: role.to_owned(),
-        action: format!("{kind}.{verb}"),
-        tenant: key.tenant.to_string(),
-        client: key.client.as_ref().map(ToString::to_string),
         version_before: before.map(|r| r.version),
         version_after: after.map(|r| r.version),
         body_before: before.map(|r| r.body.clone()),
         body_after: after.map(|r| r.body.clone()),
-        request_id,
+        ..new_entry(
+            actor,
+            role,
+            &format!("{kind}.{verb}"),
+            &key.tenant,
+            key.client.as_ref(),
+            request_id,
+        )
     }
 }
 
@@ -219,10 +245,6 @@ fn parse_cursor(s: &str) -> Result<AuditCursor, ApiError> {
         _ => Err(bad()),
     }
 }
-
-/// Default and largest page of `GET /v1/audit`.
-const PAGE_DEFAULT: usize = 100;
-const PAGE_MAX: usize = 1000;
 
 #[utoipa::path(
     get,

@@ -162,26 +162,16 @@ pub(super) async fn decide(state: &AppState, p: &Parsed<'_>) -> Option<Decision>
             },
         )
         .await;
-    let label = if d.binding.is_none() {
-        DecisionLabel::NoLimit
-    } else if d.dry_run_denied {
-        DecisionLabel::DryRunDenied
-    } else if d.allowed {
-        DecisionLabel::Allowed
-    } else {
-        DecisionLabel::Denied
-    };
-    state
-        .metrics
-        .check_decided(p.tenant.as_str(), label, started.elapsed().as_secs_f64());
+    state.metrics.check_decided(
+        p.tenant.as_str(),
+        DecisionLabel::of(&d),
+        started.elapsed().as_secs_f64(),
+    );
     Some(d)
 }
 
-fn no_quota(tenant: &TenantId) -> ApiError {
-    ApiError::NotFound(format!("tenant {tenant} has no quota"))
-}
-
-fn ceil_secs(ms: i64) -> i64 {
+/// Milliseconds as whole seconds, rounded up (the RateLimit-Reset and Retry-After unit).
+pub(crate) fn ceil_secs(ms: i64) -> i64 {
     (ms.max(0) + 999) / 1000
 }
 
@@ -229,7 +219,7 @@ pub async fn check(
     }
     let d = decide(&state, &p)
         .await
-        .ok_or_else(|| no_quota(&p.tenant))?;
+        .ok_or_else(|| ApiError::no_quota(&p.tenant))?;
     let status = if d.allowed {
         StatusCode::OK
     } else {
@@ -333,7 +323,11 @@ pub async fn batch(
             decisions.push(Err(e));
             continue;
         }
-        decisions.push(decide(&state, p).await.ok_or_else(|| no_quota(&p.tenant)));
+        decisions.push(
+            decide(&state, p)
+                .await
+                .ok_or_else(|| ApiError::no_quota(&p.tenant)),
+        );
     }
     let items: Vec<Item> = decisions
         .iter()

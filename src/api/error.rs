@@ -48,6 +48,11 @@ impl ApiError {
         }
     }
 
+    /// The 404 of a tenant without a quota (and no default policy).
+    pub fn no_quota(tenant: &crate::domain::TenantId) -> Self {
+        ApiError::NotFound(format!("tenant {tenant} has no quota"))
+    }
+
     pub fn code(&self) -> &'static str {
         match self {
             ApiError::InvalidArgument { .. } => "invalid_argument",

@@ -42,6 +42,10 @@ pub fn instant(field: &str, value: Option<&str>) -> Result<Option<i64>, ApiError
         .transpose()
 }
 
+/// Default and largest page of the listing routes (`GET /v1/quotas`, `GET /v1/audit`).
+pub const PAGE_DEFAULT: usize = 100;
+pub const PAGE_MAX: usize = 1000;
+
 /// A page size from the query: `default` when absent, else 1..=`max`.
 pub fn page_size(value: Option<&str>, default: usize, max: usize) -> Result<usize, ApiError> {
     match value {

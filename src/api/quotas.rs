@@ -9,7 +9,7 @@ use utoipa::{IntoParams, ToSchema};
 use super::audit;
 use super::body::{json_body, parse_json};
 use super::error::{ApiError, ErrorBody};
-use super::params::{page_size, path_ids, query};
+use super::params::{page_size, path_ids, query, PAGE_DEFAULT, PAGE_MAX};
 use super::responses::{AdminErrors, BodyErrors};
 use super::state::AppState;
 use crate::domain::{Consistency, LimitDoc, Mode, OnStoreFailure, Policy, PolicyDoc, TenantId};
@@ -140,7 +140,7 @@ async fn delete(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResp
 
 fn not_found(key: &PolicyKey) -> ApiError {
     match &key.client {
-        None => ApiError::NotFound(format!("tenant {} has no quota", key.tenant)),
+        None => ApiError::no_quota(&key.tenant),
         Some(c) => ApiError::NotFound(format!(
             "tenant {} has no override for client {c}",
             key.tenant
@@ -291,10 +291,6 @@ struct ListQuery {
     #[param(pattern = "^[A-Za-z0-9._~:@-]{1,128}$")]
     after: Option<String>,
 }
-
-/// Default and largest page of `GET /v1/quotas`.
-const PAGE_DEFAULT: usize = 100;
-const PAGE_MAX: usize = 1000;
 
 #[utoipa::path(
     get,

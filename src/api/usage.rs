@@ -10,7 +10,11 @@ use super::error::{ApiError, ErrorBody};
 use super::params::{path_ids, query};
 use super::responses::AdminErrors;
 use super::state::AppState;
-use crate::domain::{validate_resource, LimitId, Scope};
+use std::sync::Arc;
+
+use super::audit::{append, new_entry};
+use super::middleware::RequestId;
+use crate::domain::{validate_resource, ClientId, LimitId, Policy, Scope, TenantId};
 use crate::limiter::Usage;
 
 #[derive(Deserialize, IntoParams)]
@@ -84,13 +88,33 @@ pub async fn usage(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpR
     if let Some(r) = &q.resource {
         validate_resource("resource", r)?;
     }
-    let policy = state
+    let policy = policy_of(&state, &tenant, &client)?;
+    answer(&state, &policy, &tenant, &client, q.resource.as_deref()).await
+}
+
+/// The policy a client's checks meet: 404 when its tenant has none.
+fn policy_of(
+    state: &AppState,
+    tenant: &TenantId,
+    client: &ClientId,
+) -> Result<Arc<Policy>, ApiError> {
+    state
         .policies
         .resolve(tenant.as_str(), client.as_str())
-        .ok_or_else(|| ApiError::NotFound(format!("tenant {tenant} has no quota")))?;
+        .ok_or_else(|| ApiError::no_quota(tenant))
+}
+
+/// 200 with the client's usage of the limits a check on `resource` meets.
+async fn answer(
+    state: &AppState,
+    policy: &Policy,
+    tenant: &TenantId,
+    client: &ClientId,
+    resource: Option<&str>,
+) -> Result<HttpResponse, ApiError> {
     let usage = state
         .limiter
-        .usage(&policy, &tenant, &client, q.resource.as_deref())
+        .usage(policy, tenant, client, resource)
         .await?;
     Ok(HttpResponse::Ok().json(UsageView {
         client: client.as_str(),
@@ -153,10 +177,7 @@ pub async fn reset(
     } else {
         ResetDto { limit_id: None }
     };
-    let policy = state
-        .policies
-        .resolve(tenant.as_str(), client.as_str())
-        .ok_or_else(|| ApiError::NotFound(format!("tenant {tenant} has no quota")))?;
+    let policy = policy_of(&state, &tenant, &client)?;
     let only = match &dto.limit_id {
         None => None,
         Some(id) => {
@@ -187,27 +208,16 @@ pub async fn reset(
             before.iter().map(|(id, n)| (id.as_str(), f(*n))).collect();
         serde_json::to_string(&m).unwrap_or_default()
     };
-    let entry = crate::store::audit::AuditEntry {
-        body_before: Some(counts(&|n| n)),
-        body_after: Some(counts(&|_| 0)),
-        action: "usage.reset".into(),
-        ..super::audit::audit_entry(
-            &who.name,
-            who.role.as_str(),
-            &crate::store::PolicyKey {
-                tenant: tenant.clone(),
-                client: Some(client.clone()),
-            },
-            None,
-            None,
-            super::middleware::RequestId::of(&req),
-        )
-    };
-    super::audit::append(&state, entry).await;
-    let usage = state.limiter.usage(&policy, &tenant, &client, None).await?;
-    Ok(HttpResponse::Ok().json(UsageView {
-        client: client.as_str(),
-        limits: usage.iter().map(UsageLimit::of).collect(),
-        tenant: tenant.as_str(),
-    }))
+    let mut entry = new_entry(
+        &who.name,
+        who.role.as_str(),
+        "usage.reset",
+        &tenant,
+        Some(&client),
+        RequestId::of(&req),
+    );
+    entry.body_before = Some(counts(&|n| n));
+    entry.body_after = Some(counts(&|_| 0));
+    append(&state, entry).await;
+    answer(&state, &policy, &tenant, &client, None).await
 }

@@ -130,6 +130,15 @@ static UNBOUND: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| Arc:
 /// Most limits one check can touch without a heap allocation.
 type Applicable<'p> = SmallVec<[&'p Limit; 16]>;
 
+/// The limits of `policy` that a check on any of `resources` meets.
+fn applicable<'p>(policy: &'p Policy, resources: &[Option<&str>]) -> Applicable<'p> {
+    policy
+        .limits
+        .iter()
+        .filter(|l| resources.iter().any(|r| l.applies_to(*r)))
+        .collect()
+}
+
 /// The outcome of one evaluation under the locks.
 enum Locked {
     Decided(Decision),
@@ -194,11 +203,7 @@ impl Limiter {
     /// Decides one check, and adds its answer to the usage history. Never fails: store
     /// trouble is decided by the policy's `on_store_failure` rule, and the decision says so.
     pub async fn check(&self, policy: &Policy, input: CheckInput<'_>) -> Decision {
-        let limits: Applicable<'_> = policy
-            .limits
-            .iter()
-            .filter(|l| l.applies_to(input.resource))
-            .collect();
+        let limits = applicable(policy, &[input.resource]);
         let d = self.decide(policy, limits, input).await;
         self.record(input, &d);
         d
@@ -213,11 +218,7 @@ impl Limiter {
         input: CheckInput<'_>,
         resources: &[Option<&str>],
     ) -> Decision {
-        let limits: Applicable<'_> = policy
-            .limits
-            .iter()
-            .filter(|l| resources.iter().any(|r| l.applies_to(*r)))
-            .collect();
+        let limits = applicable(policy, resources);
         let d = self.decide(policy, limits, input).await;
         self.record(input, &d);
         d
@@ -226,11 +227,7 @@ impl Limiter {
     /// What a check of `input` would answer now, consuming nothing and recorded nowhere (the
     /// per-descriptor statuses of Envoy's rate limit service).
     pub async fn peek(&self, policy: &Policy, input: CheckInput<'_>) -> Decision {
-        let limits: Applicable<'_> = policy
-            .limits
-            .iter()
-            .filter(|l| l.applies_to(input.resource))
-            .collect();
+        let limits = applicable(policy, &[input.resource]);
         self.decide(policy, limits, CheckInput { cost: 0, ..input })
             .await
     }

@@ -113,8 +113,19 @@ fn client_id(value: &str) -> ClientId {
 
 /// Envoy's `current_limit` of a limit: its max per one of Envoy's units. A window of exactly a
 /// second, minute, hour or day, or a calendar period, maps as it is; another window gets the
-/// nearest unit (the limit's id in `name` says which limit it is).
+/// nearest unit (the limit's id in `name` says which limit it is). A token bucket gives its
+/// refill: `rate` per the unit of `per`, found the same way.
 fn current_limit(id: &str, max: u64, kind: LimitKind) -> RateLimit {
+    let by_length = |ms: i64| match ms {
+        ms if ms < 60_000 => Unit::Second,
+        ms if ms < 3_600_000 => Unit::Minute,
+        ms if ms < 86_400_000 => Unit::Hour,
+        _ => Unit::Day,
+    };
+    let per_unit = match kind {
+        LimitKind::Tokens { rate, .. } => rate,
+        _ => max,
+    };
     let unit = match kind {
         LimitKind::Calendar(p) => match p {
             Period::Second => Unit::Second,
@@ -123,16 +134,12 @@ fn current_limit(id: &str, max: u64, kind: LimitKind) -> RateLimit {
             Period::Day => Unit::Day,
             Period::Month => Unit::Month,
         },
-        LimitKind::Sliding { window_ms, .. } => match window_ms {
-            ms if ms < 60_000 => Unit::Second,
-            ms if ms < 3_600_000 => Unit::Minute,
-            ms if ms < 86_400_000 => Unit::Hour,
-            _ => Unit::Day,
-        },
+        LimitKind::Sliding { window_ms, .. } => by_length(window_ms),
+        LimitKind::Tokens { per_ms, .. } => by_length(per_ms),
     };
     RateLimit {
         name: id.to_owned(),
-        requests_per_unit: u32::try_from(max).unwrap_or(u32::MAX),
+        requests_per_unit: u32::try_from(per_unit).unwrap_or(u32::MAX),
         unit: unit as i32,
     }
 }

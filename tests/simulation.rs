@@ -12,6 +12,7 @@
 //! admitted as a fraction of what a perfect sliding-log limiter admits on the same arrivals
 //! (under-admission). Run `cargo test --test simulation -- --nocapture` to see the table.
 //! A second test runs the same fleets in strict consistency, where nothing may be over-admitted.
+//! A third runs them with a token bucket limit instead, against an exact token bucket.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -40,6 +41,55 @@ const DURATION_MS: i64 = 60_000;
 /// roster, and how long an unrenewed lease lives (the defaults of `[fleet]`).
 const HEARTBEAT_MS: i64 = 1_000;
 const LEASE_TTL_MS: i64 = 5_000;
+/// The token bucket of the third test: the same long-run rate as the window (`MAX` per
+/// `WINDOW_MS`), a burst of a fifth of it: it fills in 2 s, in counter buckets of 100 ms.
+const BURST: u64 = 200;
+const RATE_PER_S: u64 = 100;
+/// The tokens one counter bucket refills: the written error bound of a token bucket.
+const BUCKET_REFILL: f64 = 10.0;
+
+/// What the simulated policy limits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Shape {
+    /// `MAX` per `WINDOW_MS`, a sliding window, against an exact sliding log.
+    Window,
+    /// `BURST` tokens, `RATE_PER_S` a second, against an exact token bucket.
+    Tokens,
+}
+
+/// An exact token bucket, in tokens x 1000 (refill is `RATE_PER_S` a ms).
+struct ExactBucket {
+    milli_tokens: i64,
+    at: i64,
+}
+
+impl ExactBucket {
+    fn admit(&mut self, now: i64) -> bool {
+        let full = BURST as i64 * 1_000;
+        self.milli_tokens = (self.milli_tokens + (now - self.at) * RATE_PER_S as i64).min(full);
+        self.at = now;
+        if self.milli_tokens >= 1_000 {
+            self.milli_tokens -= 1_000;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// The most a log of admitted hits exceeds a token bucket's written bound over any span:
+/// `max over i <= j of (j - i + 1) / (BURST + rate x (t_j - t_i) + BUCKET_REFILL) - 1`.
+fn worst_over_bound(log: &[i64]) -> f64 {
+    let rate = RATE_PER_S as f64 / 1_000.0;
+    let mut worst = f64::MIN;
+    for i in 0..log.len() {
+        for j in i..log.len() {
+            let allowed = BURST as f64 + rate * (log[j] - log[i]) as f64 + BUCKET_REFILL;
+            worst = worst.max((j - i + 1) as f64 / allowed - 1.0);
+        }
+    }
+    worst
+}
 
 type Cells = BTreeMap<(CounterKey, i64), Vec<i64>>;
 
@@ -258,7 +308,7 @@ fn live_leases(fleet: &[Instance], now: i64) -> u32 {
 }
 
 async fn simulate(n: usize, pattern: Pattern, seed: u64, consistency: &str) -> Outcome {
-    simulate_fleet(n, &[], pattern, seed, consistency).await
+    simulate_fleet(n, &[], pattern, seed, consistency, Shape::Window).await
 }
 
 /// Runs `n` instances, then the fleet changes as `events` say. Traffic is spread over the
@@ -269,11 +319,20 @@ async fn simulate_fleet(
     pattern: Pattern,
     seed: u64,
     consistency: &str,
+    shape: Shape,
 ) -> Outcome {
     let clock = ManualClock::new(T0);
     let shared = Arc::new(Shared::default());
+    let limit = match shape {
+        Shape::Window => {
+            serde_json::json!({"id": "w", "max": MAX, "window": "10s", "scope": "tenant"})
+        }
+        Shape::Tokens => {
+            serde_json::json!({"id": "w", "burst": BURST, "rate": RATE_PER_S, "per": "1s", "scope": "tenant"})
+        }
+    };
     let doc: PolicyDoc = serde_json::from_value(serde_json::json!({
-        "limits": [{"id": "w", "max": MAX, "window": "10s", "scope": "tenant"}],
+        "limits": [limit],
         "consistency": consistency
     }))
     .unwrap();
@@ -295,6 +354,10 @@ async fn simulate_fleet(
     let mut log: Vec<i64> = Vec::new();
     // The reference: a perfect sliding-log limiter on the same arrivals.
     let mut exact: VecDeque<i64> = VecDeque::new();
+    let mut exact_bucket = ExactBucket {
+        milli_tokens: BURST as i64 * 1_000,
+        at: T0,
+    };
     let (mut exact_admitted, mut offered) = (0u64, 0u64);
     for t in 0..DURATION_MS {
         let now = T0 + t;
@@ -392,6 +455,10 @@ async fn simulate_fleet(
                 if d.allowed {
                     log.push(now);
                 }
+                if shape == Shape::Tokens {
+                    exact_admitted += exact_bucket.admit(now) as u64;
+                    continue;
+                }
                 while exact.front().is_some_and(|&x| x <= now - WINDOW_MS) {
                     exact.pop_front();
                 }
@@ -421,6 +488,16 @@ async fn simulate_fleet(
         (log.len() as u64, offered - log.len() as u64),
         "usage history against the answers"
     );
+    if shape == Shape::Tokens {
+        let later: Vec<i64> = log.iter().copied().filter(|&t| t >= T0 + 5_000).collect();
+        return Outcome {
+            over_steady: worst_over_bound(&later),
+            over: worst_over_bound(&log),
+            under: 1.0 - log.len() as f64 / exact_admitted as f64,
+            admitted: log.len() as u64,
+            offered,
+        };
+    }
     let worst = worst_window(&log, WINDOW_MS);
     // Without the first window's hits, the worst span is the worst window starting at or after
     // W (a span cut at W lies inside the window that starts at W).
@@ -563,7 +640,7 @@ async fn a_fleet_that_grows_and_shrinks_keeps_the_bound() {
         Pattern::SkewedOverload,
         Pattern::EdgeBursts,
     ] {
-        let o = simulate_fleet(3, &events, pattern, seed(), "cached").await;
+        let o = simulate_fleet(3, &events, pattern, seed(), "cached", Shape::Window).await;
         println!(
             "{:<16} over {:>7.3}% steady {:>7.3}% under {:>7.3}% admitted {} offered {}",
             format!("{pattern:?}"),
@@ -580,6 +657,54 @@ async fn a_fleet_that_grows_and_shrinks_keeps_the_bound() {
                 o.over * 100.0,
                 o.under * 100.0
             ));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// A token bucket on the same fleets: the written bound (burst + rate x span + one counter
+/// bucket's refill, over any span) holds on one instance, and a fleet stays within 1% of it;
+/// and no fewer than 1% below what an exact token bucket admits on the same arrivals.
+#[tokio::test(flavor = "current_thread")]
+async fn token_bucket_fleets_keep_the_written_bound() {
+    println!(
+        "token bucket: burst {BURST}, {RATE_PER_S}/s, bound + {BUCKET_REFILL} tokens, sync every {SYNC_MS} ms, {DURATION_MS} ms simulated"
+    );
+    println!(
+        "{:<16} {:>3} {:>9} {:>9} {:>9} {:>10} {:>10}",
+        "pattern", "N", "over", "steady", "under", "admitted", "offered"
+    );
+    let mut failures = Vec::new();
+    for pattern in [
+        Pattern::EvenUnderLimit,
+        Pattern::EvenOverload,
+        Pattern::SkewedOverload,
+        Pattern::EdgeBursts,
+    ] {
+        for n in [1usize, 3, 10] {
+            let o = simulate_fleet(n, &[], pattern, seed(), "cached", Shape::Tokens).await;
+            println!(
+                "{:<16} {:>3} {:>8.3}% {:>8.3}% {:>8.3}% {:>10} {:>10}",
+                format!("{pattern:?}"),
+                n,
+                o.over * 100.0,
+                o.over_steady * 100.0,
+                o.under * 100.0,
+                o.admitted,
+                o.offered
+            );
+            let ok = match (pattern, n) {
+                (Pattern::EvenUnderLimit, _) => o.under.abs() < 1e-9 && o.over <= 0.0,
+                (_, 1) => o.over <= 0.0 && o.under <= 0.01,
+                _ => o.over <= 0.01 + 1e-9 && o.under <= 0.01 + 1e-9,
+            };
+            if !ok {
+                failures.push(format!(
+                    "{pattern:?} N={n}: over {:.3}%, under {:.3}%",
+                    o.over * 100.0,
+                    o.under * 100.0
+                ));
+            }
         }
     }
     assert!(failures.is_empty(), "{failures:#?}");

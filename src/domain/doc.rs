@@ -10,9 +10,10 @@ use utoipa::ToSchema;
 
 use super::cost::whole_u64;
 use super::{
-    format_duration_ms, parse_duration_ms, sliding_grain, Consistency, FieldError, Limit, LimitId,
-    LimitKind, Mode, OnStoreFailure, Period, Policy, ResourceMatch, Scope, MAX_LIMIT, MAX_LIMITS,
-    MAX_WINDOW_MS, MIN_WINDOW_MS,
+    fill_ms, format_duration_ms, parse_duration_ms, sliding_grain, token_grain, Consistency,
+    FieldError, Limit, LimitId, LimitKind, Mode, OnStoreFailure, Period, Policy, ResourceMatch,
+    Scope, MAX_FILL_MS, MAX_LIMIT, MAX_LIMITS, MAX_PER_MS, MAX_WINDOW_MS, MIN_FILL_MS,
+    MIN_WINDOW_MS,
 };
 
 /// The JSON form of a policy, as admins send it and as it is stored.
@@ -42,7 +43,8 @@ pub struct PolicyDoc {
     pub on_store_failure: Option<String>,
 }
 
-/// One limit: exactly one of `window` (sliding) or `period` (calendar-aligned, UTC). Optional
+/// One limit: a sliding `window`, a calendar `period` (UTC), or a token bucket (`burst`, `rate`,
+/// `per`). A window or a period takes `max`; a token bucket takes `burst` instead. Optional
 /// fields may also be null, which reads as absent.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -51,8 +53,11 @@ pub struct LimitDoc {
     /// The limit's identity: counts follow the id.
     #[schema(pattern = "^[A-Za-z0-9._~:@-]{1,128}$", example = "per-second")]
     pub id: String,
-    #[schema(value_type = u64, minimum = 1, maximum = 9007199254740992.0, example = 100)]
-    pub max: serde_json::Number,
+    /// The most a window or a period admits. Required with `window` or `period`; absent with a
+    /// token bucket, whose size is `burst`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<u64>, minimum = 1, maximum = 9007199254740992.0, example = 100)]
+    pub max: Option<serde_json::Number>,
     /// A sliding window from 1s to 31d, such as `1s`, `10m`, `1h 30m`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<String>, example = "10m")]
@@ -60,6 +65,21 @@ pub struct LimitDoc {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Period>)]
     pub period: Option<String>,
+    /// A token bucket: the most tokens it holds, and so the largest burst. A client may spend
+    /// them all at once; `rate` tokens come back every `per`. The time an empty bucket takes to
+    /// fill (`burst / rate x per`) must be from 1s to 31d.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<u64>, minimum = 1, maximum = 9007199254740992.0, example = 50)]
+    pub burst: Option<serde_json::Number>,
+    /// A token bucket: tokens that come back every `per`. Given with `burst`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<u64>, minimum = 1, maximum = 9007199254740992.0, example = 10)]
+    pub rate: Option<serde_json::Number>,
+    /// A token bucket: the time in which `rate` tokens come back, 1ms to 31d. Absent (or
+    /// null) with a token bucket: `1s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, example = "1s")]
+    pub per: Option<String>,
     /// Applies to checks whose resource equals this, or starts with it when it ends in `*`.
     /// Absent (or null): applies to every check.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -75,7 +95,7 @@ impl Policy {
     /// Validates a policy document. `is_override` refuses tenant-scoped limits, which a single
     /// client's override cannot meaningfully own.
     pub fn from_doc(doc: &PolicyDoc, is_override: bool) -> Result<Policy, FieldError> {
-        Ok(Policy {
+        let p = Policy {
             limits: parse_limits(&doc.limits, is_override)?,
             mode: parse_named(doc.mode.as_deref(), "mode", Mode::from_name, Mode::expected)?,
             consistency: parse_named(
@@ -90,7 +110,14 @@ impl Policy {
                 OnStoreFailure::from_name,
                 OnStoreFailure::expected,
             )?,
-        })
+        };
+        if p.consistency == Consistency::Strict && p.limits.iter().any(|l| l.kind.is_tokens()) {
+            return Err(FieldError::new(
+                "consistency",
+                "token buckets keep their level in memory: a policy with one must be cached",
+            ));
+        }
+        Ok(p)
     }
 
     /// The canonical document of this policy, with every default spelled out.
@@ -131,7 +158,7 @@ fn parse_limit(
     // A struct expression evaluates its fields in the order written: the order errors win in.
     Ok(Limit {
         id: parse_limit_id(&l.id, &f("id"), earlier)?,
-        max: parse_max(&l.max, &f("max"))?,
+        max: parse_size(l, at)?,
         kind: parse_kind(l, at)?,
         scope: parse_scope(l.scope.as_deref(), &f("scope"), is_override)?,
         resource: l
@@ -154,18 +181,90 @@ fn parse_limit_id(s: &str, field: &str, earlier: &[Limit]) -> Result<LimitId, Fi
     Ok(id)
 }
 
-/// A limit's `max`: a whole number from 1 to `MAX_LIMIT`.
-fn parse_max(n: &serde_json::Number, field: &str) -> Result<u64, FieldError> {
-    whole_u64(n)
+/// Whether a limit document describes a token bucket (it names any of its fields).
+fn is_token_bucket(l: &LimitDoc) -> bool {
+    l.burst.is_some() || l.rate.is_some() || l.per.is_some()
+}
+
+/// A limit's size: `max` for a window or a period, `burst` for a token bucket, a whole number
+/// from 1 to `MAX_LIMIT`.
+fn parse_size(l: &LimitDoc, at: &str) -> Result<u64, FieldError> {
+    let (given, other, name) = if is_token_bucket(l) {
+        (&l.burst, &l.max, "burst")
+    } else {
+        (&l.max, &l.burst, "max")
+    };
+    if other.is_some() {
+        return Err(FieldError::new(
+            format!("{at}.max"),
+            "a token bucket takes burst, not max",
+        ));
+    }
+    given
+        .as_ref()
+        .and_then(whole_u64)
         .filter(|m| (1..=MAX_LIMIT).contains(m))
-        .ok_or_else(|| FieldError::new(field, format!("max must be an integer 1..={MAX_LIMIT}")))
+        .ok_or_else(|| {
+            FieldError::new(
+                format!("{at}.{name}"),
+                format!("{name} must be an integer 1..={MAX_LIMIT}"),
+            )
+        })
+}
+
+/// The message of a bad `per`.
+const PER_MESSAGE: &str = "per must be a duration from 1ms to 31d, such as 1s, 1m";
+
+/// A token bucket's refill: `rate` tokens every `per`, with the bucket's grain.
+fn parse_tokens(l: &LimitDoc, at: &str, burst: u64) -> Result<LimitKind, FieldError> {
+    let rate = l
+        .rate
+        .as_ref()
+        .and_then(whole_u64)
+        .filter(|r| (1..=MAX_LIMIT).contains(r))
+        .ok_or_else(|| {
+            FieldError::new(
+                format!("{at}.rate"),
+                format!("rate must be an integer 1..={MAX_LIMIT}"),
+            )
+        })?;
+    let per_ms = match &l.per {
+        None => 1_000,
+        Some(p) => parse_duration_ms(p)
+            .filter(|ms| (1..=MAX_PER_MS).contains(ms))
+            .ok_or_else(|| FieldError::new(format!("{at}.per"), PER_MESSAGE))?,
+    };
+    let fill = fill_ms(burst, rate, per_ms)
+        .filter(|f| (MIN_FILL_MS..=MAX_FILL_MS).contains(f))
+        .ok_or_else(|| {
+            FieldError::new(
+                format!("{at}.burst"),
+                "burst / rate x per, the time an empty bucket takes to fill, must be from 1s to 31d",
+            )
+        })?;
+    Ok(LimitKind::Tokens {
+        rate,
+        per_ms,
+        grain_ms: token_grain(fill),
+    })
 }
 
 /// The message of a bad window; `window_message_states_the_bounds` holds it to the constants.
 const WINDOW_MESSAGE: &str = "window must be a duration from 1s to 31d, such as 1s, 10m, 1h";
 
-/// Exactly one of `window` (a sliding window and its grain) or `period`.
+/// The message of a limit with no kind, or more than one.
+const ONE_KIND_MESSAGE: &str = "a limit has exactly one of window, period or rate (a token bucket)";
+
+/// Exactly one of `window` (a sliding window and its grain), `period` or a token bucket.
 fn parse_kind(l: &LimitDoc, at: &str) -> Result<LimitKind, FieldError> {
+    if is_token_bucket(l) {
+        if l.window.is_some() || l.period.is_some() {
+            return Err(FieldError::new(at, ONE_KIND_MESSAGE));
+        }
+        // `parse_size` has checked the burst already.
+        let burst = l.burst.as_ref().and_then(whole_u64).unwrap_or(1);
+        return parse_tokens(l, at, burst);
+    }
     match (&l.window, &l.period) {
         (Some(w), None) => {
             let window_ms = parse_duration_ms(w)
@@ -180,10 +279,7 @@ fn parse_kind(l: &LimitDoc, at: &str) -> Result<LimitKind, FieldError> {
             p,
             &format!("{at}.period"),
         )?)),
-        _ => Err(FieldError::new(
-            at,
-            "a limit has exactly one of window or period",
-        )),
+        _ => Err(FieldError::new(at, ONE_KIND_MESSAGE)),
     }
 }
 
@@ -219,17 +315,26 @@ fn parse_named<T: Default>(
 
 /// The document of one limit, every default spelled out.
 fn limit_doc(l: &Limit) -> LimitDoc {
+    let (mut window, mut period, mut rate, mut per) = (None, None, None, None);
+    match l.kind {
+        LimitKind::Sliding { window_ms, .. } => window = Some(format_duration_ms(window_ms)),
+        LimitKind::Calendar(p) => period = Some(p.as_str().to_owned()),
+        LimitKind::Tokens {
+            rate: r, per_ms, ..
+        } => {
+            rate = Some(r.into());
+            per = Some(format_duration_ms(per_ms));
+        }
+    }
+    let tokens = l.kind.is_tokens();
     LimitDoc {
         id: l.id.to_string(),
-        max: l.max.into(),
-        window: match l.kind {
-            LimitKind::Sliding { window_ms, .. } => Some(format_duration_ms(window_ms)),
-            LimitKind::Calendar(_) => None,
-        },
-        period: match l.kind {
-            LimitKind::Calendar(p) => Some(p.as_str().to_owned()),
-            LimitKind::Sliding { .. } => None,
-        },
+        max: (!tokens).then(|| l.max.into()),
+        window,
+        period,
+        burst: tokens.then(|| l.max.into()),
+        rate,
+        per,
         resource: l.resource.as_ref().map(ResourceMatch::render),
         scope: Some(l.scope.as_str().to_owned()),
     }

@@ -7,19 +7,35 @@ use super::{Grain, LimitId, Period, ResourceMatch};
 /// Largest `max` a limit may have (2^53, so it survives a JSON double round trip).
 pub const MAX_LIMIT: u64 = 1 << 53;
 
-/// How a limit counts: a sliding window or a calendar period.
+/// How a limit counts: a sliding window, a calendar period, or a token bucket.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LimitKind {
-    Sliding { window_ms: i64, grain_ms: i64 },
+    Sliding {
+        window_ms: i64,
+        grain_ms: i64,
+    },
     Calendar(Period),
+    /// A token bucket holding `max` tokens (its burst), refilled with `rate` tokens every
+    /// `per_ms`; its hits are counted in buckets of `grain_ms` (see `limiter::tokens`).
+    Tokens {
+        rate: u64,
+        per_ms: i64,
+        grain_ms: i64,
+    },
 }
 
 impl LimitKind {
     pub fn grain(self) -> Grain {
         match self {
-            LimitKind::Sliding { grain_ms, .. } => Grain::Fixed(grain_ms),
+            LimitKind::Sliding { grain_ms, .. } | LimitKind::Tokens { grain_ms, .. } => {
+                Grain::Fixed(grain_ms)
+            }
             LimitKind::Calendar(p) => p.grain(),
         }
+    }
+
+    pub fn is_tokens(self) -> bool {
+        matches!(self, LimitKind::Tokens { .. })
     }
 }
 

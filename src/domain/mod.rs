@@ -35,6 +35,7 @@ pub use limit::{Limit, LimitKind, Scope, MAX_LIMIT};
 pub use policy::{Consistency, Mode, OnStoreFailure, Policy, MAX_LIMITS};
 pub use resource::{resource_from_bytes, validate_resource, ResourceMatch, MAX_RESOURCE_LEN};
 pub use window::{
-    format_duration_ms, parse_duration_ms, sliding_grain, MAX_BUCKETS_PER_WINDOW, MAX_BUCKETS_READ,
-    MAX_BUCKETS_SPANNED, MAX_WINDOW_MS, MIN_BUCKETS_PER_WINDOW, MIN_WINDOW_MS,
+    fill_ms, format_duration_ms, parse_duration_ms, sliding_grain, token_grain,
+    MAX_BUCKETS_PER_WINDOW, MAX_BUCKETS_READ, MAX_BUCKETS_SPANNED, MAX_FILL_MS, MAX_PER_MS,
+    MAX_WINDOW_MS, MIN_BUCKETS_PER_WINDOW, MIN_FILL_MS, MIN_WINDOW_MS, TOKEN_BUCKETS_PER_FILL,
 };

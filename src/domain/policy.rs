@@ -77,10 +77,17 @@ impl Policy {
                 limits.push(o.clone());
             }
         }
+        // A token bucket keeps its level in memory (see `limiter::tokens`): a policy holding
+        // one is decided `cached`, even when the override asks for `strict`.
+        let consistency = if limits.iter().any(|l| l.kind.is_tokens()) {
+            Consistency::Cached
+        } else {
+            over.consistency
+        };
         Policy {
             limits,
             mode: over.mode,
-            consistency: over.consistency,
+            consistency,
             on_store_failure: over.on_store_failure,
         }
     }

@@ -44,6 +44,39 @@ pub fn sliding_grain(window_ms: i64) -> i64 {
     g
 }
 
+/// Token buckets: the shortest and longest time an empty bucket may take to fill up (`burst`
+/// tokens at `rate` per `per`).
+pub const MIN_FILL_MS: i64 = MIN_WINDOW_MS;
+pub const MAX_FILL_MS: i64 = MAX_WINDOW_MS;
+/// The longest refill period `per` of a token bucket.
+pub const MAX_PER_MS: i64 = MAX_WINDOW_MS;
+/// A token bucket counts its hits in buckets of about this fraction of its fill time (the
+/// widest grain of the ladder that fits this many times, the ladder's narrowest at least): the
+/// level is known to within the tokens one bucket refills, 1/50 of the burst or less once the
+/// fill time reaches 5 s.
+pub const TOKEN_BUCKETS_PER_FILL: i64 = 50;
+
+/// The time in ms an empty token bucket of `burst` tokens takes to fill at `rate` per `per_ms`
+/// (rounded up), or None beyond `i64`.
+pub fn fill_ms(burst: u64, rate: u64, per_ms: i64) -> Option<i64> {
+    if rate == 0 || per_ms <= 0 {
+        return None;
+    }
+    let n = burst as i128 * per_ms as i128;
+    i64::try_from((n + rate as i128 - 1) / rate as i128).ok()
+}
+
+/// The bucket grain of a token bucket that fills in `fill_ms`.
+pub fn token_grain(fill_ms: i64) -> i64 {
+    let mut g = GRAIN_LADDER_MS[0];
+    for &step in GRAIN_LADDER_MS.iter() {
+        if step * TOKEN_BUCKETS_PER_FILL <= fill_ms {
+            g = step;
+        }
+    }
+    g
+}
+
 /// Parses a duration such as `250ms`, `1s`, `10m`, `1h 30m` into milliseconds.
 pub fn parse_duration_ms(s: &str) -> Option<i64> {
     let d: Duration = humantime::parse_duration(s.trim()).ok()?;

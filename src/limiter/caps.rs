@@ -145,7 +145,7 @@ impl Limiter {
             }
         };
         entry.last_used = now;
-        entry.states.push(LimitState::new(l, buckets, share));
+        entry.states.push(LimitState::new(l, buckets, share, now));
         self.counters.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }

@@ -10,7 +10,7 @@
 use smallvec::SmallVec;
 
 use super::share::{within_share, Fleet};
-use super::state::LimitState;
+use super::state::{LimitState, TOKEN_SETTLE_ROUNDS};
 use super::window;
 use crate::domain::{Limit, LimitId, Mode, OnStoreFailure, Policy};
 
@@ -52,8 +52,8 @@ impl Decision {
 /// Per-limit verdict before anything is consumed.
 #[derive(Clone, Copy)]
 struct Verdict {
-    /// The limit's count now, before this check.
-    est: u64,
+    /// The limit's count now, before this check (negative when credits exceed the hits).
+    est: i64,
     admit: bool,
     /// The wait until the same check could pass: 0 when admitted, None if never.
     retry: Option<i64>,
@@ -63,20 +63,21 @@ struct Verdict {
 /// hits leave it), or by this instance's share of the headroom (until the next sync).
 fn judge(l: &Limit, s: &LimitState, now: i64, cost: u64, fleet: Fleet) -> Verdict {
     let buckets = &s.buckets;
-    let est = window::estimate(l.kind, buckets, now);
+    let est = window::estimate(l.kind, buckets, s.carry, now);
     if cost > l.max {
         Verdict {
             est,
             admit: false,
             retry: None,
         }
-    } else if est.saturating_add(cost) > l.max {
+    } else if est as i128 + cost as i128 > l.max as i128 {
         Verdict {
             est,
             admit: false,
             retry: Some(window::time_until_at_most(
                 l.kind,
                 buckets,
+                s.carry,
                 now,
                 l.max - cost,
             )),
@@ -117,7 +118,7 @@ fn binding_index(verdicts: &[Verdict], limits: &[&Limit], cost: u64, denied: boo
                 }
             }
         } else {
-            let rem = |i: usize| limits[i].max.saturating_sub(verdicts[i].est + cost);
+            let rem = |i: usize| remaining(limits[i].max, verdicts[i].est, cost);
             rem(i) < rem(best)
         };
         if better {
@@ -125,6 +126,12 @@ fn binding_index(verdicts: &[Verdict], limits: &[&Limit], cost: u64, denied: boo
         }
     }
     best
+}
+
+/// What is left of `max` after `est` and `cost`: never below 0, above `max` while a credit
+/// exceeds the hits.
+fn remaining(max: u64, est: i64, cost: u64) -> u64 {
+    (max as i128 - est as i128 - cost as i128).clamp(0, u64::MAX as i128) as u64
 }
 
 /// Decides over the states of the applicable limits; consumes `cost` on admission (or when
@@ -139,9 +146,10 @@ pub(super) fn decide(
     fleet: Fleet,
 ) -> Decision {
     let mut verdicts: SmallVec<[Verdict; 16]> = SmallVec::new();
+    let settle = TOKEN_SETTLE_ROUNDS * fleet.sync_interval_ms;
     for (l, s) in limits.iter().zip(states.iter_mut()) {
         s.kind = l.kind;
-        s.prune(now);
+        s.prune(now, settle);
         verdicts.push(judge(l, s, now, cost, fleet));
     }
     let denied = !force_admit && verdicts.iter().any(|v| !v.admit);
@@ -155,12 +163,8 @@ pub(super) fn decide(
     let binding = Binding {
         limit_id: l.id.clone(),
         limit: l.max,
-        remaining: if denied {
-            l.max.saturating_sub(v.est)
-        } else {
-            l.max.saturating_sub(v.est.saturating_add(cost))
-        },
-        reset_after_ms: window::reset_after(l.kind, &states[b].buckets, now),
+        remaining: remaining(l.max, v.est, if denied { 0 } else { cost }),
+        reset_after_ms: window::reset_after(l.kind, &states[b].buckets, states[b].carry, now),
     };
     let dry_run = policy.mode == Mode::DryRun;
     Decision {

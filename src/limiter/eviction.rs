@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::caps::{is_client, IdleRule};
-use super::state::{lock, LimitState, Shard};
+use super::state::{lock, LimitState, Shard, TOKEN_SETTLE_ROUNDS};
 use super::Limiter;
 
 /// What one eviction pass kept, and which tenants' client entries it dropped.
@@ -31,7 +31,8 @@ impl Limiter {
         let rule = self.idle_rule();
         let mut tally = Tally::default();
         for shard in self.shards.iter() {
-            let dropped = evict_shard(&mut lock(shard), now, &rule, &mut tally);
+            let settle = TOKEN_SETTLE_ROUNDS * self.cfg.sync_interval_ms;
+            let dropped = evict_shard(&mut lock(shard), now, settle, &rule, &mut tally);
             self.counters.fetch_sub(dropped, Ordering::Relaxed);
         }
         self.release_clients(tally.left);
@@ -42,18 +43,24 @@ impl Limiter {
 }
 
 /// Evicts within one shard; returns how many counters (limit states) it dropped.
-fn evict_shard(g: &mut Shard, now: i64, rule: &IdleRule, tally: &mut Tally) -> usize {
+fn evict_shard(
+    g: &mut Shard,
+    now: i64,
+    settle_ms: i64,
+    rule: &IdleRule,
+    tally: &mut Tally,
+) -> usize {
     let mut dropped = 0usize;
     g.retain(|k, e| {
         let before = e.states.len();
         for s in e.states.iter_mut() {
-            s.prune(now);
+            s.prune(now, settle_ms);
         }
         // A state whose window emptied stays while its entry is in use: dropping it would
         // send the next check of a client slower than its window to the store.
         let idle = now - e.last_used >= rule.idle_ms(k);
         if idle {
-            e.states.retain(|s| !s.buckets.is_empty());
+            e.states.retain(|s| !s.is_empty(now));
         }
         let p: u64 = e.states.iter().map(LimitState::pending).sum();
         let keep = p > 0 || (!e.states.is_empty() && !idle);

@@ -37,6 +37,7 @@ mod share;
 mod state;
 mod strict;
 mod sync;
+pub mod tokens;
 pub mod window;
 
 use std::sync::atomic::AtomicUsize;
@@ -62,9 +63,10 @@ use crate::metrics::Metrics;
 use crate::store::{CounterRange, DynCounterStore, StoreError};
 use caps::{Cap, TenantClients};
 use decision::decide;
-use key::subject_of;
 use share::Fleet;
 use state::{buckets_from, lock, Entry, LimitState, Shard};
+use tokens::Carry;
+use window::Bucket;
 
 /// Tuning of the in-memory state.
 #[derive(Clone, Debug)]
@@ -407,6 +409,25 @@ impl Limiter {
         Ok(capped)
     }
 
+    /// Adds this instance's unwritten hits of `l` to `buckets`, read from the store over `r`;
+    /// returns the carry to read a token bucket with: this instance's when it holds the counter,
+    /// otherwise a full bucket at the start of the read.
+    fn add_local(&self, l: &Limit, r: &CounterRange, buckets: &mut Vec<Bucket>) -> Carry {
+        let mut carry = Carry {
+            at: r.from,
+            deficit: 0,
+        };
+        self.with_state(&r.key, |s| {
+            for b in s.buckets.iter().filter(|b| b.pending > 0) {
+                window::bucket_at(buckets, b.start).pending += b.pending;
+            }
+            if s.kind == l.kind {
+                carry = s.carry;
+            }
+        });
+        carry
+    }
+
     /// `/v1/usage`: the store's totals plus this instance's unwritten hits. Consumes nothing.
     pub async fn usage(
         &self,
@@ -427,24 +448,16 @@ impl Limiter {
             .collect();
         let totals = self.with_deadline(self.store.read(&ranges), false).await?;
         let mut out = Vec::with_capacity(limits.len());
-        for (l, t) in limits.iter().zip(totals) {
+        for ((l, r), t) in limits.iter().zip(&ranges).zip(totals) {
             let mut buckets = buckets_from(&t);
-            let r = self.key_ref(tenant.as_str(), subject_of(l, client.as_str()));
-            {
-                let g = lock(&self.shards[self.shard_of(r)]);
-                if let Some(s) = g.get(&r).and_then(|e| e.states.iter().find(|s| s.is(l))) {
-                    for b in s.buckets.iter().filter(|b| b.pending > 0) {
-                        window::bucket_at(&mut buckets, b.start).pending += b.pending;
-                    }
-                }
-            }
-            let count = window::estimate(l.kind, &buckets, now);
+            let carry = self.add_local(l, r, &mut buckets);
+            let count = window::estimate(l.kind, &buckets, carry, now);
             out.push(Usage {
                 limit_id: l.id.clone(),
-                count,
+                count: count.max(0) as u64,
                 limit: l.max,
-                remaining: l.max.saturating_sub(count),
-                reset_after_ms: window::reset_after(l.kind, &buckets, now),
+                remaining: (l.max as i128 - count as i128).clamp(0, u64::MAX as i128) as u64,
+                reset_after_ms: window::reset_after(l.kind, &buckets, carry, now),
             });
         }
         Ok(out)

@@ -9,12 +9,30 @@
 //! before the reset and had not written, and this instance's hits of a write in flight at that
 //! moment. Other instances read the new totals back at their next round for a counter in use,
 //! within eight rounds for one they only hold.
-
+//!
+//! A token bucket's level is not a sum of its buckets (see `tokens`): its reset is a grant of
+//! its whole deficit.
+//!
+//! Grant: a credit of `amount` written as minus `amount` into the current bucket of one limit.
+//! It counts as long as that bucket does (the window it is in, the current period), lets the
+//! client go beyond `max` by as much, and for a token bucket refills it (never beyond full).
 use super::key::newest_readable;
+use super::state::buckets_from;
 use super::window;
 use super::Limiter;
 use crate::domain::{ClientId, Limit, LimitId, Policy, Scope, TenantId};
 use crate::store::{CounterKey, CounterRange, Delta, StoreError};
+
+/// What a grant did to one limit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Granted {
+    /// The limit's count (tokens used, for a token bucket) before the grant, as this instance
+    /// sees it: the store's totals and its own unwritten hits; negative when earlier credits
+    /// exceed the hits.
+    pub before: i64,
+    /// The credit written.
+    pub amount: u64,
+}
 
 impl Limiter {
     /// Resets the client-scoped limits of `policy` for `client` (only `limit` when given).
@@ -28,11 +46,21 @@ impl Limiter {
         limit: Option<&LimitId>,
     ) -> Result<Vec<(LimitId, u64)>, StoreError> {
         let now = self.clock.now_ms();
-        let limits: Vec<&Limit> = policy
+        let all: Vec<&Limit> = policy
             .limits
             .iter()
             .filter(|l| l.scope == Scope::Client && limit.is_none_or(|id| *id == l.id))
             .collect();
+        let mut before = Vec::new();
+        // Token buckets: a grant of the whole deficit.
+        for l in all.iter().filter(|l| l.kind.is_tokens()) {
+            let level = self.level_of(tenant, client, l, now).await?;
+            if level > 0 {
+                self.credit(tenant, client, l, now, level as u64).await?;
+            }
+            before.push((l.id.clone(), level.max(0) as u64));
+        }
+        let limits: Vec<&Limit> = all.into_iter().filter(|l| !l.kind.is_tokens()).collect();
         let ranges: Vec<CounterRange> = limits
             .iter()
             .map(|l| CounterRange {
@@ -59,11 +87,10 @@ impl Limiter {
         }
         let read = self.store.read(&ranges).await?;
         let mut deltas = Vec::new();
-        let mut before = Vec::new();
         for ((l, r), buckets) in limits.iter().zip(&ranges).zip(&read) {
             let mut counted = 0u64;
-            for b in buckets.iter().filter(|b| b.total > 0) {
-                counted += b.total as u64;
+            for b in buckets.iter().filter(|b| b.total != 0) {
+                counted = counted.saturating_add(b.total.max(0) as u64);
                 deltas.push(Delta {
                     key: r.key.clone(),
                     start: b.start,
@@ -74,5 +101,60 @@ impl Limiter {
         }
         self.store.increment(&deltas).await?;
         Ok(before)
+    }
+
+    /// Credits `amount` to one client-scoped limit of `client` now (see the module comment).
+    /// On an error, nothing or, when uncertain, the credit may have landed.
+    pub async fn grant(
+        &self,
+        tenant: &TenantId,
+        client: &ClientId,
+        l: &Limit,
+        amount: u64,
+    ) -> Result<Granted, StoreError> {
+        let now = self.clock.now_ms();
+        let before = self.level_of(tenant, client, l, now).await?;
+        self.credit(tenant, client, l, now, amount).await?;
+        Ok(Granted { before, amount })
+    }
+
+    /// Writes minus `amount` into the current bucket of the client's counter of `l`, and
+    /// learns it in memory at once (other instances at their next read back).
+    async fn credit(
+        &self,
+        tenant: &TenantId,
+        client: &ClientId,
+        l: &Limit,
+        now: i64,
+        amount: u64,
+    ) -> Result<(), StoreError> {
+        let d = Delta {
+            key: Self::counter_key(tenant, client, l),
+            start: l.kind.grain().bucket_start(now),
+            delta: -(amount.min(i64::MAX as u64) as i64),
+        };
+        self.store.increment(std::slice::from_ref(&d)).await?;
+        self.with_state(&d.key, |s| {
+            window::bucket_at(&mut s.buckets, d.start).stored += d.delta;
+        });
+        Ok(())
+    }
+
+    /// The count of `l` for `client` now: the store's totals, this instance's unwritten hits
+    /// and, for a token bucket, its carry when in memory.
+    async fn level_of(
+        &self,
+        tenant: &TenantId,
+        client: &ClientId,
+        l: &Limit,
+        now: i64,
+    ) -> Result<i64, StoreError> {
+        let r = Self::range_of(tenant, client, l, now);
+        let totals = self
+            .with_deadline(self.store.read(std::slice::from_ref(&r)), false)
+            .await?;
+        let mut buckets = buckets_from(totals.first().map_or(&[][..], |t| &t[..]));
+        let carry = self.add_local(l, &r, &mut buckets);
+        Ok(window::estimate(l.kind, &buckets, carry, now))
     }
 }

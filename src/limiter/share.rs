@@ -71,12 +71,23 @@ pub(super) struct Fleet {
 ///
 /// Hits written since the last read back (`settling`) still count as this instance's own: the
 /// headroom is the one the store showed at that read, before they were added.
+///
+/// A token bucket's level is not a sum: its pending part is every unwritten hit, and the rest
+/// of the level is what the store showed.
 pub(super) fn within_share(l: &Limit, s: &LimitState, now: i64, cost: u64) -> bool {
-    let stored = window::estimate_by(l.kind, &s.buckets, now, |b| b.stored);
-    let pending = window::estimate_by(l.kind, &s.buckets, now, |b| b.pending);
-    let headroom = l.max.saturating_sub(stored.saturating_sub(s.settling));
-    let allowance = (s.share as f64 * headroom as f64).floor() as u64;
-    pending.saturating_add(s.settling).saturating_add(cost) <= allowance
+    let (stored, pending) = if l.kind.is_tokens() {
+        let pending: i64 = s.buckets.iter().map(|b| b.pending as i64).sum();
+        let level = window::estimate(l.kind, &s.buckets, s.carry, now);
+        ((level - pending).max(0), pending)
+    } else {
+        (
+            window::estimate_by(l.kind, &s.buckets, s.carry, now, |b| b.stored),
+            window::estimate_by(l.kind, &s.buckets, s.carry, now, |b| b.pending as i64),
+        )
+    };
+    let headroom = (l.max as i128 - (stored as i128 - s.settling as i128)).max(0);
+    let allowance = (s.share as f64 * headroom as f64).floor() as i128;
+    pending as i128 + s.settling as i128 + cost as i128 <= allowance
 }
 
 impl Limiter {

@@ -18,6 +18,7 @@ use hashbrown::HashMap;
 use smallvec::SmallVec;
 
 use super::key::{BuildKeyHash, EntryKey};
+use super::tokens::{self, Carry};
 use super::window::{self, Bucket};
 use super::Limiter;
 use crate::domain::{Limit, LimitKind};
@@ -34,18 +35,47 @@ pub(super) struct LimitState {
     /// Hits this instance wrote since its last read back: in `stored` already, but not yet in
     /// what the other instances know, so they still count against this instance's share.
     pub(super) settling: u64,
+    /// A token bucket's level at the start of its oldest bucket that still counts (see
+    /// `tokens`); unused by other kinds.
+    pub(super) carry: Carry,
 }
 
+/// How long after it ends a token bucket's counter bucket is folded into its carry, in sync
+/// intervals: by then every instance has written its hits in it and this one has read them back.
+pub(super) const TOKEN_SETTLE_ROUNDS: i64 = 4;
+
 impl LimitState {
-    /// A limit's state over `buckets`, nothing written since the read that gave them.
-    pub(super) fn new(l: &Limit, buckets: Vec<Bucket>, share: f32) -> Self {
+    /// A limit's state over `buckets`, read at `now` from `Limiter::range_of`, nothing written
+    /// since the read that gave them.
+    pub(super) fn new(l: &Limit, buckets: Vec<Bucket>, share: f32, now: i64) -> Self {
         LimitState {
             id: l.id.as_arc().clone(),
             kind: l.kind,
             buckets,
             share,
             settling: 0,
+            carry: Carry {
+                at: window::oldest_needed(l.kind, now),
+                deficit: 0,
+            },
         }
+    }
+
+    /// Buckets that start before this instant no longer count (a token bucket's are folded
+    /// into its carry).
+    pub(super) fn oldest_needed(&self, now: i64) -> i64 {
+        if self.kind.is_tokens() {
+            self.carry.at
+        } else {
+            window::oldest_needed(self.kind, now)
+        }
+    }
+
+    /// Nothing counts any more: no bucket, and (a token bucket) a full bucket.
+    pub(super) fn is_empty(&self, now: i64) -> bool {
+        self.buckets.is_empty()
+            && (!self.kind.is_tokens()
+                || window::estimate(self.kind, &self.buckets, self.carry, now) <= 0)
     }
 
     pub(super) fn is(&self, l: &Limit) -> bool {
@@ -58,9 +88,13 @@ impl LimitState {
         self.buckets.iter().map(|b| b.pending).sum()
     }
 
-    /// Drops buckets that no longer count and hold nothing to write.
-    pub(super) fn prune(&mut self, now: i64) {
-        let oldest = window::oldest_needed(self.kind, now);
+    /// Drops buckets that no longer count and hold nothing to write; a token bucket first folds
+    /// those older than `settle_ms` into its carry.
+    pub(super) fn prune(&mut self, now: i64, settle_ms: i64) {
+        if self.kind.is_tokens() {
+            tokens::fold(self.kind, &self.buckets, &mut self.carry, now - settle_ms);
+        }
+        let oldest = self.oldest_needed(now);
         if self
             .buckets
             .first()
@@ -96,7 +130,7 @@ pub(super) fn buckets_from(totals: &[BucketTotal]) -> Vec<Bucket> {
         .iter()
         .map(|t| Bucket {
             start: t.start,
-            stored: t.total.max(0) as u64,
+            stored: t.total,
             pending: 0,
         })
         .collect()

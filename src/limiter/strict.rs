@@ -88,7 +88,7 @@ impl Limiter {
     fn learn_hit(&self, deltas: &[Delta]) {
         for d in deltas {
             self.with_state(&d.key, |s| {
-                window::bucket_at(&mut s.buckets, d.start).stored += d.delta.max(0) as u64;
+                window::bucket_at(&mut s.buckets, d.start).stored += d.delta.max(0);
             });
         }
     }
@@ -127,9 +127,9 @@ fn states_before_hit(
             let mut buckets = buckets_from(t);
             let start = l.kind.grain().bucket_start(now);
             if let Some(b) = buckets.iter_mut().find(|b| b.start == start) {
-                b.stored = b.stored.saturating_sub(cost);
+                b.stored -= cost.min(i64::MAX as u64) as i64;
             }
-            LimitState::new(l, buckets, 1.0)
+            LimitState::new(l, buckets, 1.0, now)
         })
         .collect()
 }

@@ -59,7 +59,7 @@ impl Limiter {
                     if refresh {
                         batch.ranges.push(CounterRange {
                             key: key(),
-                            from: window::oldest_needed(s.kind, now),
+                            from: s.oldest_needed(now),
                             to: newest_readable(s.kind, now),
                         });
                     }
@@ -84,7 +84,7 @@ impl Limiter {
                     let b = &mut s.buckets[i];
                     let n = (d.delta.max(0) as u64).min(b.pending);
                     b.pending -= n;
-                    b.stored += n;
+                    b.stored += n as i64;
                     s.settling += n;
                 }
             });
@@ -103,7 +103,7 @@ impl Limiter {
                     b.stored = 0;
                 }
                 for bt in t {
-                    window::bucket_at(&mut s.buckets, bt.start).stored = bt.total.max(0) as u64;
+                    window::bucket_at(&mut s.buckets, bt.start).stored = bt.total;
                 }
             });
         }

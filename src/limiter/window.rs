@@ -19,7 +19,18 @@
 //! - a check is never denied while the exact count of the last `W + g`, plus its cost, fits.
 //!
 //! Calendar periods use one bucket per period and are exact: the count is the bucket's.
+//!
+//! Token buckets count their hits in buckets too, but their level is not a sum over a window:
+//! see [`super::tokens`], which these functions hand them to.
+//!
+//! # Credits
+//! A grant writes a negative count into the current bucket, so a bucket (and an estimate) may
+//! be negative: the credit counts for as long as its bucket is in the window or the period,
+//! and lets the client go beyond `max` by as much. Negative buckets are summed like the others;
+//! a straddling one is weighed towards zero (the credit errs small). As a credit leaves the
+//! window the estimate grows, which [`time_until_at_most`] takes into account.
 
+use super::tokens::{self, Carry};
 use crate::domain::LimitKind;
 
 /// One bucket of a counter: what the store said last, and what this instance admitted since.
@@ -27,31 +38,37 @@ use crate::domain::LimitKind;
 pub struct Bucket {
     /// Start of the bucket, Unix ms, aligned on the grain.
     pub start: i64,
-    /// The total the store returned at the last read (all instances, including ours).
-    pub stored: u64,
+    /// The total the store returned at the last read (all instances, including ours); negative
+    /// when a grant credited more than the bucket's hits.
+    pub stored: i64,
     /// Hits admitted here and not yet written to the store.
     pub pending: u64,
 }
 
 impl Bucket {
-    pub fn count(&self) -> u64 {
-        self.stored.saturating_add(self.pending)
+    pub fn count(&self) -> i64 {
+        self.stored
+            .saturating_add(self.pending.min(i64::MAX as u64) as i64)
     }
 }
 
-/// The count of a limit at instant `now`. `buckets` is sorted by start, ascending.
-pub fn estimate(kind: LimitKind, buckets: &[Bucket], now: i64) -> u64 {
-    estimate_by(kind, buckets, now, Bucket::count)
+/// The count of a limit at instant `now`: negative when credits exceed the hits. `buckets` is
+/// sorted by start, ascending; `carry` is what a token bucket folded its older buckets into
+/// (ignored by the other kinds).
+pub fn estimate(kind: LimitKind, buckets: &[Bucket], carry: Carry, now: i64) -> i64 {
+    estimate_by(kind, buckets, carry, now, Bucket::count)
 }
 
 /// The estimate of one part of each bucket (`stored` or `pending` alone), weighed the same way.
 pub fn estimate_by(
     kind: LimitKind,
     buckets: &[Bucket],
+    carry: Carry,
     now: i64,
-    count: impl Fn(&Bucket) -> u64,
-) -> u64 {
+    count: impl Fn(&Bucket) -> i64,
+) -> i64 {
     match kind {
+        LimitKind::Tokens { .. } => tokens::level(kind, buckets, carry, now, count),
         LimitKind::Calendar(p) => {
             let current = p.grain().bucket_start(now);
             buckets
@@ -67,14 +84,15 @@ pub fn estimate_by(
             let s = now - window_ms;
             let oldest = s - s.rem_euclid(grain_ms);
             let evenly = follows_traffic(buckets, oldest, grain_ms);
-            let mut total: u64 = 0;
+            let mut total: i64 = 0;
             for b in buckets {
                 if b.start > oldest || (b.start == oldest && !evenly) {
                     total = total.saturating_add(count(b));
                 } else if b.start == oldest {
-                    let inside = (oldest + grain_ms - s) as u128; // in (0, g]
+                    let inside = (oldest + grain_ms - s) as i128; // in (0, g]
+                                                                  // Rounded towards zero: hits down, credits down.
                     total =
-                        total.saturating_add((count(b) as u128 * inside / grain_ms as u128) as u64);
+                        total.saturating_add((count(b) as i128 * inside / grain_ms as i128) as i64);
                 }
             }
             total
@@ -92,10 +110,18 @@ fn follows_traffic(buckets: &[Bucket], start: i64, grain_ms: i64) -> bool {
 
 /// Milliseconds from `now` until the estimate is at most `target`, assuming no new hits.
 /// 0 when it already is.
-pub fn time_until_at_most(kind: LimitKind, buckets: &[Bucket], now: i64, target: u64) -> i64 {
+pub fn time_until_at_most(
+    kind: LimitKind,
+    buckets: &[Bucket],
+    carry: Carry,
+    now: i64,
+    target: u64,
+) -> i64 {
+    let target = target.min(i64::MAX as u64) as i64;
     match kind {
+        LimitKind::Tokens { .. } => tokens::time_until_at_most(kind, buckets, carry, now, target),
         LimitKind::Calendar(p) => {
-            if estimate(kind, buckets, now) <= target {
+            if estimate(kind, buckets, carry, now) <= target {
                 0
             } else {
                 let g = p.grain();
@@ -106,13 +132,17 @@ pub fn time_until_at_most(kind: LimitKind, buckets: &[Bucket], now: i64, target:
             window_ms,
             grain_ms,
         } => {
+            if estimate(kind, buckets, carry, now) <= target {
+                return 0;
+            }
             let s = now - window_ms;
             let oldest = s - s.rem_euclid(grain_ms);
-            let g = grain_ms as u128;
+            let g = grain_ms as i128;
             // As time passes the window's start `s'` moves right. While bucket `b` straddles it,
-            // the estimate is F + floor(n * r / g), with F the buckets after `b` and r the part
-            // of `b` still inside; walking the buckets oldest first finds the first moment.
-            let mut after: u64 = buckets
+            // the estimate is F + n * r / g (rounded towards zero), with F the buckets after `b`
+            // and r the part of `b` still inside: falling as r shrinks when n > 0, growing when
+            // n < 0 (a credit leaving). Walking the buckets oldest first finds the first moment.
+            let mut after: i64 = buckets
                 .iter()
                 .filter(|b| b.start >= oldest)
                 .map(Bucket::count)
@@ -120,21 +150,33 @@ pub fn time_until_at_most(kind: LimitKind, buckets: &[Bucket], now: i64, target:
             for b in buckets.iter().filter(|b| b.start >= oldest) {
                 let n = b.count();
                 after -= n;
+                let seg_start = s.max(b.start);
+                // r at the first moment of this segment.
+                let r0 = (b.start + grain_ms - seg_start) as i128;
+                if !follows_traffic(buckets, b.start, grain_ms) {
+                    // Counted in full while it straddles, then gone.
+                    if after.saturating_add(n) <= target {
+                        return seg_start - s;
+                    }
+                    if after <= target {
+                        return (b.start + grain_ms).max(seg_start) - s;
+                    }
+                    continue;
+                }
+                if n <= 0 {
+                    // Lowest at the segment's first moment.
+                    if after as i128 + n as i128 * r0 / g <= target as i128 {
+                        return seg_start - s;
+                    }
+                    continue;
+                }
                 if after > target {
                     continue;
                 }
-                let seg_start = s.max(b.start);
-                if n == 0 {
-                    return seg_start - s;
-                }
-                if !follows_traffic(buckets, b.start, grain_ms) {
-                    // Counted in full while it straddles: the estimate falls when it leaves.
-                    return (b.start + grain_ms).max(seg_start) - s;
-                }
-                // floor(n * r / g) <= a  <=>  r <= ((a + 1) * g - 1) / n
-                let a = (target - after) as u128;
-                let r_max = ((a + 1) * g - 1) / n as u128;
-                if r_max >= g {
+                // after + floor(n * r / g) <= target  <=>  r <= ((a + 1) * g - 1) / n
+                let a = (target - after) as i128;
+                let r_max = ((a + 1) * g - 1) / n as i128;
+                if r_max >= r0 {
                     return seg_start - s;
                 }
                 let at = b.start + grain_ms - r_max as i64;
@@ -147,23 +189,26 @@ pub fn time_until_at_most(kind: LimitKind, buckets: &[Bucket], now: i64, target:
 
 /// The contract's `reset_after_ms`: for a calendar period, the time to its end; for a sliding
 /// window, the time until the estimate first falls (the earliest moment `remaining` grows).
-pub fn reset_after(kind: LimitKind, buckets: &[Bucket], now: i64) -> i64 {
+pub fn reset_after(kind: LimitKind, buckets: &[Bucket], carry: Carry, now: i64) -> i64 {
     match kind {
+        LimitKind::Tokens { .. } => tokens::time_until_at_most(kind, buckets, carry, now, 0),
         LimitKind::Calendar(p) => {
             let g = p.grain();
             g.bucket_end(g.bucket_start(now)) - now
         }
-        LimitKind::Sliding { .. } => match estimate(kind, buckets, now) {
-            0 => 0,
-            e => time_until_at_most(kind, buckets, now, e - 1),
+        LimitKind::Sliding { .. } => match estimate(kind, buckets, carry, now) {
+            e if e <= 0 => 0,
+            e => time_until_at_most(kind, buckets, carry, now, (e - 1) as u64),
         },
     }
 }
 
 /// Buckets that start before this instant are not needed at `now` (nor later): for a sliding
-/// window, the straddling bucket and the one before it (which says how to weigh it).
+/// window, the straddling bucket and the one before it (which says how to weigh it). For a
+/// token bucket, how far back a first read looks (its level is carried in memory after that).
 pub fn oldest_needed(kind: LimitKind, now: i64) -> i64 {
     match kind {
+        LimitKind::Tokens { .. } => tokens::first_read_from(kind, now),
         LimitKind::Calendar(p) => p.grain().bucket_start(now),
         LimitKind::Sliding {
             window_ms,
@@ -204,6 +249,14 @@ mod tests {
     use crate::domain::{sliding_grain, Period};
     use proptest::prelude::*;
 
+    /// No carry: only token buckets read it.
+    const C: Carry = Carry { at: 0, deficit: 0 };
+
+    /// The estimate of buckets that hold no credit.
+    fn est_u(k: LimitKind, bs: &[Bucket], now: i64) -> u64 {
+        u64::try_from(estimate(k, bs, C, now)).unwrap()
+    }
+
     fn sliding(window_ms: i64) -> LimitKind {
         LimitKind::Sliding {
             window_ms,
@@ -211,7 +264,7 @@ mod tests {
         }
     }
 
-    fn b(start: i64, n: u64) -> Bucket {
+    fn b(start: i64, n: i64) -> Bucket {
         Bucket {
             start,
             stored: n,
@@ -225,11 +278,11 @@ mod tests {
         // Bucket -100 (outside) counted hits, so traffic ran through bucket 0.
         let k = sliding(1_000);
         let bs = [b(-100, 4), b(0, 10), b(500, 3), b(1_000, 2)];
-        assert_eq!(estimate(k, &bs, 1_050), 5 + 3 + 2);
+        assert_eq!(estimate(k, &bs, C, 1_050), 5 + 3 + 2);
         // At t = 1000 bucket 0 is fully inside (r = g).
-        assert_eq!(estimate(k, &bs, 1_000), 15);
+        assert_eq!(estimate(k, &bs, C, 1_000), 15);
         // At t = 1100 bucket 0 is gone.
-        assert_eq!(estimate(k, &bs, 1_100), 5);
+        assert_eq!(estimate(k, &bs, C, 1_100), 5);
     }
 
     #[test]
@@ -237,14 +290,14 @@ mod tests {
         // Nothing before bucket 0: its hits may all sit at its end, so none has left at 1050.
         let k = sliding(1_000);
         let bs = [b(0, 10), b(500, 3), b(1_000, 2)];
-        assert_eq!(estimate(k, &bs, 1_050), 10 + 3 + 2);
-        assert_eq!(estimate(k, &bs, 1_099), 15);
-        assert_eq!(estimate(k, &bs, 1_100), 5);
+        assert_eq!(estimate(k, &bs, C, 1_050), 10 + 3 + 2);
+        assert_eq!(estimate(k, &bs, C, 1_099), 15);
+        assert_eq!(estimate(k, &bs, C, 1_100), 5);
         // The same with an empty bucket before it, as the store returns one.
         let bs = [b(-100, 0), b(0, 10), b(500, 3), b(1_000, 2)];
-        assert_eq!(estimate(k, &bs, 1_050), 15);
-        assert_eq!(time_until_at_most(k, &bs, 1_050, 5), 50);
-        assert_eq!(reset_after(k, &bs, 1_050), 50);
+        assert_eq!(estimate(k, &bs, C, 1_050), 15);
+        assert_eq!(time_until_at_most(k, &bs, C, 1_050, 5), 50);
+        assert_eq!(reset_after(k, &bs, C, 1_050), 50);
     }
 
     #[test]
@@ -252,11 +305,11 @@ mod tests {
         let k = sliding(1_000);
         let bs = [b(0, 10), b(500, 3), b(1_000, 2)];
         let now = 1_050;
-        for target in 0..15u64 {
-            let d = time_until_at_most(k, &bs, now, target);
-            assert!(estimate(k, &bs, now + d) <= target, "target {target}");
+        for target in 0..15i64 {
+            let d = time_until_at_most(k, &bs, C, now, target as u64);
+            assert!(estimate(k, &bs, C, now + d) <= target, "target {target}");
             if d > 0 {
-                assert!(estimate(k, &bs, now + d - 1) > target, "target {target}");
+                assert!(estimate(k, &bs, C, now + d - 1) > target, "target {target}");
             }
         }
     }
@@ -265,10 +318,10 @@ mod tests {
     fn calendar_counts_the_current_period_and_resets_at_its_end() {
         let k = LimitKind::Calendar(Period::Minute);
         let bs = [b(0, 7), b(60_000, 4)];
-        assert_eq!(estimate(k, &bs, 61_000), 4);
-        assert_eq!(reset_after(k, &bs, 61_000), 59_000);
-        assert_eq!(time_until_at_most(k, &bs, 61_000, 3), 59_000);
-        assert_eq!(time_until_at_most(k, &bs, 61_000, 4), 0);
+        assert_eq!(estimate(k, &bs, C, 61_000), 4);
+        assert_eq!(reset_after(k, &bs, C, 61_000), 59_000);
+        assert_eq!(time_until_at_most(k, &bs, C, 61_000, 3), 59_000);
+        assert_eq!(time_until_at_most(k, &bs, C, 61_000, 4), 0);
     }
 
     #[test]
@@ -312,7 +365,7 @@ mod tests {
             for (i, gap) in gaps.iter().enumerate() {
                 now += gap * scale;
                 let cost = costs[i];
-                let est = estimate(k, &buckets, now);
+                let est = est_u(k, &buckets, now);
                 if est + cost <= max {
                     add_pending(k, &mut buckets, now, cost);
                     log.push((now, cost));
@@ -323,10 +376,10 @@ mod tests {
                     prop_assert!(exact(&log, now - window_ms - g + 1, now) + cost > max);
                     // And retry_after points at the first instant it would fit.
                     if cost <= max {
-                        let d = time_until_at_most(k, &buckets, now, max - cost);
+                        let d = time_until_at_most(k, &buckets, C, now, max - cost);
                         prop_assert!(d > 0);
-                        prop_assert!(estimate(k, &buckets, now + d) + cost <= max);
-                        prop_assert!(estimate(k, &buckets, now + d - 1) + cost > max);
+                        prop_assert!(est_u(k, &buckets, now + d) + cost <= max);
+                        prop_assert!(est_u(k, &buckets, now + d - 1) + cost > max);
                     }
                 }
                 // Over any full window W: at most max + the hits of one bucket width.
@@ -339,21 +392,39 @@ mod tests {
             }
         }
 
+        /// With credits (negative buckets) the estimate can grow as one leaves the window:
+        /// `time_until_at_most` is still the first instant, found by brute force.
+        #[test]
+        fn time_until_at_most_is_the_first_instant_with_credits(
+            counts in proptest::collection::vec(-30i64..50, 1..14),
+            offset in 0i64..100,
+            target in 0u64..40,
+        ) {
+            let k = sliding(1_000);
+            let bs: Vec<Bucket> = counts.iter().enumerate().map(|(i, n)| b(i as i64 * 100, *n)).collect();
+            let now = (counts.len() as i64 - 1) * 100 + offset;
+            let d = time_until_at_most(k, &bs, C, now, target);
+            prop_assert!(estimate(k, &bs, C, now + d) <= target as i64);
+            for e in 0..d {
+                prop_assert!(estimate(k, &bs, C, now + e) > target as i64, "at +{e}, d = {d}");
+            }
+        }
+
         #[test]
         fn reset_after_is_when_remaining_first_grows(
-            counts in proptest::collection::vec(0u64..50, 1..25),
+            counts in proptest::collection::vec(0i64..50, 1..25),
             offset in 0i64..100,
         ) {
             let k = sliding(1_000);
             let bs: Vec<Bucket> = counts.iter().enumerate().map(|(i, n)| b(i as i64 * 100, *n)).collect();
             let now = (counts.len() as i64 - 1) * 100 + offset;
-            let e = estimate(k, &bs, now);
-            let d = reset_after(k, &bs, now);
+            let e = estimate(k, &bs, C, now);
+            let d = reset_after(k, &bs, C, now);
             if e == 0 {
                 prop_assert_eq!(d, 0);
             } else {
-                prop_assert!(estimate(k, &bs, now + d) < e);
-                prop_assert!(d == 0 || estimate(k, &bs, now + d - 1) == e);
+                prop_assert!(estimate(k, &bs, C, now + d) < e);
+                prop_assert!(d == 0 || estimate(k, &bs, C, now + d - 1) == e);
             }
         }
     }

@@ -31,6 +31,7 @@ use quotad::store::audit::{AuditCursor, AuditEntry, AuditQuery, AuditStore};
 use quotad::store::history::{
     ClientTotal, Counts, HistoryStore, Step, UsageDelta, UsagePoint, DAY_MS, HOUR_MS,
 };
+use quotad::store::idempotency::{Begun, IdempotencyStore, Remembered};
 use quotad::store::lease::{Claim, MAX_SHARDS};
 use quotad::store::scylla::{ScyllaOptions, ScyllaStore};
 use quotad::store::{
@@ -1074,6 +1075,123 @@ async fn a_full_shard_space_refuses_one_more(store: &dyn Store) {
     );
 }
 
+/// Idempotency keys: one claim wins, the others see it with its fingerprint and, once
+/// recorded, the response; a freed key can be claimed again; keys are per scope; rows expire.
+pub async fn idempotency_keys_claim_once(store: Arc<dyn Store>) {
+    let ttl = Duration::from_secs(60);
+    let tag = format!("k-{}", std::process::id());
+    // Eight racing claims of one key: exactly one goes ahead.
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let (s, key) = (store.clone(), tag.clone());
+        tasks.push(tokio::spawn(async move {
+            s.begin_idempotent("acme", &key, &format!("fp{i}"), ttl)
+                .await
+                .unwrap()
+        }));
+    }
+    let mut claimed = 0;
+    let mut seen = Vec::new();
+    for t in tasks {
+        match t.await.unwrap() {
+            Begun::Claimed => claimed += 1,
+            Begun::Seen(r) => seen.push(r),
+        }
+    }
+    assert_eq!(claimed, 1, "one claim wins");
+    let winner = seen[0].fingerprint.clone();
+    assert!(seen
+        .iter()
+        .all(|r| r.fingerprint == winner && r.response.is_none()));
+    // Another fingerprint cannot record or free it.
+    store
+        .finish_idempotent("acme", &tag, "intruder", "{}", ttl)
+        .await
+        .unwrap();
+    store
+        .abandon_idempotent("acme", &tag, "intruder")
+        .await
+        .unwrap();
+    store
+        .finish_idempotent("acme", &tag, &winner, r#"{"ok":1}"#, ttl)
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .begin_idempotent("acme", &tag, "again", ttl)
+            .await
+            .unwrap(),
+        Begun::Seen(Remembered {
+            fingerprint: winner.clone(),
+            response: Some(r#"{"ok":1}"#.into())
+        })
+    );
+    // A recorded key is not freed; another scope has its own keys.
+    store
+        .abandon_idempotent("acme", &tag, &winner)
+        .await
+        .unwrap();
+    assert!(matches!(
+        store
+            .begin_idempotent("acme", &tag, "x", ttl)
+            .await
+            .unwrap(),
+        Begun::Seen(_)
+    ));
+    assert_eq!(
+        store
+            .begin_idempotent("globex", &tag, "x", ttl)
+            .await
+            .unwrap(),
+        Begun::Claimed
+    );
+    // A claim freed before its response can be taken by a retry.
+    let freed = format!("{tag}-freed");
+    assert_eq!(
+        store
+            .begin_idempotent("acme", &freed, "a", ttl)
+            .await
+            .unwrap(),
+        Begun::Claimed
+    );
+    store.abandon_idempotent("acme", &freed, "a").await.unwrap();
+    assert_eq!(
+        store
+            .begin_idempotent("acme", &freed, "b", ttl)
+            .await
+            .unwrap(),
+        Begun::Claimed
+    );
+    // Keys live for their TTL only.
+    let short = format!("{tag}-short");
+    let brief = Duration::from_secs(1);
+    assert_eq!(
+        store
+            .begin_idempotent("acme", &short, "a", brief)
+            .await
+            .unwrap(),
+        Begun::Claimed
+    );
+    tokio::time::sleep(Duration::from_millis(2_100)).await;
+    assert_eq!(
+        store
+            .begin_idempotent("acme", &short, "b", brief)
+            .await
+            .unwrap(),
+        Begun::Claimed,
+        "an expired key is free"
+    );
+}
+
+/// A grant's credit: a bucket's total goes below zero and reads back so.
+pub async fn totals_may_go_below_zero(store: &dyn Store) {
+    let k = key("credit", "k1", "l", Grain::Fixed(1_000));
+    store.increment(&[delta(&k, T0, 3)]).await.unwrap();
+    store.increment(&[delta(&k, T0, -10)]).await.unwrap();
+    let r = store.read(&[range(&k, T0, T0)]).await.unwrap();
+    assert_eq!(totals(&r[0]), vec![(T0, -7)]);
+}
+
 /// Claims a shard for `owner` and makes it the store's write shard, as the fleet task does.
 async fn join(store: &dyn Store, owner: &str) -> i16 {
     let Claim::Held(shard) = store
@@ -1202,6 +1320,8 @@ async fn scylla_store_passes_the_contract() {
         audit_pages_newest_first(&*a).await;
         old_history_and_audit_are_deleted(&*a).await;
         racing_writers_count_exactly(a.clone(), false).await;
+        totals_may_go_below_zero(&*a).await;
+        idempotency_keys_claim_once(a.clone()).await;
         two_instances_share_counts(&*a, &b).await;
         // A change made through one instance is seen by the other.
         let g = b.policies_generation().await.unwrap();
@@ -1269,6 +1389,9 @@ async fn embedded_store_passes_the_contract() {
     audit_pages_newest_first(&store).await;
     old_history_and_audit_are_deleted(&store).await;
     delete_expired_removes_only_expired_buckets(&store).await;
+    totals_may_go_below_zero(&store).await;
+    let store: Arc<dyn Store> = Arc::new(store);
+    idempotency_keys_claim_once(store).await;
 }
 
 #[tokio::test]

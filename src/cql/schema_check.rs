@@ -185,7 +185,7 @@ pub fn parse_tables(statements: &[String]) -> Vec<Table> {
 
 const KEYWORDS: &[&str] = &[
     "SELECT", "DISTINCT", "FROM", "WHERE", "AND", "UPDATE", "SET", "INSERT", "INTO", "VALUES",
-    "DELETE", "IF", "NOT", "EXISTS", "LIMIT", "TOKEN", "USING", "TTL",
+    "DELETE", "IF", "NOT", "EXISTS", "LIMIT", "TOKEN", "USING", "TTL", "NULL",
 ];
 
 /// The column a marker inside the right-hand tuple of a multi-column relation binds:

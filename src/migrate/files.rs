@@ -29,6 +29,10 @@ pub const MIGRATION_FILES: &[(&str, &str)] = &[
         "0004_history_audit.cql",
         include_str!("../../migrations/0004_history_audit.cql"),
     ),
+    (
+        "0005_idempotency.cql",
+        include_str!("../../migrations/0005_idempotency.cql"),
+    ),
 ];
 
 /// One migration file.

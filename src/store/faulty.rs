@@ -16,6 +16,7 @@ use chrono::{DateTime, Utc};
 
 use super::audit::{AuditEntry, AuditQuery, AuditStore};
 use super::history::{ClientTotal, HistoryStore, Step, UsageDelta, UsagePoint};
+use super::idempotency::{Begun, IdempotencyStore};
 use super::lease::{Claim, LeaseStore, Roster};
 use super::{
     BucketTotal, CounterRange, CounterStore, Delta, DynStore, PolicyKey, PolicyRecord, PolicyStore,
@@ -217,5 +218,43 @@ impl AuditStore for FaultyStore {
     async fn delete_audit_before(&self, before: i64, budget: usize) -> StoreResult<u64> {
         self.gate().await?;
         self.inner.delete_audit_before(before, budget).await
+    }
+}
+
+#[async_trait]
+impl IdempotencyStore for FaultyStore {
+    async fn begin_idempotent(
+        &self,
+        scope: &str,
+        key: &str,
+        fingerprint: &str,
+        ttl: std::time::Duration,
+    ) -> StoreResult<Begun> {
+        self.gate().await?;
+        self.inner
+            .begin_idempotent(scope, key, fingerprint, ttl)
+            .await
+    }
+    async fn finish_idempotent(
+        &self,
+        scope: &str,
+        key: &str,
+        fingerprint: &str,
+        response: &str,
+        ttl: std::time::Duration,
+    ) -> StoreResult<()> {
+        self.gate().await?;
+        self.inner
+            .finish_idempotent(scope, key, fingerprint, response, ttl)
+            .await
+    }
+    async fn abandon_idempotent(
+        &self,
+        scope: &str,
+        key: &str,
+        fingerprint: &str,
+    ) -> StoreResult<()> {
+        self.gate().await?;
+        self.inner.abandon_idempotent(scope, key, fingerprint).await
     }
 }

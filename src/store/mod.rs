@@ -18,6 +18,7 @@ pub mod embedded;
 #[cfg(any(test, feature = "test-support"))]
 pub mod faulty;
 pub mod history;
+pub mod idempotency;
 pub mod lease;
 pub mod scylla;
 
@@ -177,15 +178,26 @@ pub trait PolicyStore: Send + Sync + 'static {
     async fn policies_generation(&self) -> StoreResult<u64>;
 }
 
-/// A whole backend: counters, policies, leases, usage history and the audit log. Implemented by
+/// A whole backend: counters, policies, leases, usage history, the audit log and idempotency
+/// keys. Implemented by
 /// every type that implements the five.
 pub trait Store:
-    CounterStore + PolicyStore + lease::LeaseStore + history::HistoryStore + audit::AuditStore
+    CounterStore
+    + PolicyStore
+    + lease::LeaseStore
+    + history::HistoryStore
+    + audit::AuditStore
+    + idempotency::IdempotencyStore
 {
 }
 
 impl<T> Store for T where
-    T: CounterStore + PolicyStore + lease::LeaseStore + history::HistoryStore + audit::AuditStore
+    T: CounterStore
+        + PolicyStore
+        + lease::LeaseStore
+        + history::HistoryStore
+        + audit::AuditStore
+        + idempotency::IdempotencyStore
 {
 }
 

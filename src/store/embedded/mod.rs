@@ -21,6 +21,7 @@
 //!   ([`history`]).
 
 mod history;
+mod idempotency;
 mod lease;
 
 use std::path::{Path, PathBuf};
@@ -167,6 +168,7 @@ impl EmbeddedStore {
             tx.open_table(META).map_err(err)?;
             lease::create_tables(&tx)?;
             history::create_tables(&tx)?;
+            idempotency::create_tables(&tx)?;
         }
         tx.commit().map_err(err)?;
         Ok(Self {

@@ -1,7 +1,7 @@
 //! The Cassandra/ScyllaDB store: counters in counter tables, policies in a regular table.
 //!
-//! Schema: `migrations/0001_counters.cql`, `0002_policies.cql`, `0003_members.cql` and
-//! `0004_history_audit.cql`. Every statement is prepared once in [`ScyllaStore::connect`] from
+//! Schema: `migrations/0001_counters.cql`, `0002_policies.cql`, `0003_members.cql`,
+//! `0004_history_audit.cql` and `0005_idempotency.cql`. Every statement is prepared once in [`ScyllaStore::connect`] from
 //! one table ([`statements`]).
 //!
 //! Counters. A bucket is a row `(tenant, subject, limit_id, grain, epoch, shard, bucket_start)`:
@@ -34,6 +34,7 @@
 mod audit;
 mod errors;
 mod history;
+mod idempotency;
 mod janitor;
 mod lease;
 mod partition;

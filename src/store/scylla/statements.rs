@@ -92,6 +92,27 @@ pub(crate) type ReleaseShardValues<'a> = (i16, &'a str);
 pub(crate) const LIST_MEMBERS_CQL: &str = "SELECT shard, owner FROM members";
 pub(crate) type MemberRow = (i16, Option<String>);
 
+/// Idempotency keys (`store::idempotency`, `migrations/0005_idempotency.cql`).
+pub(crate) const CLAIM_IDEMPOTENCY_CQL: &str = "INSERT INTO idempotency_keys (scope, key, \
+     fingerprint) VALUES (?, ?, ?) IF NOT EXISTS USING TTL ?";
+pub(crate) type ClaimIdempotencyValues<'a> = (&'a str, &'a str, &'a str, i32);
+
+/// Sets the fingerprint again so that both cells live as long (a row whose fingerprint expired
+/// before its response would block its key).
+pub(crate) const FINISH_IDEMPOTENCY_CQL: &str = "UPDATE idempotency_keys USING TTL ? \
+     SET fingerprint = ?, response = ? WHERE scope = ? AND key = ? IF fingerprint = ?";
+pub(crate) type FinishIdempotencyValues<'a> = (i32, &'a str, &'a str, &'a str, &'a str, &'a str);
+
+/// Only a claim without a response: a recorded one stays for its retries.
+pub(crate) const ABANDON_IDEMPOTENCY_CQL: &str = "DELETE FROM idempotency_keys \
+     WHERE scope = ? AND key = ? IF fingerprint = ? AND response = null";
+pub(crate) type AbandonIdempotencyValues<'a> = (&'a str, &'a str, &'a str);
+
+pub(crate) const GET_IDEMPOTENCY_CQL: &str =
+    "SELECT fingerprint, response FROM idempotency_keys WHERE scope = ? AND key = ?";
+pub(crate) type GetIdempotencyValues<'a> = (&'a str, &'a str);
+pub(crate) type IdempotencyRow = (Option<String>, Option<String>);
+
 /// `part` is always [`USED_PART`]: one partition lists every shard ever claimed.
 pub(crate) const MARK_USED_CQL: &str = "INSERT INTO shards_used (part, shard) VALUES (?, ?)";
 pub(crate) type MarkUsedValues = (i8, i16);
@@ -319,6 +340,15 @@ statements! {
     renew_shard: RENEW_SHARD_CQL, idempotent: false, binds: RenewShardValues<'static>;
     release_shard: RELEASE_SHARD_CQL, idempotent: false, binds: ReleaseShardValues<'static>;
     list_members: LIST_MEMBERS_CQL, idempotent: true, binds: (), row: MemberRow;
+    claim_idempotency: CLAIM_IDEMPOTENCY_CQL, idempotent: false,
+        binds: ClaimIdempotencyValues<'static>;
+    finish_idempotency: FINISH_IDEMPOTENCY_CQL, idempotent: false,
+        binds: FinishIdempotencyValues<'static>;
+    abandon_idempotency: ABANDON_IDEMPOTENCY_CQL, idempotent: false,
+        binds: AbandonIdempotencyValues<'static>;
+    /// At LOCAL_SERIAL: after a claim that did not apply, sees the claim that won.
+    get_idempotency: GET_IDEMPOTENCY_CQL, idempotent: true,
+        binds: GetIdempotencyValues<'static>, row: IdempotencyRow, setup: at_local_serial;
     mark_used: MARK_USED_CQL, idempotent: true, binds: MarkUsedValues;
     list_used: LIST_USED_CQL, idempotent: true, binds: ListUsedValues, row: UsedRow;
     add_usage_point: ADD_USAGE_POINT_CQL, idempotent: false,

@@ -31,7 +31,7 @@ use quotad::store::audit::{AuditCursor, AuditEntry, AuditQuery, AuditStore};
 use quotad::store::history::{
     ClientTotal, Counts, HistoryStore, Step, UsageDelta, UsagePoint, DAY_MS, HOUR_MS,
 };
-use quotad::store::idempotency::{Begun, IdempotencyStore, Remembered};
+use quotad::store::idempotency::{Begun, Remembered};
 use quotad::store::lease::{Claim, MAX_SHARDS};
 use quotad::store::scylla::{ScyllaOptions, ScyllaStore};
 use quotad::store::{

@@ -171,7 +171,7 @@ pub struct AuditPage {
 #[schema(as = AuditEntry)]
 pub struct AuditView {
     /// The change's action: `quota.put`, `quota.delete`, `override.put`, `override.delete`,
-    /// `usage.reset`.
+    /// `usage.reset`, `usage.grant`.
     #[schema(example = "quota.put")]
     action: String,
     /// The configured name of the token that made it (never the token).

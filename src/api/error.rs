@@ -23,6 +23,9 @@ pub enum ApiError {
     PermissionDenied(&'static str),
     #[error("{0}")]
     NotFound(String),
+    /// The request cannot be done in the state things are in (an idempotency key in use).
+    #[error("{0}")]
+    Conflict(String),
     /// The methods the path does have, for the `Allow` header (e.g. `GET, PUT, DELETE`).
     #[error("method not allowed; this path allows {0}")]
     MethodNotAllowed(String),
@@ -59,6 +62,7 @@ impl ApiError {
             ApiError::Unauthenticated(_) => "unauthenticated",
             ApiError::PermissionDenied(_) => "permission_denied",
             ApiError::NotFound(_) => "not_found",
+            ApiError::Conflict(_) => "conflict",
             ApiError::MethodNotAllowed(_) => "method_not_allowed",
             ApiError::PayloadTooLarge(_) => "payload_too_large",
             ApiError::HeaderFieldsTooLarge(_) => "request_header_fields_too_large",
@@ -114,6 +118,7 @@ pub fn every_kind() -> Vec<ApiError> {
         ApiError::Unauthenticated(""),
         ApiError::PermissionDenied(""),
         ApiError::NotFound(String::new()),
+        ApiError::Conflict(String::new()),
         ApiError::MethodNotAllowed(String::new()),
         ApiError::PayloadTooLarge(0),
         ApiError::HeaderFieldsTooLarge(0),
@@ -128,6 +133,7 @@ pub fn every_kind() -> Vec<ApiError> {
             | ApiError::Unauthenticated(_)
             | ApiError::PermissionDenied(_)
             | ApiError::NotFound(_)
+            | ApiError::Conflict(_)
             | ApiError::MethodNotAllowed(_)
             | ApiError::PayloadTooLarge(_)
             | ApiError::HeaderFieldsTooLarge(_)
@@ -173,6 +179,7 @@ impl ResponseError for ApiError {
             ApiError::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
             ApiError::PermissionDenied(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::HeaderFieldsTooLarge(_) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,

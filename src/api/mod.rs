@@ -3,10 +3,11 @@
 //!
 //! One module a job: `state` (what handlers share), `auth` (tokens and principals), `middleware`
 //! (before routing), `body` (reading and parsing JSON bodies), `routes` (the route table),
-//! `check`, `quotas`, `usage`, `history`, `audit` and `ops` (the handlers, each beside the types
-//! it answers with),
+//! `check`, `quotas`, `usage`, `adjust` (reset and grant), `history`, `audit` and `ops` (the
+//! handlers, each beside the types it answers with), `idempotency` (`Idempotency-Key`),
 //! and `openapi` (the document, which only names handlers and their types).
 
+mod adjust;
 mod audit;
 mod auth;
 mod body;
@@ -14,6 +15,7 @@ mod check;
 pub mod error;
 mod forward_auth;
 mod history;
+mod idempotency;
 mod middleware;
 mod openapi;
 mod ops;

@@ -19,7 +19,7 @@ use utoipa::openapi::{ContentBuilder, ObjectBuilder, Ref, ResponseBuilder, Type}
 use utoipa::{Modify, OpenApi};
 
 use super::error::ErrorBody;
-use super::{audit, check, forward_auth, history, ops, quotas, usage};
+use super::{adjust, audit, check, forward_auth, history, ops, quotas, usage};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -45,7 +45,8 @@ use super::{audit, check, forward_auth, history, ops, quotas, usage};
         quotas::get_client,
         quotas::delete_client,
         usage::usage,
-        usage::reset,
+        adjust::reset,
+        adjust::grant,
         history::client_history,
         history::tenant_history,
         history::top,
@@ -193,10 +194,11 @@ mod tests {
         // history's step, and the audit log's entry ids and cursors (tested in api::audit).
         const ID: &str = "^[A-Za-z0-9._~:@-]{1,128}$";
         const RESOURCE: &str = "^[ -~]{1,256}$";
-        const OTHERS: [&str; 3] = [
+        const OTHERS: [&str; 4] = [
             "^(hour|day)$",
             "^[0-9a-f]{1,64}$",
             "^[0-9]{1,16}\\.[0-9a-f]{1,64}$",
+            super::super::idempotency::KEY_PATTERN,
         ];
         let mut found = Vec::new();
         patterns(&doc(), String::new(), &mut found);
@@ -210,6 +212,9 @@ mod tests {
         let id_ok = |s: &str| validate_id("f", s).is_ok();
         assert!(id_ok("AZaz09._~:@-") && id_ok(&"a".repeat(128)));
         assert!(!id_ok("") && !id_ok(&"a".repeat(129)) && !id_ok("a b") && !id_ok("a/b"));
+        let key_ok = super::super::idempotency::valid_key;
+        assert!(key_ok("!~") && key_ok(&"k".repeat(255)));
+        assert!(!key_ok("") && !key_ok(&"k".repeat(256)) && !key_ok("a b") && !key_ok("é"));
         let res_ok = |s: &str| validate_resource("f", s).is_ok();
         assert!(res_ok(" ~") && res_ok(&"x".repeat(256)));
         assert!(!res_ok("") && !res_ok(&"x".repeat(257)) && !res_ok("\t") && !res_ok("\u{7f}"));

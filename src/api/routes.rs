@@ -10,7 +10,7 @@ use actix_web::http::Method;
 use actix_web::{web, HttpResponse};
 
 use super::error::ApiError;
-use super::{audit, check, history, openapi, ops, quotas, usage};
+use super::{adjust, audit, check, history, openapi, ops, quotas, usage};
 
 /// One method on one path, and the handler that serves it.
 pub struct Route {
@@ -22,7 +22,7 @@ pub struct Route {
 }
 
 /// Every route of the server. Entries of one path are registered together, in this order.
-pub static ROUTES: [Route; 26] = [
+pub static ROUTES: [Route; 27] = [
     route(Method::POST, "/v1/check", |r| r.to(check::check)),
     route(Method::POST, "/v1/check/batch", |r| r.to(check::batch)),
     route(Method::GET, "/v1/forward-auth", forward_auth),
@@ -66,8 +66,11 @@ pub static ROUTES: [Route; 26] = [
     route(Method::GET, "/v1/usage/{tenant}/{client}/history", |r| {
         r.to(history::client_history)
     }),
+    route(Method::POST, "/v1/usage/{tenant}/{client}/grant", |r| {
+        r.to(adjust::grant)
+    }),
     route(Method::POST, "/v1/usage/{tenant}/{client}/reset", |r| {
-        r.to(usage::reset)
+        r.to(adjust::reset)
     }),
     route(Method::GET, "/v1/audit", |r| r.to(audit::list)),
     route(Method::GET, "/healthz", |r| r.to(ops::healthz)),

@@ -9,7 +9,7 @@ pub const MAX_COST: u64 = 1_000_000;
 /// A JSON number as a non-negative integer, when it is one: `7`, and also `7.0` or `7e0`, which
 /// JSON Schema's `integer` (what the API document says) includes. Not `7.5` or `-1`; and not a
 /// float above `MAX_LIMIT` (2^53), where floats stop being exact (no bound here is higher).
-pub(super) fn whole_u64(n: &serde_json::Number) -> Option<u64> {
+pub fn whole_u64(n: &serde_json::Number) -> Option<u64> {
     if let Some(u) = n.as_u64() {
         return Some(u);
     }

@@ -27,7 +27,7 @@ mod policy;
 mod resource;
 mod window;
 
-pub use cost::{parse_cost, MAX_COST};
+pub use cost::{parse_cost, whole_u64, MAX_COST};
 pub use doc::{LimitDoc, PolicyDoc};
 pub use grain::{Grain, Period, MONTH_GRAIN_CODE};
 pub use ids::{validate_id, ClientId, FieldError, LimitId, TenantId, MAX_ID_LEN, TENANT_SUBJECT};

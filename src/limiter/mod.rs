@@ -50,6 +50,7 @@ use smallvec::SmallVec;
 pub use decision::{Binding, Decision};
 pub(crate) use key::BuildKeyHash;
 pub use key::CLOCK_SKEW_MS;
+pub use reset::Granted;
 pub use share::share_of;
 pub use sync::SyncBatch;
 

@@ -30,7 +30,7 @@ pub struct Granted {
     /// sees it: the store's totals and its own unwritten hits; negative when earlier credits
     /// exceed the hits.
     pub before: i64,
-    /// The credit written.
+    /// The credit written: what was asked, or for a token bucket at most what it lacked.
     pub amount: u64,
 }
 
@@ -114,7 +114,15 @@ impl Limiter {
     ) -> Result<Granted, StoreError> {
         let now = self.clock.now_ms();
         let before = self.level_of(tenant, client, l, now).await?;
-        self.credit(tenant, client, l, now, amount).await?;
+        // A token bucket holds at most its burst: the credit tops it up, no further.
+        let amount = if l.kind.is_tokens() {
+            amount.min(before.max(0) as u64)
+        } else {
+            amount
+        };
+        if amount > 0 {
+            self.credit(tenant, client, l, now, amount).await?;
+        }
         Ok(Granted { before, amount })
     }
 

@@ -251,6 +251,64 @@ async fn batch_and_usage_answers(c: &mut Conformance, app: &TestApp) {
         .send(app, "post", reset, "/v1/usage/nobody/k1/reset", None, a)
         .await;
     assert_eq!(s, 404);
+    let grant = "/v1/usage/{tenant}/{client}/grant";
+    let body = json!({"limit_id": "per-minute", "amount": 3});
+    let key = [("Idempotency-Key", "answers-grant-1")];
+    let (s, first) = c
+        .send_with(
+            app,
+            "post",
+            grant,
+            "/v1/usage/acme/k1/grant",
+            Some(body.clone()),
+            a,
+            &key,
+        )
+        .await;
+    assert_eq!((s, &first["granted"]), (200, &json!(3)), "{first}");
+    let (s, again) = c
+        .send_with(
+            app,
+            "post",
+            grant,
+            "/v1/usage/acme/k1/grant",
+            Some(body),
+            a,
+            &key,
+        )
+        .await;
+    assert_eq!(
+        (s, &again),
+        (200, &first),
+        "a replay answers as the first did"
+    );
+    let (s, v) = c
+        .send_with(
+            app,
+            "post",
+            grant,
+            "/v1/usage/acme/k1/grant",
+            Some(json!({"limit_id": "per-minute", "amount": 4})),
+            a,
+            &key,
+        )
+        .await;
+    assert_eq!(
+        (s, &v["error"]["field"]),
+        (400, &json!("Idempotency-Key")),
+        "{v}"
+    );
+    let (s, v) = c
+        .send(
+            app,
+            "post",
+            grant,
+            "/v1/usage/acme/k1/grant",
+            Some(json!({"limit_id": "monthly", "amount": 1})),
+            a,
+        )
+        .await;
+    assert_eq!((s, &v["error"]["field"]), (400, &json!("limit_id")), "{v}");
 }
 
 /// Deletes (the second one of each a 404), and the ops routes.

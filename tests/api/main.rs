@@ -20,3 +20,4 @@ mod proxy;
 mod quotas;
 mod reset;
 mod routing;
+mod tokens;

@@ -23,6 +23,7 @@ tenants:
     mode: dry_run
     limits:
       - {id: daily, max: 5000, period: day}
+      - {id: api, burst: 50, rate: 10}
 ";
 
 fn quotad(store: &Path, args: &[&str], stdin: Option<&str>) -> Output {

@@ -281,3 +281,70 @@ async fn a_grant_and_a_reset_on_one_instance_take_effect_on_another() {
         "{u}"
     );
 }
+
+#[tokio::test]
+async fn windows_periods_and_buckets_decide_all_or_nothing() {
+    let app = spawn_app().await;
+    let r = app
+        .put_quota(
+            "acme",
+            json!({"limits": [
+                {"id": "per-minute", "max": 3, "window": "1m"},
+                {"id": "daily", "max": 100, "period": "day"},
+                {"id": "bucket", "burst": 10, "rate": 1, "per": "1m"}]}),
+        )
+        .await;
+    assert_eq!(r.status(), 201);
+    let mut statuses = Vec::new();
+    for _ in 0..6 {
+        statuses.push(app.check_json("acme", "k1").await.0);
+    }
+    assert_eq!(statuses, [200, 200, 200, 429, 429, 429]);
+    // The window's denials took nothing from the period or the bucket.
+    let u = app.usage("acme", "k1").await;
+    let counts: Vec<(&str, u64)> = u["limits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| {
+            (
+                l["limit_id"].as_str().unwrap(),
+                l["count"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        counts,
+        [("per-minute", 3), ("daily", 3), ("bucket", 3)],
+        "{u}"
+    );
+    // A cost above the bucket's burst never fits, and takes nothing from the others either.
+    let r = app
+        .put_quota(
+            "wide",
+            json!({"limits": [
+                {"id": "per-minute", "max": 100, "window": "1m"},
+                {"id": "bucket", "burst": 10, "rate": 1, "per": "1m"}]}),
+        )
+        .await;
+    assert_eq!(r.status(), 201);
+    let r = app
+        .check(json!({"tenant": "wide", "client": "k2", "cost": 11}))
+        .await;
+    assert_eq!(r.status(), 429);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(
+        (&v["limit_id"], &v["retry_after_ms"]),
+        (&json!("bucket"), &Value::Null),
+        "{v}"
+    );
+    let u = app.usage("wide", "k2").await;
+    assert!(
+        u["limits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|l| l["count"] == 0),
+        "{u}"
+    );
+}

@@ -1183,6 +1183,42 @@ pub async fn idempotency_keys_claim_once(store: Arc<dyn Store>) {
     );
 }
 
+/// A tenant's overrides list by client, a page at a time, and no other tenant's.
+pub async fn overrides_list_by_tenant(store: &dyn Store) {
+    let now = Utc::now();
+    for c in ["c3", "c1", "c2"] {
+        store
+            .put_policy(&client_key("ovl", c), "{}", now)
+            .await
+            .unwrap();
+    }
+    store
+        .put_policy(&client_key("ovl-other", "c0"), "{}", now)
+        .await
+        .unwrap();
+    store
+        .put_policy(&tenant_key("ovl"), "{}", now)
+        .await
+        .unwrap();
+    let t = TenantId::parse("ovl").unwrap();
+    let names = |v: Vec<quotad::store::PolicyRecord>| -> Vec<String> {
+        v.iter()
+            .map(|r| r.key.client.as_ref().unwrap().to_string())
+            .collect()
+    };
+    let first = store.list_overrides(&t, None, 2).await.unwrap();
+    assert_eq!(names(first), ["c1", "c2"]);
+    let after = ClientId::parse("c2").unwrap();
+    let rest = store.list_overrides(&t, Some(&after), 2).await.unwrap();
+    assert_eq!(names(rest), ["c3"]);
+    let none = TenantId::parse("ovl-none").unwrap();
+    assert!(store
+        .list_overrides(&none, None, 10)
+        .await
+        .unwrap()
+        .is_empty());
+}
+
 /// A grant's credit: a bucket's total goes below zero and reads back so.
 pub async fn totals_may_go_below_zero(store: &dyn Store) {
     let k = key("credit", "k1", "l", Grain::Fixed(1_000));
@@ -1321,6 +1357,7 @@ async fn scylla_store_passes_the_contract() {
         old_history_and_audit_are_deleted(&*a).await;
         racing_writers_count_exactly(a.clone(), false).await;
         totals_may_go_below_zero(&*a).await;
+        overrides_list_by_tenant(&*a).await;
         idempotency_keys_claim_once(a.clone()).await;
         two_instances_share_counts(&*a, &b).await;
         // A change made through one instance is seen by the other.
@@ -1390,6 +1427,7 @@ async fn embedded_store_passes_the_contract() {
     old_history_and_audit_are_deleted(&store).await;
     delete_expired_removes_only_expired_buckets(&store).await;
     totals_may_go_below_zero(&store).await;
+    overrides_list_by_tenant(&store).await;
     let store: Arc<dyn Store> = Arc::new(store);
     idempotency_keys_claim_once(store).await;
 }

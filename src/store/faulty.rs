@@ -130,6 +130,15 @@ impl PolicyStore for FaultyStore {
         self.gate().await?;
         self.inner.list_policies(after, limit).await
     }
+    async fn list_overrides(
+        &self,
+        tenant: &TenantId,
+        after: Option<&crate::domain::ClientId>,
+        limit: usize,
+    ) -> StoreResult<Vec<PolicyRecord>> {
+        self.gate().await?;
+        self.inner.list_overrides(tenant, after, limit).await
+    }
     async fn load_policies(&self) -> StoreResult<Vec<PolicyRecord>> {
         self.gate().await?;
         self.inner.load_policies().await

@@ -171,6 +171,14 @@ pub trait PolicyStore: Send + Sync + 'static {
         limit: usize,
     ) -> StoreResult<Vec<PolicyRecord>>;
 
+    /// The client overrides of `tenant` with client > `after`, by client, at most `limit`.
+    async fn list_overrides(
+        &self,
+        tenant: &TenantId,
+        after: Option<&ClientId>,
+        limit: usize,
+    ) -> StoreResult<Vec<PolicyRecord>>;
+
     /// Every policy and override, for the policy cache.
     async fn load_policies(&self) -> StoreResult<Vec<PolicyRecord>>;
 

@@ -460,6 +460,35 @@ impl PolicyStore for EmbeddedStore {
         .await
     }
 
+    async fn list_overrides(
+        &self,
+        tenant: &TenantId,
+        after: Option<&ClientId>,
+        limit: usize,
+    ) -> StoreResult<Vec<PolicyRecord>> {
+        // Keys are `tenant \0 client`: the tenant's overrides lie between `tenant \0` and
+        // `tenant \x01`.
+        let from = client_key(tenant.as_str(), after.map_or("", |c| c.as_str()));
+        let to = format!("{tenant}\u{1}");
+        self.blocking(move |db| {
+            let tx = db.begin_read().map_err(err)?;
+            let table = tx.open_table(CLIENT_POLICIES).map_err(err)?;
+            let iter = table
+                .range::<&str>((
+                    std::ops::Bound::Excluded(from.as_str()),
+                    std::ops::Bound::Excluded(to.as_str()),
+                ))
+                .map_err(err)?;
+            let mut out = Vec::new();
+            for item in iter.take(limit) {
+                let (k, v) = item.map_err(err)?;
+                out.push(decode_record(split_client_key(k.value())?, v.value())?);
+            }
+            Ok(out)
+        })
+        .await
+    }
+
     async fn load_policies(&self) -> StoreResult<Vec<PolicyRecord>> {
         self.blocking(move |db| {
             let tx = db.begin_read().map_err(err)?;

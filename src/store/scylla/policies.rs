@@ -13,8 +13,9 @@ use scylla::value::{Counter, CqlTimestamp};
 use super::errors::{internal, map_exec, map_next_row, map_pager, Op};
 use super::partition::{policy_part, POLICY_PARTS};
 use super::statements::{
-    BumpGenerationValues, GenerationRow, InsertPolicyValues, ListPoliciesValues,
-    LoadPoliciesValues, PolicyKeyValues, PolicyRow, ReadGenerationValues, UpdatePolicyValues,
+    BumpGenerationValues, GenerationRow, InsertPolicyValues, ListOverridesValues,
+    ListPoliciesValues, LoadPoliciesValues, PolicyKeyValues, PolicyRow, ReadGenerationValues,
+    UpdatePolicyValues,
 };
 use super::ScyllaStore;
 use crate::domain::{ClientId, TenantId};
@@ -200,6 +201,36 @@ impl PolicyStore for ScyllaStore {
         all.sort_by(|a, b| a.0.cmp(&b.0));
         all.truncate(limit);
         all.into_iter().map(record_from_row).collect()
+    }
+
+    async fn list_overrides(
+        &self,
+        tenant: &TenantId,
+        after: Option<&ClientId>,
+        limit: usize,
+    ) -> StoreResult<Vec<PolicyRecord>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        // Client ids are never empty, so every override sorts after "".
+        let values: ListOverridesValues<'_> = (
+            policy_part(tenant.as_str()),
+            KIND_OVERRIDE,
+            tenant.as_str(),
+            after.map_or("", |c| c.as_str()),
+            i32::try_from(limit).unwrap_or(i32::MAX),
+        );
+        let res = self
+            .session
+            .execute_unpaged(&self.st.list_overrides, values)
+            .await
+            .map_err(|e| map_exec(e, Op::Read))?;
+        let rows = res.into_rows_result().map_err(internal)?;
+        let mut out = Vec::new();
+        for row in rows.rows::<PolicyRow>().map_err(internal)? {
+            out.push(record_from_row(row.map_err(internal)?)?);
+        }
+        Ok(out)
     }
 
     async fn load_policies(&self) -> StoreResult<Vec<PolicyRecord>> {

@@ -63,6 +63,10 @@ pub(crate) const LIST_POLICIES_CQL: &str = "SELECT tenant, client, body, version
      FROM policies WHERE part = ? AND kind = ? AND tenant > ? LIMIT ?";
 pub(crate) type ListPoliciesValues<'a> = (i16, i8, &'a str, i32);
 
+pub(crate) const LIST_OVERRIDES_CQL: &str = "SELECT tenant, client, body, version, updated_at \
+     FROM policies WHERE part = ? AND kind = ? AND tenant = ? AND client > ? LIMIT ?";
+pub(crate) type ListOverridesValues<'a> = (i16, i8, &'a str, &'a str, i32);
+
 pub(crate) const LOAD_POLICIES_CQL: &str =
     "SELECT tenant, client, body, version, updated_at FROM policies WHERE part = ?";
 pub(crate) type LoadPoliciesValues = (i16,);
@@ -330,6 +334,8 @@ statements! {
     update_policy: UPDATE_POLICY_CQL, idempotent: false, binds: UpdatePolicyValues<'static>;
     delete_policy: DELETE_POLICY_CQL, idempotent: false, binds: PolicyKeyValues<'static>;
     list_policies: LIST_POLICIES_CQL, idempotent: true, binds: ListPoliciesValues<'static>,
+        row: PolicyRow;
+    list_overrides: LIST_OVERRIDES_CQL, idempotent: true, binds: ListOverridesValues<'static>,
         row: PolicyRow;
     load_policies: LOAD_POLICIES_CQL, idempotent: true, binds: LoadPoliciesValues,
         row: PolicyRow, setup: in_policy_pages;

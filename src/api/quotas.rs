@@ -12,7 +12,9 @@ use super::error::{ApiError, ErrorBody};
 use super::params::{page_size, path_ids, query, PAGE_DEFAULT, PAGE_MAX};
 use super::responses::{AdminErrors, BodyErrors};
 use super::state::AppState;
-use crate::domain::{Consistency, LimitDoc, Mode, OnStoreFailure, Policy, PolicyDoc, TenantId};
+use crate::domain::{
+    ClientId, Consistency, LimitDoc, Mode, OnStoreFailure, Policy, PolicyDoc, TenantId,
+};
 use crate::store::{PolicyKey, PolicyRecord};
 
 /// A policy as the admin API shows it: the canonical document, every default spelled out, with
@@ -290,6 +292,31 @@ struct ListQuery {
     /// Start after this tenant (the previous page's `next`).
     #[param(pattern = "^[A-Za-z0-9._~:@-]{1,128}$")]
     after: Option<String>,
+    /// Only tenants whose id starts with this.
+    #[param(pattern = "^[A-Za-z0-9._~:@-]{1,128}$")]
+    prefix: Option<String>,
+}
+
+/// The characters of an id, in byte order (`domain::validate_id`).
+const ID_CHARS: &str = "-.0123456789:@ABCDEFGHIJKLMNOPQRSTUVWXYZ_abcdefghijklmnopqrstuvwxyz~";
+
+/// The greatest id that sorts before every id starting with `prefix` (a list's `after`), or
+/// None when none does (`prefix` is the smallest id there is).
+fn just_before(prefix: &str) -> Option<String> {
+    let last = prefix.chars().last()?;
+    let head = &prefix[..prefix.len() - last.len_utf8()];
+    match ID_CHARS.find(last) {
+        // The smallest character: the prefix without it sorts before, and nothing between.
+        Some(0) | None => (!head.is_empty()).then(|| head.to_owned()),
+        // The previous character, then the greatest characters up to the longest id.
+        Some(i) => {
+            let mut s = format!("{head}{}", &ID_CHARS[i - 1..i]);
+            while s.len() < crate::domain::MAX_ID_LEN {
+                s.push('~');
+            }
+            Some(s)
+        }
+    }
 }
 
 #[utoipa::path(
@@ -309,12 +336,35 @@ pub async fn list(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpRe
     let who = state.auth.admin(&req)?;
     let q: ListQuery = query(&req)?;
     let limit = page_size(q.limit.as_deref(), PAGE_DEFAULT, PAGE_MAX)?;
-    let after = q
+    let mut after = q
         .after
         .as_deref()
         .map(|a| TenantId::parse_field(a, "after"))
         .transpose()?;
-    // A tenant admin sees only its tenants: read on until the page is full or the list ends.
+    let prefix = q
+        .prefix
+        .as_deref()
+        .map(|p| TenantId::parse_field(p, "prefix"))
+        .transpose()?;
+    if let Some(p) = &prefix {
+        // Start where the prefix's tenants start, unless the page's cursor is past it.
+        let start = just_before(p.as_str())
+            .map(|s| TenantId::parse_field(&s, "prefix"))
+            .transpose()?;
+        if after
+            .as_ref()
+            .is_none_or(|a| start.as_ref().is_some_and(|s| s > a))
+        {
+            after = start;
+        }
+    }
+    let in_prefix = |t: &TenantId| {
+        prefix
+            .as_ref()
+            .is_none_or(|p| t.as_str().starts_with(p.as_str()))
+    };
+    // A tenant admin sees only its tenants: read on until the page is full or the list ends
+    // (or, with a prefix, passes the prefix's tenants).
     let mut records = Vec::new();
     let mut cursor = after;
     loop {
@@ -322,9 +372,23 @@ pub async fn list(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpRe
             .store
             .list_policies(cursor.as_ref(), limit + 1)
             .await?;
-        let end = page.len() <= limit;
+        let mut end = page.len() <= limit;
         cursor = page.last().map(|r| r.key.tenant.clone());
-        records.extend(page.into_iter().filter(|r| who.sees(r.key.tenant.as_str())));
+        for r in page {
+            if !in_prefix(&r.key.tenant) {
+                if prefix
+                    .as_ref()
+                    .is_some_and(|p| r.key.tenant.as_str() > p.as_str())
+                {
+                    end = true;
+                    break;
+                }
+                continue;
+            }
+            if who.sees(r.key.tenant.as_str()) {
+                records.push(r);
+            }
+        }
         if end || records.len() > limit {
             break;
         }
@@ -341,4 +405,99 @@ pub async fn list(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpRe
         .map(PolicyView::of)
         .collect::<Result<Vec<_>, _>>()?;
     Ok(HttpResponse::Ok().json(QuotaList { quotas, next }))
+}
+
+#[derive(Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+struct OverridesQuery {
+    /// Page size.
+    #[param(value_type = u32, required = false, minimum = 1, maximum = 1000, default = 100)]
+    limit: Option<String>,
+    /// Start after this client (the previous page's `next`).
+    #[param(pattern = "^[A-Za-z0-9._~:@-]{1,128}$")]
+    after: Option<String>,
+}
+
+/// A page of `GET /v1/quotas/{tenant}/clients`.
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OverrideList {
+    /// The `after` of the next page; null on the last page.
+    #[schema(required = true, pattern = "^[A-Za-z0-9._~:@-]{1,128}$")]
+    next: Option<String>,
+    overrides: Vec<PolicyView>,
+}
+
+#[utoipa::path(
+    get,
+    path = "/v1/quotas/{tenant}/clients",
+    tag = "quotas",
+    operation_id = "list_overrides",
+    summary = "A tenant's client overrides in client order, a page at a time",
+    params(("tenant" = String, Path, pattern = "^[A-Za-z0-9._~:@-]{1,128}$", description = "The tenant", example = "acme"), OverridesQuery),
+    responses(
+        (status = 200, description = "A page; `next` is the `after` of the next page, null on the last", body = OverrideList),
+        AdminErrors,
+    ),
+    security(("bearer" = [])),
+)]
+pub async fn list_overrides(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let who = state.auth.admin(&req)?;
+    let (tenant, _) = path_ids(&req)?;
+    who.may_manage(tenant.as_str())?;
+    let q: OverridesQuery = query(&req)?;
+    let limit = page_size(q.limit.as_deref(), PAGE_DEFAULT, PAGE_MAX)?;
+    let after = q
+        .after
+        .as_deref()
+        .map(|a| ClientId::parse_field(a, "after"))
+        .transpose()?;
+    let mut records = state
+        .store
+        .list_overrides(&tenant, after.as_ref(), limit + 1)
+        .await?;
+    let more = records.len() > limit;
+    records.truncate(limit);
+    let next = if more {
+        records
+            .last()
+            .and_then(|r| r.key.client.as_ref().map(ToString::to_string))
+    } else {
+        None
+    };
+    let overrides = records
+        .iter()
+        .map(PolicyView::of)
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(HttpResponse::Ok().json(OverrideList { overrides, next }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn just_before_sorts_before_every_id_with_the_prefix_and_after_the_others() {
+        assert_eq!(just_before("-"), None);
+        assert_eq!(just_before("a-").as_deref(), Some("a"));
+        let b = just_before("ac").unwrap();
+        assert!(b.starts_with("ab~") && b.len() == crate::domain::MAX_ID_LEN);
+        for id in ["ac", "ac-", "ac~~", "acme"] {
+            assert!(b.as_str() < id, "{b} < {id}");
+        }
+        for id in ["ab", "ab~", "abz", "a"] {
+            assert!(b.as_str() >= id, "{b} >= {id}");
+        }
+        // Every character of an id, in byte order.
+        let mut sorted: Vec<char> = ID_CHARS.chars().collect();
+        sorted.sort();
+        assert_eq!(sorted.into_iter().collect::<String>(), ID_CHARS);
+        assert!(ID_CHARS
+            .chars()
+            .all(|c| crate::domain::validate_id("x", &c.to_string()).is_ok()));
+    }
 }

@@ -22,7 +22,7 @@ pub struct Route {
 }
 
 /// Every route of the server. Entries of one path are registered together, in this order.
-pub static ROUTES: [Route; 27] = [
+pub static ROUTES: [Route; 29] = [
     route(Method::POST, "/v1/check", |r| r.to(check::check)),
     route(Method::POST, "/v1/check/batch", |r| r.to(check::batch)),
     route(Method::GET, "/v1/forward-auth", forward_auth),
@@ -42,6 +42,9 @@ pub static ROUTES: [Route; 27] = [
     route(Method::DELETE, "/v1/quotas/{tenant}", |r| {
         r.to(quotas::delete_tenant)
     }),
+    route(Method::GET, "/v1/quotas/{tenant}/clients", |r| {
+        r.to(quotas::list_overrides)
+    }),
     route(Method::PUT, "/v1/quotas/{tenant}/clients/{client}", |r| {
         r.to(quotas::put_client)
     }),
@@ -56,6 +59,9 @@ pub static ROUTES: [Route; 27] = [
     // The literal paths before `{client}`: actix takes the first resource that matches.
     route(Method::GET, "/v1/usage/{tenant}/history", |r| {
         r.to(history::tenant_history)
+    }),
+    route(Method::GET, "/v1/usage/{tenant}/nearest", |r| {
+        r.to(usage::nearest)
     }),
     route(Method::GET, "/v1/usage/{tenant}/top", |r| {
         r.to(history::top)

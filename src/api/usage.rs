@@ -125,3 +125,138 @@ impl<'a> UsageView<'a> {
         }
     }
 }
+
+/// Clients of the day's most active that `nearest` reads the usage of.
+const NEAREST_CANDIDATES: usize = 200;
+
+#[derive(Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+struct NearestQuery {
+    /// How many clients.
+    #[param(value_type = u32, required = false, minimum = 1, maximum = 100, default = 10)]
+    limit: Option<String>,
+}
+
+/// `GET /v1/usage/{tenant}/nearest`.
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(as = NearestClients)]
+pub struct NearestView {
+    /// Nearest first.
+    clients: Vec<NearestClient>,
+    /// How many clients were looked at: the most active of today and yesterday (UTC), at most
+    /// 200.
+    considered: u64,
+    tenant: String,
+}
+
+/// A client and the limit it is nearest to.
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NearestClient {
+    #[schema(pattern = "^[A-Za-z0-9._~:@-]{1,128}$")]
+    client: String,
+    count: u64,
+    #[schema(minimum = 1)]
+    limit: u64,
+    #[schema(pattern = "^[A-Za-z0-9._~:@-]{1,128}$")]
+    limit_id: String,
+    remaining: u64,
+    #[schema(minimum = 0)]
+    reset_after_ms: i64,
+    /// `count / limit`: 1 is at the limit.
+    #[schema(minimum = 0)]
+    used: f64,
+}
+
+#[utoipa::path(
+    get,
+    path = "/v1/usage/{tenant}/nearest",
+    tag = "usage",
+    operation_id = "nearest_clients",
+    summary = "The clients nearest to one of their limits now",
+    description = "Looks at the tenant's most active clients of today and yesterday (UTC, from the usage history; at most 200, by cost and denials) and reads each one's usage now, as `GET /v1/usage/{tenant}/{client}` does: the clients whose fullest limit is fullest come first. A client literally named `nearest` cannot have its usage read at `/v1/usage/{tenant}/nearest`.",
+    params(("tenant" = String, Path, pattern = "^[A-Za-z0-9._~:@-]{1,128}$", description = "The tenant", example = "acme"), NearestQuery),
+    responses(
+        (status = 200, description = "Nearest first", body = NearestView),
+        AdminErrors,
+    ),
+    security(("bearer" = [])),
+)]
+pub async fn nearest(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    use futures::stream::{self, StreamExt, TryStreamExt};
+    let who = state.auth.admin(&req)?;
+    let (tenant, _) = path_ids(&req)?;
+    who.may_manage(tenant.as_str())?;
+    let q: NearestQuery = query(&req)?;
+    let limit = super::params::page_size(q.limit.as_deref(), 10, 100)?;
+    let now = state.limiter.clock().now_ms();
+    let day = crate::store::history::DAY_MS;
+    let today = now - now.rem_euclid(day);
+    let mut seen = state
+        .store
+        .clients_seen(tenant.as_str(), today - day, today + day)
+        .await?;
+    // A client seen both days is listed once a day: sum them.
+    seen.sort_unstable_by(|a, b| a.client.cmp(&b.client));
+    seen.dedup_by(|later, first| {
+        if later.client == first.client {
+            first.cost += later.cost;
+            first.denied += later.denied;
+            true
+        } else {
+            false
+        }
+    });
+    seen.sort_unstable_by(|a, b| {
+        (b.cost + b.denied)
+            .cmp(&(a.cost + a.denied))
+            .then_with(|| a.client.cmp(&b.client))
+    });
+    seen.truncate(NEAREST_CANDIDATES);
+    let considered = seen.len() as u64;
+    let state = &state;
+    let tenant = &tenant;
+    let mut found: Vec<NearestClient> = stream::iter(seen)
+        .map(|c| async move {
+            let Ok(client) = ClientId::parse(&c.client) else {
+                return Ok(None);
+            };
+            let Some(policy) = state.policies.resolve(tenant.as_str(), client.as_str()) else {
+                return Ok(None);
+            };
+            let usage = state.limiter.usage(&policy, tenant, &client, None).await?;
+            let fullest = usage.into_iter().max_by(|a, b| {
+                let f = |u: &Usage| u.count as f64 / u.limit.max(1) as f64;
+                f(a).total_cmp(&f(b))
+            });
+            Ok::<_, ApiError>(fullest.map(|u| NearestClient {
+                client: c.client,
+                count: u.count,
+                limit: u.limit,
+                used: u.count as f64 / u.limit.max(1) as f64,
+                limit_id: u.limit_id.to_string(),
+                remaining: u.remaining,
+                reset_after_ms: u.reset_after_ms,
+            }))
+        })
+        .buffer_unordered(16)
+        .try_filter_map(|x| async move { Ok(x) })
+        .try_collect()
+        .await?;
+    found.sort_by(|a, b| {
+        b.used
+            .total_cmp(&a.used)
+            .then_with(|| a.client.cmp(&b.client))
+    });
+    found.truncate(limit);
+    Ok(HttpResponse::Ok().json(NearestView {
+        clients: found,
+        considered,
+        tenant: tenant.to_string(),
+    }))
+}

@@ -124,6 +124,38 @@ async fn quota_answers(c: &mut Conformance, app: &TestApp) {
         .await;
     c.send(app, "get", "/v1/quotas", "/v1/quotas?bogus=1", None, a)
         .await;
+    let l = "/v1/quotas/{tenant}/clients";
+    let (st, v) = c
+        .send(app, "get", l, "/v1/quotas/acme/clients?limit=1", None, a)
+        .await;
+    assert_eq!(
+        (st, &v["overrides"][0]["client"]),
+        (200, &json!("vip")),
+        "{v}"
+    );
+    let (st, _) = c
+        .send(
+            app,
+            "get",
+            l,
+            "/v1/quotas/acme/clients?after=a%20b",
+            None,
+            a,
+        )
+        .await;
+    assert_eq!(st, 400);
+    let (st, v) = c
+        .send(app, "get", "/v1/quotas", "/v1/quotas?prefix=ac", None, a)
+        .await;
+    assert_eq!(st, 200, "{v}");
+    assert!(
+        v["quotas"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|q| q["tenant"].as_str().unwrap().starts_with("ac")),
+        "{v}"
+    );
 }
 
 /// Checks admitted, denied, dry-run, without a quota and malformed.
@@ -309,6 +341,24 @@ async fn batch_and_usage_answers(c: &mut Conformance, app: &TestApp) {
         )
         .await;
     assert_eq!((s, &v["error"]["field"]), (400, &json!("limit_id")), "{v}");
+
+    // The clients nearest to a limit (once the sync round has written the day's history).
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    let n = "/v1/usage/{tenant}/nearest";
+    let (s, v) = c
+        .send(app, "get", n, "/v1/usage/acme/nearest?limit=5", None, a)
+        .await;
+    assert_eq!(s, 200, "{v}");
+    // k3 used its per-minute limit up; k1's was reset and credited.
+    assert_eq!(
+        (&v["clients"][0]["client"], &v["clients"][0]["used"]),
+        (&json!("k3"), &json!(1.0)),
+        "{v}"
+    );
+    let (s, _) = c
+        .send(app, "get", n, "/v1/usage/acme/nearest?limit=0", None, a)
+        .await;
+    assert_eq!(s, 400);
 }
 
 /// Deletes (the second one of each a 404), and the ops routes.

@@ -12,6 +12,7 @@ mod audit;
 mod auth;
 mod body;
 mod check;
+mod console;
 pub mod error;
 mod forward_auth;
 mod history;

@@ -1,6 +1,7 @@
 //! The route table: every (method, path) the server has and the handler that serves it, in one
 //! [`ROUTES`] list. [`routes`] registers exactly that list, and the HTTP tests hold the same list
-//! against the OpenAPI document, so a route cannot be served without being documented.
+//! against the OpenAPI document, so a route cannot be served without being documented. The one
+//! exception is the web console's static files (`console`), which are pages, not API.
 //!
 //! Each path answers a method it does not have with 405 and an `Allow` header built from the
 //! same entries (RFC 9110 §15.5.6), so the header cannot drift from the routes either.
@@ -119,6 +120,8 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
             .fold(Endpoint::new(path), Endpoint::on);
         cfg.service(endpoint);
     }
+    // The web console: static pages, not API routes, so not in the table or the document.
+    super::console::register(cfg);
     cfg.default_service(web::to(not_found));
 }
 

@@ -5,6 +5,7 @@ mod answers;
 mod apply;
 mod checks;
 mod conformance;
+mod console;
 mod deploy;
 mod errors;
 mod fuzz;

@@ -1,0 +1,498 @@
+// The quotad console: a few pages over quotad's public API, nothing else. The token lives in
+// sessionStorage and travels only as a bearer header; every page is built with DOM calls
+// (textContent, never innerHTML), so a tenant's or a client's name cannot inject markup.
+"use strict";
+
+const TOKEN_KEY = "quotad.token";
+const main = () => document.getElementById("main");
+
+// ---- tiny DOM helpers ---------------------------------------------------------------------
+
+function h(tag, attrs, ...children) {
+  const el = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === undefined || v === null || v === false) continue;
+    if (k === "class") el.className = v;
+    else if (k === "text") el.textContent = v;
+    else if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
+    else el.setAttribute(k, v === true ? "" : String(v));
+  }
+  for (const c of children.flat()) {
+    if (c === undefined || c === null || c === false) continue;
+    el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return el;
+}
+
+function show(...nodes) {
+  main().replaceChildren(...nodes);
+}
+
+/** An instant in the browser's zone, with UTC on hover. */
+function when(iso) {
+  if (!iso) return "";
+  const d = new Date(iso);
+  return h("time", { datetime: d.toISOString(), title: "UTC " + d.toISOString().replace(".000Z", "Z") },
+    d.toLocaleString());
+}
+
+function enc(s) {
+  return encodeURIComponent(s);
+}
+
+// ---- the API ------------------------------------------------------------------------------
+
+function token() {
+  return sessionStorage.getItem(TOKEN_KEY);
+}
+
+class ApiError extends Error {
+  constructor(status, body) {
+    const e = (body && body.error) || {};
+    super(e.message || ("HTTP " + status));
+    this.status = status;
+    this.code = e.code;
+    this.field = e.field;
+  }
+}
+
+async function api(method, path, body) {
+  const headers = { Authorization: "Bearer " + token() };
+  if (body !== undefined) headers["Content-Type"] = "application/json";
+  const r = await fetch(path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
+  let json = null;
+  try { json = await r.json(); } catch (_) { json = null; }
+  if (r.status === 401) {
+    sessionStorage.removeItem(TOKEN_KEY);
+    location.hash = "#/signin";
+    throw new ApiError(401, json);
+  }
+  if (!r.ok) throw new ApiError(r.status, json);
+  return json;
+}
+
+/** A page-level error: 403 says the token may not see this. */
+function failure(e) {
+  if (e.status === 403) {
+    return h("p", { class: "error", id: "error" }, "Permission denied: this token cannot see this page (" + e.message + ").");
+  }
+  if (e.status === 404) return h("p", { class: "error", id: "error" }, "Not found: " + e.message);
+  return h("p", { class: "error", id: "error" }, "Error: " + e.message);
+}
+
+// ---- sign-in ------------------------------------------------------------------------------
+
+function signin(message) {
+  document.getElementById("nav").hidden = true;
+  const input = h("input", { type: "password", id: "token", autocomplete: "off", size: 40, placeholder: "admin or tenant_admin token" });
+  const note = h("p", { id: "signin-error", class: "error" }, message || "");
+  const form = h("form", {
+    id: "signin",
+    onsubmit: async (ev) => {
+      ev.preventDefault();
+      // Tried here rather than through api(), which signs out on a 401.
+      const t = input.value.trim();
+      const r = await fetch("/v1/quotas?limit=1", { headers: { Authorization: "Bearer " + t } });
+      if (r.ok) {
+        sessionStorage.setItem(TOKEN_KEY, t);
+        location.hash = "#/tenants";
+        route();
+      } else {
+        note.textContent = r.status === 401 ? "Unknown token." : (r.status === 403 ? "This token cannot manage quotas." : "The server answered " + r.status + ".");
+      }
+    },
+  }, h("div", { class: "field" }, h("label", { for: "token" }, "Token"), input), " ", h("button", { class: "primary", type: "submit", id: "signin-submit" }, "Sign in"), note);
+  show(h("section", { class: "signin" }, h("h1", {}, "Sign in to quotad"),
+    h("p", { class: "muted" }, "The token stays in this tab (sessionStorage) and is sent only as an Authorization header."), form));
+}
+
+// ---- tenants --------------------------------------------------------------------------------
+
+async function tenants(params) {
+  const prefix = params.get("prefix") || "";
+  const after = params.get("after") || "";
+  const search = h("input", { id: "prefix", value: prefix, placeholder: "tenant id prefix" });
+  const created = h("input", { id: "new-tenant", placeholder: "new tenant id" });
+  const list = h("tbody", { id: "tenants" });
+  const page = h("section", {},
+    h("h1", {}, "Tenants"),
+    h("form", { class: "row", onsubmit: (ev) => { ev.preventDefault(); location.hash = "#/tenants?prefix=" + enc(search.value.trim()); } },
+      search, h("button", { type: "submit", id: "search" }, "Search")),
+    h("table", {}, h("thead", {}, h("tr", {}, h("th", {}, "Tenant"), h("th", {}, "Limits"), h("th", {}, "Mode"), h("th", {}, "Updated"))), list),
+    h("form", { class: "row", onsubmit: (ev) => { ev.preventDefault(); if (created.value.trim()) location.hash = "#/tenants/" + enc(created.value.trim()); } },
+      created, h("button", { type: "submit", id: "create-tenant" }, "New tenant")));
+  show(page);
+  try {
+    let q = "/v1/quotas?limit=50";
+    if (prefix) q += "&prefix=" + enc(prefix);
+    if (after) q += "&after=" + enc(after);
+    const r = await api("GET", q);
+    for (const p of r.quotas) {
+      list.append(h("tr", {},
+        h("td", {}, h("a", { href: "#/tenants/" + enc(p.tenant), class: "tenant-link" }, p.tenant)),
+        h("td", {}, p.limits.map((l) => l.id).join(", ")),
+        h("td", {}, p.mode),
+        h("td", {}, when(p.updated_at))));
+    }
+    if (!r.quotas.length) list.append(h("tr", {}, h("td", { colspan: 4, class: "muted" }, "No tenants.")));
+    if (r.next) {
+      page.append(h("p", {}, h("a", { href: "#/tenants?prefix=" + enc(prefix) + "&after=" + enc(r.next), id: "next" }, "Next page →")));
+    }
+  } catch (e) {
+    page.append(failure(e));
+  }
+}
+
+// ---- the policy form ----------------------------------------------------------------------
+
+const KINDS = [["window", "sliding window"], ["period", "calendar period"], ["bucket", "token bucket"]];
+const PERIODS = ["second", "minute", "hour", "day", "month"];
+
+function select(attrs, options, value) {
+  const s = h("select", attrs, options.map(([v, label]) => h("option", { value: v }, label || v)));
+  s.value = value;
+  return s;
+}
+
+/** A JSON value as typed: a number when it reads as one, else the text (the API names the field). */
+function typed(v) {
+  const t = v.trim();
+  return t !== "" && /^-?[0-9.eE+]+$/.test(t) && !Number.isNaN(Number(t)) ? Number(t) : t;
+}
+
+function limitRow(i, l) {
+  const kind = l.rate !== undefined || l.burst !== undefined ? "bucket" : (l.period ? "period" : "window");
+  const f = (name, value, extra) => {
+    const input = h("input", Object.assign({ "data-field": "limits[" + i + "]." + name, name, value: value === undefined ? "" : value, class: "small" }, extra || {}));
+    return h("div", { class: "field" }, h("label", {}, name), input, h("span", { class: "field-error" }));
+  };
+  const kindSel = select({ "data-field": "limits[" + i + "]", name: "kind", class: "small" }, KINDS, kind);
+  const row = h("div", { class: "row limit", "data-index": i },
+    f("id", l.id),
+    h("div", { class: "field" }, h("label", {}, "kind"), kindSel, h("span", { class: "field-error" })),
+    f("max", l.max, { "data-kinds": "window period" }),
+    f("window", l.window, { "data-kinds": "window" }),
+    h("div", { class: "field", "data-kinds": "period" }, h("label", {}, "period"),
+      select({ "data-field": "limits[" + i + "].period", name: "period", class: "small" }, PERIODS.map((p) => [p]), l.period || "minute"),
+      h("span", { class: "field-error" })),
+    f("burst", l.burst, { "data-kinds": "bucket" }),
+    f("rate", l.rate, { "data-kinds": "bucket" }),
+    f("per", l.per, { "data-kinds": "bucket" }),
+    f("resource", l.resource),
+    h("div", { class: "field" }, h("label", {}, "scope"),
+      select({ "data-field": "limits[" + i + "].scope", name: "scope", class: "small" }, [["client"], ["tenant"]], l.scope || "client"),
+      h("span", { class: "field-error" })),
+    h("div", { class: "field" }, h("label", {}, "\u00a0"), h("button", { type: "button", class: "remove-limit", onclick: () => { row.remove(); } }, "Remove")));
+  const applyKind = () => {
+    for (const el of row.querySelectorAll("[data-kinds]")) {
+      const box = el.classList.contains("field") ? el : el.closest(".field");
+      box.hidden = !el.getAttribute("data-kinds").split(" ").includes(kindSel.value);
+    }
+  };
+  kindSel.addEventListener("change", applyKind);
+  applyKind();
+  return row;
+}
+
+function readLimit(row) {
+  const v = (name) => row.querySelector("[name=" + name + "]").value;
+  const l = { id: v("id").trim() };
+  const kind = v("kind");
+  if (kind === "bucket") {
+    l.burst = typed(v("burst"));
+    l.rate = typed(v("rate"));
+    if (v("per").trim()) l.per = v("per").trim();
+  } else {
+    l.max = typed(v("max"));
+    if (kind === "window") l.window = v("window").trim();
+    else l.period = v("period");
+  }
+  if (v("resource").trim()) l.resource = v("resource").trim();
+  l.scope = v("scope");
+  return l;
+}
+
+/** The policy form; `save` PUTs the document and answers the stored record. */
+function policyForm(policy, save) {
+  const p = policy || { limits: [{ id: "", window: "1m" }], mode: "enforce", consistency: "cached", on_store_failure: "local" };
+  const rows = h("div", { id: "limits" });
+  const renumber = () => {
+    [...rows.children].forEach((row, i) => {
+      for (const el of row.querySelectorAll("[data-field]")) {
+        el.setAttribute("data-field", el.getAttribute("data-field").replace(/^limits\[\d+\]/, "limits[" + i + "]"));
+      }
+    });
+  };
+  p.limits.forEach((l, i) => rows.append(limitRow(i, l)));
+  const opt = (name, values) => h("div", { class: "field" }, h("label", {}, name),
+    select({ "data-field": name, name }, values.map((v) => [v]), p[name]), h("span", { class: "field-error" }));
+  const status = h("p", { id: "policy-status" });
+  const form = h("form", {
+    id: "policy-form",
+    onsubmit: async (ev) => {
+      ev.preventDefault();
+      renumber();
+      for (const el of form.querySelectorAll(".invalid")) el.classList.remove("invalid");
+      for (const el of form.querySelectorAll(".field-error")) el.textContent = "";
+      status.className = "";
+      status.textContent = "";
+      const doc = {
+        limits: [...rows.children].map(readLimit),
+        mode: form.querySelector("[name=mode]").value,
+        consistency: form.querySelector("[name=consistency]").value,
+        on_store_failure: form.querySelector("[name=on_store_failure]").value,
+      };
+      try {
+        const saved = await save(doc);
+        status.className = "notice";
+        status.textContent = "Saved: version " + saved.version + ".";
+      } catch (e) {
+        status.className = "error";
+        // The API names the field: show its message beside it.
+        const el = e.field && form.querySelector('[data-field="' + CSS.escape(e.field) + '"]');
+        if (el) {
+          el.classList.add("invalid");
+          el.closest(".field").querySelector(".field-error").textContent = e.message;
+          status.textContent = "Not saved: " + e.field + " — " + e.message;
+        } else {
+          status.textContent = "Not saved: " + (e.field ? e.field + " — " : "") + e.message;
+        }
+      }
+    },
+  },
+  rows,
+  h("p", {}, h("button", { type: "button", id: "add-limit", onclick: () => { rows.append(limitRow(rows.children.length, { id: "" })); } }, "Add a limit")),
+  h("div", { class: "row" },
+    opt("mode", ["enforce", "dry_run"]),
+    opt("consistency", ["cached", "strict"]),
+    opt("on_store_failure", ["local", "allow", "deny"])),
+  h("button", { type: "submit", class: "primary", id: "save-policy" }, "Save"),
+  status);
+  return form;
+}
+
+// ---- charts ---------------------------------------------------------------------------------
+
+/** Admitted and denied per hour or day, from a usage history answer. */
+function historyChart(title, hist, id) {
+  const box = h("div", { class: "chart", id });
+  const xs = hist.points.map((p) => Date.parse(p.start) / 1000);
+  const admitted = hist.points.map((p) => p.admitted);
+  const denied = hist.points.map((p) => p.denied);
+  box.append(h("h3", {}, title),
+    h("p", { class: "muted summary" }, hist.total.admitted + " admitted, " + hist.total.denied + " denied (" +
+      new Date(hist.from).toLocaleString() + " – " + new Date(hist.to).toLocaleString() + ")"));
+  const width = Math.max(320, Math.min(520, (main().clientWidth || 1000) / 2 - 40));
+  const opts = {
+    width, height: 200,
+    scales: { x: { time: true } },
+    series: [{}, { label: "admitted", stroke: "#2e7d32", fill: "rgba(46,125,50,0.12)" }, { label: "denied", stroke: "#c62828", fill: "rgba(198,40,40,0.12)" }],
+    axes: [{}, { size: 50 }],
+  };
+  // uPlot draws into the box once it is in the page.
+  queueMicrotask(() => new uPlot(opts, [xs, admitted, denied], box));
+  return box;
+}
+
+async function charts(base, what) {
+  const now = new Date();
+  const [hours, days] = await Promise.all([
+    api("GET", base + "?step=hour"),
+    api("GET", base + "?step=day"),
+  ]);
+  return h("div", { class: "charts" },
+    historyChart(what + ": last 24 hours, by hour", hours, "chart-hours"),
+    historyChart(what + ": last 30 days, by day", days, "chart-days"),
+    h("p", { class: "muted" }, "Updated " + now.toLocaleTimeString() + "; history is written every sync round."));
+}
+
+// ---- usage bars -----------------------------------------------------------------------------
+
+function bar(count, limit) {
+  const used = limit ? count / limit : 0;
+  const fill = h("div", { class: used >= 1 ? "full" : (used >= 0.8 ? "near" : "") });
+  fill.style.width = Math.min(100, used * 100).toFixed(1) + "%";
+  return h("span", { class: "bar", title: (used * 100).toFixed(1) + "%" }, fill);
+}
+
+function resetIn(ms) {
+  if (!ms) return "now";
+  if (ms < 1000) return ms + " ms";
+  const s = Math.ceil(ms / 1000);
+  if (s < 120) return s + " s";
+  if (s < 7200) return Math.ceil(s / 60) + " min";
+  return Math.ceil(s / 3600) + " h";
+}
+
+// ---- a tenant -------------------------------------------------------------------------------
+
+async function tenantPage(tenant) {
+  const page = h("div", { id: "tenant-page" }, h("h1", {}, "Tenant ", h("code", {}, tenant)));
+  show(page);
+  let policy = null;
+  try {
+    policy = await api("GET", "/v1/quotas/" + enc(tenant));
+  } catch (e) {
+    if (e.status !== 404) { page.append(failure(e)); return; }
+  }
+  const head = policy
+    ? h("p", { class: "muted" }, "Version " + policy.version + ", updated ", when(policy.updated_at), ".")
+    : h("p", { class: "muted", id: "no-policy" }, "No policy yet: fill the form to create one.");
+  page.append(h("section", {}, h("h2", {}, "Policy"), head,
+    policyForm(policy, (doc) => api("PUT", "/v1/quotas/" + enc(tenant), doc))));
+
+  const nearest = h("tbody", { id: "nearest" });
+  const overrides = h("tbody", { id: "overrides" });
+  const lookup = h("input", { id: "client-lookup", placeholder: "client id" });
+  page.append(
+    h("section", {}, h("h2", {}, "Clients nearest to a limit now"),
+      h("table", {}, h("thead", {}, h("tr", {}, h("th", {}, "Client"), h("th", {}, "Limit"), h("th", {}, "Used"), h("th", {}, ""), h("th", {}, "Resets in"))), nearest),
+      h("form", { class: "row", onsubmit: (ev) => { ev.preventDefault(); if (lookup.value.trim()) location.hash = "#/tenants/" + enc(tenant) + "/clients/" + enc(lookup.value.trim()); } },
+        lookup, h("button", { type: "submit" }, "Open client"))),
+    h("section", {}, h("h2", {}, "Client overrides"),
+      h("table", {}, h("thead", {}, h("tr", {}, h("th", {}, "Client"), h("th", {}, "Limits"), h("th", {}, "Updated"))), overrides)));
+  const chartBox = h("section", { id: "tenant-charts" }, h("h2", {}, "Checks"));
+  page.append(chartBox);
+  try {
+    const [n, o] = await Promise.all([
+      api("GET", "/v1/usage/" + enc(tenant) + "/nearest?limit=10"),
+      api("GET", "/v1/quotas/" + enc(tenant) + "/clients?limit=100"),
+    ]);
+    for (const c of n.clients) {
+      nearest.append(h("tr", {},
+        h("td", {}, h("a", { href: "#/tenants/" + enc(tenant) + "/clients/" + enc(c.client) }, c.client)),
+        h("td", {}, c.limit_id),
+        h("td", {}, c.count + " / " + c.limit),
+        h("td", {}, bar(c.count, c.limit)),
+        h("td", {}, resetIn(c.reset_after_ms))));
+    }
+    if (!n.clients.length) nearest.append(h("tr", {}, h("td", { colspan: 5, class: "muted" }, "No client was active today or yesterday.")));
+    for (const p of o.overrides) {
+      overrides.append(h("tr", {},
+        h("td", {}, h("a", { href: "#/tenants/" + enc(tenant) + "/clients/" + enc(p.client) }, p.client)),
+        h("td", {}, p.limits.map((l) => l.id).join(", ")),
+        h("td", {}, when(p.updated_at))));
+    }
+    if (!o.overrides.length) overrides.append(h("tr", {}, h("td", { colspan: 3, class: "muted" }, "None.")));
+    chartBox.append(await charts("/v1/usage/" + enc(tenant) + "/history", "All clients"));
+  } catch (e) {
+    page.append(failure(e));
+  }
+}
+
+// ---- a client -------------------------------------------------------------------------------
+
+async function clientPage(tenant, client) {
+  const page = h("div", { id: "client-page" },
+    h("p", {}, h("a", { href: "#/tenants/" + enc(tenant) }, "← " + tenant)),
+    h("h1", {}, "Client ", h("code", {}, client), " of ", h("code", {}, tenant)));
+  show(page);
+  try {
+    const u = await api("GET", "/v1/usage/" + enc(tenant) + "/" + enc(client));
+    const rows = u.limits.map((l) => h("tr", { "data-limit": l.limit_id },
+      h("td", {}, l.limit_id),
+      h("td", { class: "count" }, l.count + " / " + l.limit),
+      h("td", {}, bar(l.count, l.limit)),
+      h("td", {}, l.remaining + " left"),
+      h("td", {}, resetIn(l.reset_after_ms))));
+    page.append(h("section", {}, h("h2", {}, "Usage now"),
+      h("table", { id: "usage" }, h("thead", {}, h("tr", {}, h("th", {}, "Limit"), h("th", {}, "Used"), h("th", {}, ""), h("th", {}, "Remaining"), h("th", {}, "Resets in"))), h("tbody", {}, rows))));
+    const chartBox = h("section", { id: "client-charts" }, h("h2", {}, "Checks"));
+    page.append(chartBox);
+    chartBox.append(await charts("/v1/usage/" + enc(tenant) + "/" + enc(client) + "/history", client));
+    let over = null;
+    try {
+      over = await api("GET", "/v1/quotas/" + enc(tenant) + "/clients/" + enc(client));
+    } catch (e) {
+      if (e.status !== 404) throw e;
+    }
+    page.append(h("section", {}, h("h2", {}, "Override"),
+      over ? h("p", { class: "muted" }, "Version " + over.version + ", updated ", when(over.updated_at), ".") : h("p", { class: "muted" }, "None: the tenant's policy applies."),
+      policyForm(over, (doc) => api("PUT", "/v1/quotas/" + enc(tenant) + "/clients/" + enc(client), doc))));
+  } catch (e) {
+    page.append(failure(e));
+  }
+}
+
+// ---- the audit log --------------------------------------------------------------------------
+
+function localInput(iso) {
+  if (!iso) return "";
+  const d = new Date(iso);
+  const pad = (n) => String(n).padStart(2, "0");
+  return d.getFullYear() + "-" + pad(d.getMonth() + 1) + "-" + pad(d.getDate()) + "T" + pad(d.getHours()) + ":" + pad(d.getMinutes());
+}
+
+async function audit(params) {
+  const tenant = h("input", { id: "audit-tenant", value: params.get("tenant") || "", placeholder: "every tenant you may see" });
+  const from = h("input", { id: "audit-from", type: "datetime-local", value: localInput(params.get("from")) });
+  const to = h("input", { id: "audit-to", type: "datetime-local", value: localInput(params.get("to")) });
+  const body = h("tbody", { id: "audit-entries" });
+  const page = h("section", {}, h("h1", {}, "Audit log"),
+    h("form", {
+      class: "row",
+      onsubmit: (ev) => {
+        ev.preventDefault();
+        const q = new URLSearchParams();
+        if (tenant.value.trim()) q.set("tenant", tenant.value.trim());
+        if (from.value) q.set("from", new Date(from.value).toISOString());
+        if (to.value) q.set("to", new Date(to.value).toISOString());
+        location.hash = "#/audit?" + q.toString();
+      },
+    },
+    h("div", { class: "field" }, h("label", {}, "tenant"), tenant),
+    h("div", { class: "field" }, h("label", {}, "from (your time)"), from),
+    h("div", { class: "field" }, h("label", {}, "to (your time)"), to),
+    h("div", { class: "field" }, h("label", {}, "\u00a0"), h("button", { type: "submit", id: "audit-filter" }, "Filter"))),
+    h("table", {}, h("thead", {}, h("tr", {}, ["When", "Who", "Action", "Tenant", "Client", "Version", "Request"].map((t) => h("th", {}, t)))), body));
+  show(page);
+  try {
+    const q = new URLSearchParams({ limit: "50" });
+    for (const k of ["tenant", "from", "to", "after"]) if (params.get(k)) q.set(k, params.get(k));
+    const r = await api("GET", "/v1/audit?" + q.toString());
+    for (const e of r.entries) {
+      const ver = (e.version_before ?? "–") + " → " + (e.version_after ?? "–");
+      body.append(h("tr", { class: "audit-entry" },
+        h("td", {}, when(e.at)),
+        h("td", {}, e.actor + " (" + e.role + ")"),
+        h("td", { class: "action" }, e.action),
+        h("td", {}, e.tenant),
+        h("td", {}, e.client || ""),
+        h("td", {}, ver),
+        h("td", {}, h("code", { title: (e.body_after || "") }, e.request_id))));
+    }
+    if (!r.entries.length) body.append(h("tr", {}, h("td", { colspan: 7, class: "muted" }, "No entries.")));
+    if (r.next) {
+      const q2 = new URLSearchParams(params);
+      q2.set("after", r.next);
+      page.append(h("p", {}, h("a", { href: "#/audit?" + q2.toString(), id: "older" }, "Older →")));
+    }
+  } catch (e) {
+    page.append(failure(e));
+  }
+}
+
+// ---- routing --------------------------------------------------------------------------------
+
+async function route() {
+  const hash = location.hash.replace(/^#/, "") || "/tenants";
+  const [path, query] = hash.split("?");
+  const params = new URLSearchParams(query || "");
+  if (!token() || path === "/signin") { signin(); return; }
+  document.getElementById("nav").hidden = false;
+  const parts = path.split("/").filter(Boolean).map(decodeURIComponent);
+  if (parts[0] === "tenants" && parts.length === 1) return tenants(params);
+  if (parts[0] === "tenants" && parts.length === 2) return tenantPage(parts[1]);
+  if (parts[0] === "tenants" && parts[2] === "clients" && parts.length === 4) return clientPage(parts[1], parts[3]);
+  if (parts[0] === "audit") return audit(params);
+  show(h("p", { class: "error" }, "No such page."));
+}
+
+window.addEventListener("hashchange", route);
+document.addEventListener("DOMContentLoaded", () => {
+  document.getElementById("signout").addEventListener("click", () => {
+    sessionStorage.removeItem(TOKEN_KEY);
+    location.hash = "#/signin";
+  });
+  route();
+});

@@ -1,0 +1,444 @@
+//! The web console driven in a real headless Chromium (Debian's `chromium` and
+//! `chromium-driver`) through WebDriver, as a user would: sign in, create a quota through the
+//! form (a bad value first, shown beside its field), send checks, see the client's bar and chart
+//! and a denial, find the change in the audit log; and a tenant admin kept out of another
+//! tenant's pages. A screenshot of each page is saved in `QUOTAD_CONSOLE_SCREENSHOTS` (default
+//! `target/console-screenshots`).
+//!
+//! Skipped, saying so, where chromium or chromedriver is missing, unless
+//! `QUOTAD_TEST_REQUIRE_CHROMIUM=1` (as `.ci/run` sets), which makes it fail instead.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use quotad::config::{Role, TokenSettings};
+use serde_json::{json, Value};
+
+use crate::helpers::*;
+
+const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
+const GLOBEX_ADMIN: &str = "globex-admin-secret";
+
+fn which(names: &[&str]) -> Option<PathBuf> {
+    names.iter().find_map(|n| {
+        std::env::var_os("PATH").and_then(|paths| {
+            std::env::split_paths(&paths)
+                .map(|d| d.join(n))
+                .find(|p| p.is_file())
+        })
+    })
+}
+
+/// A chromedriver process, killed on drop.
+struct Driver {
+    child: Child,
+    base: String,
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One browser session over the W3C WebDriver protocol.
+struct Browser {
+    http: reqwest::Client,
+    session: String,
+    shots: PathBuf,
+    _driver: Driver,
+}
+
+impl Browser {
+    async fn start(chromium: PathBuf, chromedriver: PathBuf) -> Browser {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = Command::new(chromedriver)
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("chromedriver starts");
+        let driver = Driver {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+        };
+        let http = reqwest::Client::new();
+        let started = Instant::now();
+        while http
+            .get(format!("{}/status", driver.base))
+            .send()
+            .await
+            .is_err()
+        {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "chromedriver did not answer"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let caps = json!({"capabilities": {"alwaysMatch": {
+            "browserName": "chrome",
+            "goog:chromeOptions": {
+                "binary": chromium.to_string_lossy(),
+                "args": ["--headless=new", "--no-sandbox", "--disable-gpu",
+                         "--disable-background-networking", "--disable-dev-shm-usage",
+                         "--window-size=1280,1000"]
+            }
+        }}});
+        let r: Value = http
+            .post(format!("{}/session", driver.base))
+            .json(&caps)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let session = r["value"]["sessionId"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no WebDriver session: {r}"))
+            .to_owned();
+        let shots = std::env::var_os("QUOTAD_CONSOLE_SCREENSHOTS")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| {
+                PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/console-screenshots")
+            });
+        std::fs::create_dir_all(&shots).unwrap();
+        Browser {
+            http,
+            session,
+            shots,
+            _driver: driver,
+        }
+    }
+
+    async fn cmd(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
+        let url = format!("{}/session/{}{path}", self._driver.base, self.session);
+        let mut req = self.http.request(method, url);
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let r: Value = req.send().await.unwrap().json().await.unwrap();
+        r["value"].clone()
+    }
+
+    async fn go(&self, url: &str) {
+        let v = self
+            .cmd(reqwest::Method::POST, "/url", Some(json!({"url": url})))
+            .await;
+        assert!(v.is_null(), "navigating to {url}: {v}");
+    }
+
+    async fn find(&self, css: &str) -> Option<String> {
+        let v = self
+            .cmd(
+                reqwest::Method::POST,
+                "/element",
+                Some(json!({"using": "css selector", "value": css})),
+            )
+            .await;
+        v[ELEMENT].as_str().map(str::to_owned)
+    }
+
+    /// The element, once it is there (pages load their data asynchronously).
+    async fn wait(&self, css: &str) -> String {
+        let started = Instant::now();
+        loop {
+            if let Some(e) = self.find(css).await {
+                return e;
+            }
+            if started.elapsed() > Duration::from_secs(10) {
+                let page = self
+                    .script("return location.href + '\\n' + document.documentElement.outerHTML")
+                    .await;
+                panic!("no {css} on the page: {page}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Waits until the text of `css` contains `want`, and returns it.
+    async fn wait_text(&self, css: &str, want: &str) -> String {
+        let started = Instant::now();
+        loop {
+            let t = self.text(css).await;
+            if t.contains(want) {
+                return t;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "{css} never said {want:?}; it says {t:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn text(&self, css: &str) -> String {
+        match self.find(css).await {
+            None => String::new(),
+            Some(e) => self
+                .cmd(reqwest::Method::GET, &format!("/element/{e}/text"), None)
+                .await
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+        }
+    }
+
+    async fn click(&self, css: &str) {
+        let e = self.wait(css).await;
+        self.cmd(
+            reqwest::Method::POST,
+            &format!("/element/{e}/click"),
+            Some(json!({})),
+        )
+        .await;
+    }
+
+    async fn type_into(&self, css: &str, text: &str) {
+        let e = self.wait(css).await;
+        self.cmd(
+            reqwest::Method::POST,
+            &format!("/element/{e}/clear"),
+            Some(json!({})),
+        )
+        .await;
+        self.cmd(
+            reqwest::Method::POST,
+            &format!("/element/{e}/value"),
+            Some(json!({"text": text})),
+        )
+        .await;
+    }
+
+    async fn script(&self, js: &str) -> Value {
+        self.cmd(
+            reqwest::Method::POST,
+            "/execute/sync",
+            Some(json!({"script": js, "args": []})),
+        )
+        .await
+    }
+
+    async fn screenshot(&self, name: &str) {
+        let png = self.cmd(reqwest::Method::GET, "/screenshot", None).await;
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(png.as_str().unwrap())
+            .unwrap();
+        let path = self.shots.join(format!("{name}.png"));
+        std::fs::write(&path, bytes).unwrap();
+        println!("screenshot: {}", path.display());
+    }
+
+    async fn quit(self) {
+        self.cmd(reqwest::Method::DELETE, "", None).await;
+    }
+}
+
+fn tenant_admin(secret: &str, tenants: &[&str]) -> TokenSettings {
+    TokenSettings {
+        name: secret.trim_end_matches("-secret").to_owned(),
+        sha256: hex::encode(quotad::api::digest(secret)),
+        role: Role::TenantAdmin,
+        tenants: Some(tenants.iter().map(|s| s.to_string()).collect()),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_in_a_real_chromium() {
+    let required = std::env::var("QUOTAD_TEST_REQUIRE_CHROMIUM").is_ok_and(|v| v == "1");
+    let (Some(chromium), Some(chromedriver)) = (
+        which(&["chromium", "chromium-browser", "google-chrome"]),
+        which(&["chromedriver"]),
+    ) else {
+        assert!(
+            !required,
+            "QUOTAD_TEST_REQUIRE_CHROMIUM=1 but chromium or chromedriver is not installed"
+        );
+        eprintln!("skipped: chromium and chromedriver are not installed (apt-get install chromium chromium-driver)");
+        return;
+    };
+    let app = spawn_with(|s| s.auth.tokens = vec![tenant_admin(GLOBEX_ADMIN, &["globex"])]).await;
+    let r = app
+        .put_quota(
+            "globex",
+            json!({"limits": [{"id": "daily", "max": 10, "period": "day"}]}),
+        )
+        .await;
+    assert_eq!(r.status(), 201);
+    let b = Browser::start(chromium, chromedriver).await;
+
+    // Sign in; the token stays in sessionStorage, never in the URL.
+    b.go(&app.url("/console/")).await;
+    b.wait("#signin").await;
+    b.screenshot("01-sign-in").await;
+    b.type_into("#token", "wrong").await;
+    b.click("#signin-submit").await;
+    b.wait_text("#signin-error", "Unknown token").await;
+    b.type_into("#token", ADMIN).await;
+    b.click("#signin-submit").await;
+    b.wait_text("#tenants", "globex").await;
+    let url = b.cmd(reqwest::Method::GET, "/url", None).await;
+    assert!(!url.as_str().unwrap().contains(ADMIN), "{url}");
+    let stored = b
+        .script("return sessionStorage.getItem('quotad.token')")
+        .await;
+    assert_eq!(stored, json!(ADMIN));
+    b.screenshot("02-tenants").await;
+
+    // Create acme through the form: a bad max first, refused beside its field.
+    b.type_into("#new-tenant", "acme").await;
+    b.click("#create-tenant").await;
+    b.wait("#no-policy").await;
+    b.type_into("[data-field='limits[0].id']", "per-minute")
+        .await;
+    b.type_into("[data-field='limits[0].max']", "0").await;
+    b.type_into("[data-field='limits[0].window']", "1m").await;
+    b.click("#save-policy").await;
+    b.wait_text("#policy-status", "Not saved").await;
+    b.wait(".field:has([data-field='limits[0].max'].invalid) .field-error")
+        .await;
+    let msg = b
+        .text(".field:has([data-field='limits[0].max'].invalid) .field-error")
+        .await;
+    assert!(
+        msg.starts_with("max must be an integer 1..="),
+        "the error beside max: {msg:?}"
+    );
+    b.screenshot("03-policy-form-error").await;
+    b.type_into("[data-field='limits[0].max']", "5").await;
+    b.click("#save-policy").await;
+    b.wait_text("#policy-status", "Saved: version 1").await;
+    b.screenshot("04-policy-saved").await;
+    let stored = app.get_json("/v1/quotas/acme").await;
+    assert_eq!(
+        stored["limits"][0],
+        json!({"id": "per-minute", "max": 5, "window": "1m", "scope": "client"})
+    );
+
+    // Checks: 5 admitted, the 6th denied.
+    let mut statuses = Vec::new();
+    for _ in 0..6 {
+        statuses.push(app.check_json("acme", "k1").await.0);
+    }
+    assert_eq!(statuses, [200, 200, 200, 200, 200, 429]);
+    // The usage history is written in the sync rounds.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+
+    // The client's page: a full bar, and the chart's hour holding 5 admitted and 1 denied.
+    b.go(&app.url("/console/#/tenants/acme/clients/k1")).await;
+    let used = b
+        .wait_text("#usage tr[data-limit='per-minute'] .count", "5 / 5")
+        .await;
+    assert_eq!(used, "5 / 5");
+    let width = b
+        .script("return document.querySelector(\"#usage tr[data-limit='per-minute'] .bar > div\").style.width")
+        .await;
+    assert_eq!(width, json!("100%"));
+    b.wait_text("#chart-hours .summary", "5 admitted, 1 denied")
+        .await;
+    b.wait("#chart-hours canvas").await;
+    b.screenshot("05-client").await;
+
+    // The tenant's page: k1 nearest to its limit, at 100%.
+    b.go(&app.url("/console/#/tenants/acme")).await;
+    b.wait_text("#nearest", "k1").await;
+    b.wait_text("#nearest", "5 / 5").await;
+    b.wait_text("#tenant-charts .summary", "5 admitted, 1 denied")
+        .await;
+    b.screenshot("06-tenant").await;
+
+    // The audit log holds the change, by the admin token's name.
+    b.go(&app.url("/console/#/audit")).await;
+    b.type_into("#audit-tenant", "acme").await;
+    b.click("#audit-filter").await;
+    let entries = b.wait_text("#audit-entries", "quota.put").await;
+    assert!(
+        entries.contains("acme") && entries.contains("admin_token"),
+        "{entries}"
+    );
+    let title = b
+        .script("return document.querySelector('#audit-entries time').title")
+        .await;
+    assert!(title.as_str().unwrap().starts_with("UTC "), "{title}");
+    b.screenshot("07-audit").await;
+
+    // A tenant admin of globex: its tenant only; acme's pages say permission denied.
+    b.click("#signout").await;
+    b.wait("#signin").await;
+    b.type_into("#token", GLOBEX_ADMIN).await;
+    b.click("#signin-submit").await;
+    let list = b.wait_text("#tenants", "globex").await;
+    assert!(!list.contains("acme"), "{list}");
+    b.go(&app.url("/console/#/tenants/acme")).await;
+    b.wait_text("#error", "Permission denied").await;
+    assert!(
+        b.find("#policy-form").await.is_none(),
+        "no policy form for another tenant"
+    );
+    b.go(&app.url("/console/#/tenants/acme/clients/k1")).await;
+    b.wait_text("#error", "Permission denied").await;
+    assert!(b.find("#usage").await.is_none());
+    b.screenshot("08-tenant-admin-denied").await;
+    b.go(&app.url("/console/#/audit")).await;
+    b.wait("#audit-entries tr").await;
+    let entries = b.text("#audit-entries").await;
+    assert!(!entries.contains("acme"), "{entries}");
+    b.quit().await;
+}
+
+#[tokio::test]
+async fn console_files_carry_a_strict_content_security_policy() {
+    let app = spawn_app().await;
+    let r = app.http.get(app.url("/console")).send().await.unwrap();
+    // reqwest follows the redirect to /console/.
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.url().path(), "/console/");
+    let csp = r.headers()["content-security-policy"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    for part in [
+        "default-src 'none'",
+        "script-src 'self'",
+        "frame-ancestors 'none'",
+    ] {
+        assert!(csp.contains(part), "{csp}");
+    }
+    assert!(!csp.contains("unsafe-inline"), "{csp}");
+    assert_eq!(r.headers()["x-content-type-options"], "nosniff");
+    let page = r.text().await.unwrap();
+    // No inline script: every <script> has a src.
+    assert_eq!(
+        page.matches("<script").count(),
+        page.matches("<script src=").count(),
+        "{page}"
+    );
+    for (path, ctype) in [
+        ("/console/app.js", "text/javascript; charset=utf-8"),
+        (
+            "/console/vendor/uPlot.iife.min.js",
+            "text/javascript; charset=utf-8",
+        ),
+        ("/console/vendor/uPlot.LICENSE", "text/plain; charset=utf-8"),
+    ] {
+        let r = app.http.get(app.url(path)).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{path}");
+        assert_eq!(r.headers()["content-type"], ctype, "{path}");
+    }
+    let r = app
+        .http
+        .get(app.url("/console/../Cargo.toml"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+}

@@ -138,11 +138,11 @@ pub async fn reset(
         Some(id) => Some(client_limit(&policy, id, "reset")?.id.clone()),
     };
     at_most_once(&req, &state, &tenant, &body, || async {
+        let who = state.auth.admin(&req)?;
         let before = state
             .limiter
             .reset(&policy, &tenant, &client, only.as_ref())
             .await?;
-        let who = state.auth.admin(&req)?;
         let mut entry = new_entry(
             &who.name,
             who.role.as_str(),
@@ -155,7 +155,9 @@ pub async fn reset(
         entry.body_before = Some(counts_json(ids().zip(before.iter().map(|b| b.1 as i64))));
         entry.body_after = Some(counts_json(ids().map(|id| (id, 0))));
         append(&state, entry).await;
-        usage_json(&state, &policy, &tenant, &client).await
+        usage_json(&state, &policy, &tenant, &client)
+            .await
+            .map_err(|f| Failed::after_the_change(f.error))
     })
     .await
 }
@@ -211,7 +213,11 @@ pub async fn grant(
         entry.body_before = Some(counts_json([(id.clone(), g.before)]));
         entry.body_after = Some(counts_json([(id, g.before - g.amount as i64)]));
         append(&state, entry).await;
-        let usage = state.limiter.usage(&policy, &tenant, &client, None).await?;
+        let usage = state
+            .limiter
+            .usage(&policy, &tenant, &client, None)
+            .await
+            .map_err(Failed::after_the_change)?;
         let view = UsageView::of(&tenant, &client, &usage);
         serde_json::to_string(&GrantView {
             amount,
@@ -221,7 +227,7 @@ pub async fn grant(
             limits: view.limits,
             tenant: tenant.as_str(),
         })
-        .map_err(|e| Failed::from(ApiError::Internal(e.to_string())))
+        .map_err(|e| Failed::after_the_change(ApiError::Internal(e.to_string())))
     })
     .await
 }

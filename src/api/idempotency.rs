@@ -65,6 +65,17 @@ pub fn valid_key(k: &str) -> bool {
     (1..=MAX_KEY_LEN).contains(&k.len()) && k.bytes().all(|b| b.is_ascii_graphic())
 }
 
+impl Failed {
+    /// An error after the change was made (reading the answer): the key stays taken, so a
+    /// retry cannot make the change again.
+    pub fn after_the_change(error: impl Into<ApiError>) -> Self {
+        Failed {
+            error: error.into(),
+            maybe_done: true,
+        }
+    }
+}
+
 /// The request's key: None without the header; 400 for an unusable one.
 fn key_of(req: &HttpRequest) -> Result<Option<&str>, ApiError> {
     let Some(v) = req.headers().get(IDEMPOTENCY_KEY) else {

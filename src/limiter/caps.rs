@@ -57,11 +57,16 @@ pub(super) struct IdleRule {
 
 impl IdleRule {
     pub(super) fn idle_ms(&self, k: &EntryKey) -> i64 {
-        if self.all_pressed || (is_client(k) && self.crowded.contains(&k.tenant)) {
+        if self.pressed(k) {
             self.short_idle_ms
         } else {
             self.idle_ms
         }
+    }
+
+    /// Near a memory cap for this entry: it leaves as soon as it may.
+    pub(super) fn pressed(&self, k: &EntryKey) -> bool {
+        self.all_pressed || (is_client(k) && self.crowded.contains(&k.tenant))
     }
 }
 

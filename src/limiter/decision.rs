@@ -148,7 +148,7 @@ pub(super) fn decide(
     let mut verdicts: SmallVec<[Verdict; 16]> = SmallVec::new();
     let settle = TOKEN_SETTLE_ROUNDS * fleet.sync_interval_ms;
     for (l, s) in limits.iter().zip(states.iter_mut()) {
-        s.kind = l.kind;
+        s.rekind(l.kind, now);
         s.prune(now, settle);
         verdicts.push(judge(l, s, now, cost, fleet));
     }

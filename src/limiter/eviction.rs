@@ -63,7 +63,10 @@ fn evict_shard(
             e.states.retain(|s| !s.is_empty(now));
         }
         let p: u64 = e.states.iter().map(LimitState::pending).sum();
-        let keep = p > 0 || (!e.states.is_empty() && !idle);
+        // An idle token bucket that is not full keeps its level in memory (a read from the
+        // store reaches back only 32 buckets), unless memory is short.
+        let level = idle && !rule.pressed(k) && e.states.iter().any(|s| s.holds_a_level(now));
+        let keep = p > 0 || (!e.states.is_empty() && !idle) || level;
         if keep {
             tally.counters += e.states.len();
             tally.pending += p;

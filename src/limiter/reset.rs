@@ -94,7 +94,7 @@ impl Limiter {
                 deltas.push(Delta {
                     key: r.key.clone(),
                     start: b.start,
-                    delta: -b.total,
+                    delta: b.total.saturating_neg(),
                 });
             }
             before.push((l.id.clone(), counted));

@@ -38,11 +38,17 @@ pub(super) struct LimitState {
     /// A token bucket's level at the start of its oldest bucket that still counts (see
     /// `tokens`); unused by other kinds.
     pub(super) carry: Carry,
+    /// When this state's buckets were last read from the store: a token bucket folds only
+    /// buckets every instance had written by then.
+    pub(super) read_at: i64,
 }
 
-/// How long after it ends a token bucket's counter bucket is folded into its carry, in sync
-/// intervals: by then every instance has written its hits in it and this one has read them back.
-pub(super) const TOKEN_SETTLE_ROUNDS: i64 = 4;
+/// How long after it ends a token bucket's counter bucket has been written by every instance,
+/// in sync intervals (each writes its hits at its next round).
+pub(super) const TOKEN_SETTLE_ROUNDS: i64 = 2;
+/// A token bucket's counter buckets are folded once this many old at most, whatever the reads:
+/// within what the store keeps and what a first read reaches back to.
+pub(super) const TOKEN_MAX_UNFOLDED: i64 = 30;
 
 impl LimitState {
     /// A limit's state over `buckets`, read at `now` from `Limiter::range_of`, nothing written
@@ -58,7 +64,23 @@ impl LimitState {
                 at: window::oldest_needed(l.kind, now),
                 deficit: 0,
             },
+            read_at: now,
         }
+    }
+
+    /// The limit changed how it counts (same id, same grain): the buckets still count; a token
+    /// bucket's carry follows the new refill.
+    pub(super) fn rekind(&mut self, kind: LimitKind, now: i64) {
+        if self.kind != kind {
+            self.carry = tokens::rekind(self.kind, kind, self.carry, now);
+            self.kind = kind;
+        }
+    }
+
+    /// A token bucket whose level is above 0: the carry holds what the store's buckets no
+    /// longer show, so the state must stay in memory.
+    pub(super) fn holds_a_level(&self, now: i64) -> bool {
+        self.kind.is_tokens() && window::estimate(self.kind, &self.buckets, self.carry, now) > 0
     }
 
     /// Buckets that start before this instant no longer count (a token bucket's are folded
@@ -89,10 +111,12 @@ impl LimitState {
     }
 
     /// Drops buckets that no longer count and hold nothing to write; a token bucket first folds
-    /// those older than `settle_ms` into its carry.
+    /// those that ended `settle_ms` before its last read (or are `TOKEN_MAX_UNFOLDED` old).
     pub(super) fn prune(&mut self, now: i64, settle_ms: i64) {
-        if self.kind.is_tokens() {
-            tokens::fold(self.kind, &self.buckets, &mut self.carry, now - settle_ms);
+        if let LimitKind::Tokens { grain_ms, .. } = self.kind {
+            let read = self.read_at.min(now) - settle_ms;
+            let oldest = self.kind.grain().bucket_start(now) - TOKEN_MAX_UNFOLDED * grain_ms;
+            tokens::fold(self.kind, &self.buckets, &mut self.carry, read.max(oldest));
         }
         let oldest = self.oldest_needed(now);
         if self

@@ -17,7 +17,10 @@
 //! The maximum runs over *all* the past: a client that keeps its bucket empty keeps the maximum
 //! at its first hit, however long ago. So the buckets that have settled (older than a few sync
 //! intervals, when every instance's hits in them have been read back) are folded into a
-//! [`Carry`]: the deficit at instant `at`. Then
+//! [`Carry`]: the deficit at instant `at`. A bucket is folded once it ended two sync intervals
+//! before this instance's last read of the store (every instance has written it, and this one
+//! has read what they wrote), and in any case once it is 30 buckets old (within what the store
+//! keeps, and what a first read reaches back to). Then
 //!
 //! ```text
 //! D(t) = max(0, C + hits[at, t] - ρ (t - at), max over buckets b >= at of hits[b, t] - ρ (t - b.start))
@@ -51,7 +54,8 @@ use crate::domain::{LimitKind, MAX_BUCKETS_READ};
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Carry {
     pub at: i64,
-    pub deficit: i64,
+    /// Up to `burst x per_ms`, about 2^84 at most: wider than an `i64`.
+    pub deficit: i128,
 }
 
 fn params(kind: LimitKind) -> (i128, i128, i64) {
@@ -85,7 +89,7 @@ fn deficit(
         best = best.max(suffix - rate * since);
     }
     let since = (now - carry.at).max(0) as i128;
-    best.max(carry.deficit as i128 + suffix - rate * since)
+    best.max(carry.deficit + suffix - rate * since)
 }
 
 /// The tokens used (the deficit, rounded up): what the limiter compares with `max` like a
@@ -119,6 +123,22 @@ pub fn time_until_at_most(
     i64::try_from((over + rate - 1) / rate).unwrap_or(i64::MAX)
 }
 
+/// The carry of a limit whose refill changed from `old` to `new` (same grain, so the buckets
+/// still count): the deficit in tokens is kept, rescaled to the new `per`. A limit that was not
+/// a token bucket starts from a full bucket, as on a first read at `now`.
+pub fn rekind(old: LimitKind, new: LimitKind, carry: Carry, now: i64) -> Carry {
+    match (old, new) {
+        (LimitKind::Tokens { per_ms: a, .. }, LimitKind::Tokens { per_ms: b, .. }) => Carry {
+            at: carry.at,
+            deficit: carry.deficit * b as i128 / a.max(1) as i128,
+        },
+        _ => Carry {
+            at: first_read_from(new, now),
+            deficit: 0,
+        },
+    }
+}
+
 /// Where a first read of a token bucket's counter starts: `MAX_BUCKETS_READ - 1` buckets
 /// before the current one, well within what the store keeps ([`crate::domain::Grain::retention_ms`]).
 pub fn first_read_from(kind: LimitKind, now: i64) -> i64 {
@@ -136,7 +156,7 @@ pub fn fold(kind: LimitKind, buckets: &[Bucket], carry: &mut Carry, settled: i64
     if horizon <= carry.at {
         return;
     }
-    let mut c = carry.deficit as i128;
+    let mut c = carry.deficit;
     let mut at = carry.at;
     for b in buckets
         .iter()
@@ -149,7 +169,7 @@ pub fn fold(kind: LimitKind, buckets: &[Bucket], carry: &mut Carry, settled: i64
     }
     c = (c - rate * (horizon - at) as i128).max(0);
     carry.at = horizon;
-    carry.deficit = i64::try_from(c).unwrap_or(i64::MAX);
+    carry.deficit = c;
 }
 
 #[cfg(test)]

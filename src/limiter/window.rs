@@ -27,7 +27,7 @@
 //! A grant writes a negative count into the current bucket, so a bucket (and an estimate) may
 //! be negative: the credit counts for as long as its bucket is in the window or the period,
 //! and lets the client go beyond `max` by as much. Negative buckets are summed like the others;
-//! a straddling one is weighed towards zero (the credit errs small). As a credit leaves the
+//! a straddling one is weighed like any other, rounded towards zero (the credit errs small). As a credit leaves the
 //! window the estimate grows, which [`time_until_at_most`] takes into account.
 
 use super::tokens::{self, Carry};
@@ -74,8 +74,7 @@ pub fn estimate_by(
             buckets
                 .iter()
                 .filter(|b| b.start >= current)
-                .map(count)
-                .sum()
+                .fold(0i64, |a, b| a.saturating_add(count(b)))
         }
         LimitKind::Sliding {
             window_ms,
@@ -145,11 +144,10 @@ pub fn time_until_at_most(
             let mut after: i64 = buckets
                 .iter()
                 .filter(|b| b.start >= oldest)
-                .map(Bucket::count)
-                .sum();
+                .fold(0i64, |a, b| a.saturating_add(b.count()));
             for b in buckets.iter().filter(|b| b.start >= oldest) {
                 let n = b.count();
-                after -= n;
+                after = after.saturating_sub(n);
                 let seg_start = s.max(b.start);
                 // r at the first moment of this segment.
                 let r0 = (b.start + grain_ms - seg_start) as i128;

@@ -7,6 +7,7 @@ mod decision;
 mod failure;
 mod strict;
 mod sync;
+mod tokens;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -40,6 +40,16 @@ function enc(s) {
   return encodeURIComponent(s);
 }
 
+/** `.` and `..` are valid ids, but a browser removes them from a URL path (as dot segments). */
+function unreachable(id) {
+  return id === "." || id === "..";
+}
+
+function dotted(id) {
+  return h("p", { class: "error", id: "error" },
+    "The id " + JSON.stringify(id) + " cannot be used in a URL path (browsers read it as a directory step); use the API with curl --path-as-is.");
+}
+
 // ---- the API ------------------------------------------------------------------------------
 
 function token() {
@@ -64,7 +74,7 @@ async function api(method, path, body) {
   try { json = await r.json(); } catch (_) { json = null; }
   if (r.status === 401) {
     sessionStorage.removeItem(TOKEN_KEY);
-    location.hash = "#/signin";
+    signin("Signed out: the server no longer accepts this token.");
     throw new ApiError(401, json);
   }
   if (!r.ok) throw new ApiError(r.status, json);
@@ -92,11 +102,18 @@ function signin(message) {
       ev.preventDefault();
       // Tried here rather than through api(), which signs out on a 401.
       const t = input.value.trim();
-      const r = await fetch("/v1/quotas?limit=1", { headers: { Authorization: "Bearer " + t } });
+      let r;
+      try {
+        r = await fetch("/v1/quotas?limit=1", { headers: { Authorization: "Bearer " + t } });
+      } catch (e) {
+        note.textContent = "Could not reach quotad, or the token holds characters a header cannot: " + e.message;
+        return;
+      }
       if (r.ok) {
         sessionStorage.setItem(TOKEN_KEY, t);
-        location.hash = "#/tenants";
-        route();
+        // A changed hash routes by itself; an unchanged one needs a nudge.
+        if (location.hash === "#/tenants") route();
+        else location.hash = "#/tenants";
       } else {
         note.textContent = r.status === 401 ? "Unknown token." : (r.status === 403 ? "This token cannot manage quotas." : "The server answered " + r.status + ".");
       }
@@ -215,7 +232,7 @@ function readLimit(row) {
 /** The policy form; `save` PUTs the document and answers the stored record. */
 function policyForm(policy, save) {
   const p = policy || { limits: [{ id: "", window: "1m" }], mode: "enforce", consistency: "cached", on_store_failure: "local" };
-  const rows = h("div", { id: "limits" });
+  const rows = h("div", { id: "limits", "data-field": "limits" });
   const renumber = () => {
     [...rows.children].forEach((row, i) => {
       for (const el of row.querySelectorAll("[data-field]")) {
@@ -250,9 +267,10 @@ function policyForm(policy, save) {
         status.className = "error";
         // The API names the field: show its message beside it.
         const el = e.field && form.querySelector('[data-field="' + CSS.escape(e.field) + '"]');
+        const beside = el && el.closest(".field") && el.closest(".field").querySelector(".field-error");
         if (el) {
           el.classList.add("invalid");
-          el.closest(".field").querySelector(".field-error").textContent = e.message;
+          if (beside) beside.textContent = e.message;
           status.textContent = "Not saved: " + e.field + " — " + e.message;
         } else {
           status.textContent = "Not saved: " + (e.field ? e.field + " — " : "") + e.message;
@@ -289,7 +307,8 @@ function historyChart(title, hist, id) {
     series: [{}, { label: "admitted", stroke: "#2e7d32", fill: "rgba(46,125,50,0.12)" }, { label: "denied", stroke: "#c62828", fill: "rgba(198,40,40,0.12)" }],
     axes: [{}, { size: 50 }],
   };
-  // uPlot draws into the box once it is in the page.
+  // Drawn once this task ends (the caller puts the box in the page first); the width is fixed,
+  // so uPlot needs no layout from the page.
   queueMicrotask(() => new uPlot(opts, [xs, admitted, denied], box));
   return box;
 }
@@ -329,17 +348,23 @@ function resetIn(ms) {
 async function tenantPage(tenant) {
   const page = h("div", { id: "tenant-page" }, h("h1", {}, "Tenant ", h("code", {}, tenant)));
   show(page);
+  if (unreachable(tenant)) { page.append(dotted(tenant)); return; }
   let policy = null;
   try {
     policy = await api("GET", "/v1/quotas/" + enc(tenant));
   } catch (e) {
     if (e.status !== 404) { page.append(failure(e)); return; }
   }
-  const head = policy
-    ? h("p", { class: "muted" }, "Version " + policy.version + ", updated ", when(policy.updated_at), ".")
-    : h("p", { class: "muted", id: "no-policy" }, "No policy yet: fill the form to create one.");
+  const version = (p) => [h("p", { class: "muted" }, "Version " + p.version + ", updated ", when(p.updated_at), ".")];
+  const head = h("div", {}, policy
+    ? version(policy)
+    : h("p", { class: "muted", id: "no-policy" }, "No policy yet: fill the form to create one."));
   page.append(h("section", {}, h("h2", {}, "Policy"), head,
-    policyForm(policy, (doc) => api("PUT", "/v1/quotas/" + enc(tenant), doc))));
+    policyForm(policy, async (doc) => {
+      const saved = await api("PUT", "/v1/quotas/" + enc(tenant), doc);
+      head.replaceChildren(...version(saved));
+      return saved;
+    })));
 
   const nearest = h("tbody", { id: "nearest" });
   const overrides = h("tbody", { id: "overrides" });
@@ -374,6 +399,7 @@ async function tenantPage(tenant) {
         h("td", {}, when(p.updated_at))));
     }
     if (!o.overrides.length) overrides.append(h("tr", {}, h("td", { colspan: 3, class: "muted" }, "None.")));
+    if (o.next) overrides.append(h("tr", {}, h("td", { colspan: 3, class: "muted" }, "The first 100 are shown: open another client by its id above.")));
     chartBox.append(await charts("/v1/usage/" + enc(tenant) + "/history", "All clients"));
   } catch (e) {
     page.append(failure(e));
@@ -382,35 +408,58 @@ async function tenantPage(tenant) {
 
 // ---- a client -------------------------------------------------------------------------------
 
+/** Paths where `/v1/usage/{tenant}/{name}` is another route: such a client's usage is not there. */
+const RESERVED = ["history", "nearest", "top"];
+
 async function clientPage(tenant, client) {
   const page = h("div", { id: "client-page" },
     h("p", {}, h("a", { href: "#/tenants/" + enc(tenant) }, "← " + tenant)),
     h("h1", {}, "Client ", h("code", {}, client), " of ", h("code", {}, tenant)));
   show(page);
+  if (unreachable(tenant) || unreachable(client)) { page.append(dotted(unreachable(tenant) ? tenant : client)); return; }
+  // Each part on its own: one that fails does not hide the others.
+  const usageBox = h("section", {}, h("h2", {}, "Usage now"));
+  const chartBox = h("section", { id: "client-charts" }, h("h2", {}, "Checks"));
+  const overBox = h("section", {}, h("h2", {}, "Override"));
+  page.append(usageBox, chartBox, overBox);
   try {
-    const u = await api("GET", "/v1/usage/" + enc(tenant) + "/" + enc(client));
-    const rows = u.limits.map((l) => h("tr", { "data-limit": l.limit_id },
-      h("td", {}, l.limit_id),
-      h("td", { class: "count" }, l.count + " / " + l.limit),
-      h("td", {}, bar(l.count, l.limit)),
-      h("td", {}, l.remaining + " left"),
-      h("td", {}, resetIn(l.reset_after_ms))));
-    page.append(h("section", {}, h("h2", {}, "Usage now"),
-      h("table", { id: "usage" }, h("thead", {}, h("tr", {}, h("th", {}, "Limit"), h("th", {}, "Used"), h("th", {}, ""), h("th", {}, "Remaining"), h("th", {}, "Resets in"))), h("tbody", {}, rows))));
-    const chartBox = h("section", { id: "client-charts" }, h("h2", {}, "Checks"));
-    page.append(chartBox);
+    if (RESERVED.includes(client)) {
+      usageBox.append(h("p", { class: "muted" }, "A client named " + client + " cannot have its current usage read: that path is another route."));
+    } else {
+      const u = await api("GET", "/v1/usage/" + enc(tenant) + "/" + enc(client));
+      const rows = u.limits.map((l) => h("tr", { "data-limit": l.limit_id },
+        h("td", {}, l.limit_id),
+        h("td", { class: "count" }, l.count + " / " + l.limit),
+        h("td", {}, bar(l.count, l.limit)),
+        h("td", {}, l.remaining + " left"),
+        h("td", {}, resetIn(l.reset_after_ms))));
+      usageBox.append(h("table", { id: "usage" }, h("thead", {}, h("tr", {}, h("th", {}, "Limit"), h("th", {}, "Used"), h("th", {}, ""), h("th", {}, "Remaining"), h("th", {}, "Resets in"))), h("tbody", {}, rows)));
+    }
+  } catch (e) {
+    usageBox.append(failure(e));
+    if (e.status === 403) { chartBox.remove(); overBox.remove(); return; }
+  }
+  try {
     chartBox.append(await charts("/v1/usage/" + enc(tenant) + "/" + enc(client) + "/history", client));
+  } catch (e) {
+    chartBox.append(failure(e));
+  }
+  try {
     let over = null;
     try {
       over = await api("GET", "/v1/quotas/" + enc(tenant) + "/clients/" + enc(client));
     } catch (e) {
       if (e.status !== 404) throw e;
     }
-    page.append(h("section", {}, h("h2", {}, "Override"),
-      over ? h("p", { class: "muted" }, "Version " + over.version + ", updated ", when(over.updated_at), ".") : h("p", { class: "muted" }, "None: the tenant's policy applies."),
-      policyForm(over, (doc) => api("PUT", "/v1/quotas/" + enc(tenant) + "/clients/" + enc(client), doc))));
+    const version = (p) => [h("p", { class: "muted" }, "Version " + p.version + ", updated ", when(p.updated_at), ".")];
+    const head = h("div", {}, over ? version(over) : h("p", { class: "muted" }, "None: the tenant's policy applies."));
+    overBox.append(head, policyForm(over, async (doc) => {
+      const saved = await api("PUT", "/v1/quotas/" + enc(tenant) + "/clients/" + enc(client), doc);
+      head.replaceChildren(...version(saved));
+      return saved;
+    }));
   } catch (e) {
-    page.append(failure(e));
+    overBox.append(failure(e));
   }
 }
 
@@ -459,7 +508,7 @@ async function audit(params) {
         h("td", {}, e.tenant),
         h("td", {}, e.client || ""),
         h("td", {}, ver),
-        h("td", {}, h("code", { title: (e.body_after || "") }, e.request_id))));
+        h("td", {}, h("code", { title: e.body_after ? JSON.stringify(e.body_after) : "" }, e.request_id))));
     }
     if (!r.entries.length) body.append(h("tr", {}, h("td", { colspan: 7, class: "muted" }, "No entries.")));
     if (r.next) {
@@ -480,7 +529,13 @@ async function route() {
   const params = new URLSearchParams(query || "");
   if (!token() || path === "/signin") { signin(); return; }
   document.getElementById("nav").hidden = false;
-  const parts = path.split("/").filter(Boolean).map(decodeURIComponent);
+  let parts;
+  try {
+    parts = path.split("/").filter(Boolean).map(decodeURIComponent);
+  } catch (_) {
+    show(h("p", { class: "error" }, "No such page."));
+    return;
+  }
   if (parts[0] === "tenants" && parts.length === 1) return tenants(params);
   if (parts[0] === "tenants" && parts.length === 2) return tenantPage(parts[1]);
   if (parts[0] === "tenants" && parts[2] === "clients" && parts.length === 4) return clientPage(parts[1], parts[3]);

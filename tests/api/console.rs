@@ -317,7 +317,16 @@ async fn the_console_in_a_real_chromium() {
     b.type_into("[data-field='limits[0].max']", "5").await;
     b.click("#save-policy").await;
     b.wait_text("#policy-status", "Saved: version 1").await;
+    assert!(
+        b.find("#no-policy").await.is_none(),
+        "the header follows the save"
+    );
     b.screenshot("04-policy-saved").await;
+    // The CSP's Trusted Types: the page cannot send a string to an HTML sink.
+    let sink = b
+        .script("try { document.createElement('div').innerHTML = '<b>x</b>'; return 'allowed'; } catch (e) { return 'refused'; }")
+        .await;
+    assert_eq!(sink, json!("refused"));
     let stored = app.get_json("/v1/quotas/acme").await;
     assert_eq!(
         stored["limits"][0],

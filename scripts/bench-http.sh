@@ -4,6 +4,8 @@
 #   scripts/bench-http.sh            # everything, ~3 minutes of load plus the build
 #   DUR=5s scripts/bench-http.sh     # shorter runs
 #   ONLY=memory scripts/bench-http.sh   # one part: throughput | ab | store | strict | memory | flood
+#   FEATURES=mimalloc scripts/bench-http.sh   # build quotad with cargo features (the allocator)
+#   CARGO_PROFILE_RELEASE_LTO=fat CARGO_PROFILE_RELEASE_CODEGEN_UNITS=1 scripts/bench-http.sh
 #
 # What it measures (all on 127.0.0.1, every run bounded by DUR):
 #  1. /v1/check and /v1/check/batch (100 checks a request) on quotad (embedded store, cached
@@ -48,8 +50,8 @@ if ! command -v wrk >/dev/null; then
   log "installing wrk (apt)"
   apt-get update -qq && apt-get install -y -qq wrk
 fi
-log "building (release) into $TARGET"
-cargo build --release --bin quotad --example bench_baseline
+log "building (release) into $TARGET${FEATURES:+ with features $FEATURES}"
+cargo build --release --bin quotad --example bench_baseline ${FEATURES:+--features "$FEATURES"}
 QUOTAD=$TARGET/release/quotad
 BASELINE=$TARGET/release/examples/bench_baseline
 

@@ -7,6 +7,10 @@ use clap::{Parser, Subcommand};
 use quotad::config::Settings;
 use quotad::startup::Application;
 
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "quotad",

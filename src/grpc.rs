@@ -135,7 +135,7 @@ fn current_limit(id: &str, max: u64, kind: LimitKind) -> RateLimit {
             Period::Month => Unit::Month,
         },
         LimitKind::Sliding { window_ms, .. } => by_length(window_ms),
-        LimitKind::Tokens { per_ms, .. } => by_length(per_ms),
+        LimitKind::Tokens { per_ms, .. } => by_length(per_ms.into()),
     };
     RateLimit {
         name: id.to_owned(),

@@ -242,10 +242,13 @@ fn parse_tokens(l: &LimitDoc, at: &str, burst: u64) -> Result<LimitKind, FieldEr
                 "burst / rate x per, the time an empty bucket takes to fill, must be from 1s to 31d",
             )
         })?;
+    // Both at most 31 days (MAX_PER_MS, the ladder's widest grain): within a u32.
+    let narrow =
+        |ms: i64| u32::try_from(ms).map_err(|_| FieldError::new(format!("{at}.per"), PER_MESSAGE));
     Ok(LimitKind::Tokens {
         rate,
-        per_ms,
-        grain_ms: token_grain(fill),
+        per_ms: narrow(per_ms)?,
+        grain_ms: narrow(token_grain(fill))?,
     })
 }
 
@@ -323,7 +326,7 @@ fn limit_doc(l: &Limit) -> LimitDoc {
             rate: r, per_ms, ..
         } => {
             rate = Some(r.into());
-            per = Some(format_duration_ms(per_ms));
+            per = Some(format_duration_ms(per_ms.into()));
         }
     }
     let tokens = l.kind.is_tokens();

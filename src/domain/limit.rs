@@ -16,20 +16,21 @@ pub enum LimitKind {
     },
     Calendar(Period),
     /// A token bucket holding `max` tokens (its burst), refilled with `rate` tokens every
-    /// `per_ms`; its hits are counted in buckets of `grain_ms` (see `limiter::tokens`).
+    /// `per_ms`; its hits are counted in buckets of `grain_ms` (see `limiter::tokens`). Both
+    /// are at most 31 days, which fits a `u32`: the variant is no wider than the others, and
+    /// every counter's state holds a kind.
     Tokens {
         rate: u64,
-        per_ms: i64,
-        grain_ms: i64,
+        per_ms: u32,
+        grain_ms: u32,
     },
 }
 
 impl LimitKind {
     pub fn grain(self) -> Grain {
         match self {
-            LimitKind::Sliding { grain_ms, .. } | LimitKind::Tokens { grain_ms, .. } => {
-                Grain::Fixed(grain_ms)
-            }
+            LimitKind::Sliding { grain_ms, .. } => Grain::Fixed(grain_ms),
+            LimitKind::Tokens { grain_ms, .. } => Grain::Fixed(grain_ms.into()),
             LimitKind::Calendar(p) => p.grain(),
         }
     }

@@ -63,7 +63,7 @@ struct Verdict {
 /// hits leave it), or by this instance's share of the headroom (until the next sync).
 fn judge(l: &Limit, s: &LimitState, now: i64, cost: u64, fleet: Fleet) -> Verdict {
     let buckets = &s.buckets;
-    let est = window::estimate(l.kind, buckets, s.carry, now);
+    let est = window::estimate(l.kind, buckets, s.carry(), now);
     if cost > l.max {
         Verdict {
             est,
@@ -77,7 +77,7 @@ fn judge(l: &Limit, s: &LimitState, now: i64, cost: u64, fleet: Fleet) -> Verdic
             retry: Some(window::time_until_at_most(
                 l.kind,
                 buckets,
-                s.carry,
+                s.carry(),
                 now,
                 l.max - cost,
             )),
@@ -164,7 +164,7 @@ pub(super) fn decide(
         limit_id: l.id.clone(),
         limit: l.max,
         remaining: remaining(l.max, v.est, if denied { 0 } else { cost }),
-        reset_after_ms: window::reset_after(l.kind, &states[b].buckets, states[b].carry, now),
+        reset_after_ms: window::reset_after(l.kind, &states[b].buckets, states[b].carry(), now),
     };
     let dry_run = policy.mode == Mode::DryRun;
     Decision {

@@ -423,7 +423,7 @@ impl Limiter {
                 window::bucket_at(buckets, b.start).pending += b.pending;
             }
             if s.kind == l.kind {
-                carry = s.carry;
+                carry = s.carry();
             }
         });
         carry

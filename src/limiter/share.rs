@@ -77,12 +77,12 @@ pub(super) struct Fleet {
 pub(super) fn within_share(l: &Limit, s: &LimitState, now: i64, cost: u64) -> bool {
     let (stored, pending) = if l.kind.is_tokens() {
         let pending: i64 = s.buckets.iter().map(|b| b.pending as i64).sum();
-        let level = window::estimate(l.kind, &s.buckets, s.carry, now);
+        let level = window::estimate(l.kind, &s.buckets, s.carry(), now);
         ((level - pending).max(0), pending)
     } else {
         (
-            window::estimate_by(l.kind, &s.buckets, s.carry, now, |b| b.stored),
-            window::estimate_by(l.kind, &s.buckets, s.carry, now, |b| b.pending as i64),
+            window::estimate_by(l.kind, &s.buckets, s.carry(), now, |b| b.stored),
+            window::estimate_by(l.kind, &s.buckets, s.carry(), now, |b| b.pending as i64),
         )
     };
     let headroom = (l.max as i128 - (stored as i128 - s.settling as i128)).max(0);

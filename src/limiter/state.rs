@@ -35,11 +35,18 @@ pub(super) struct LimitState {
     /// Hits this instance wrote since its last read back: in `stored` already, but not yet in
     /// what the other instances know, so they still count against this instance's share.
     pub(super) settling: u64,
-    /// A token bucket's level at the start of its oldest bucket that still counts (see
-    /// `tokens`); unused by other kinds.
+    /// What only a token bucket needs; None for other kinds, whose states stay as small as
+    /// they were (one word here instead of the 40 bytes of a `TokenLevel`).
+    pub(super) tokens: Option<Box<TokenLevel>>,
+}
+
+/// A token bucket's state beyond its buckets.
+#[derive(Debug)]
+pub(super) struct TokenLevel {
+    /// Its level at the start of its oldest bucket that still counts (see `tokens`).
     pub(super) carry: Carry,
-    /// When this state's buckets were last read from the store: a token bucket folds only
-    /// buckets every instance had written by then.
+    /// When its buckets were last read from the store: only buckets every instance had
+    /// written by then are folded.
     pub(super) read_at: i64,
 }
 
@@ -60,11 +67,29 @@ impl LimitState {
             buckets,
             share,
             settling: 0,
-            carry: Carry {
-                at: window::oldest_needed(l.kind, now),
-                deficit: 0,
-            },
-            read_at: now,
+            tokens: l.kind.is_tokens().then(|| {
+                Box::new(TokenLevel {
+                    carry: Carry {
+                        at: window::oldest_needed(l.kind, now),
+                        deficit: 0,
+                    },
+                    read_at: now,
+                })
+            }),
+        }
+    }
+
+    /// What a token bucket's level is read with (ignored by other kinds).
+    pub(super) fn carry(&self) -> Carry {
+        self.tokens
+            .as_ref()
+            .map_or_else(Carry::default, |t| t.carry)
+    }
+
+    /// The store was read for this state at `now`.
+    pub(super) fn read_back(&mut self, now: i64) {
+        if let Some(t) = self.tokens.as_mut() {
+            t.read_at = now;
         }
     }
 
@@ -72,7 +97,12 @@ impl LimitState {
     /// bucket's carry follows the new refill.
     pub(super) fn rekind(&mut self, kind: LimitKind, now: i64) {
         if self.kind != kind {
-            self.carry = tokens::rekind(self.kind, kind, self.carry, now);
+            self.tokens = kind.is_tokens().then(|| {
+                Box::new(TokenLevel {
+                    carry: tokens::rekind(self.kind, kind, self.carry(), now),
+                    read_at: self.tokens.as_ref().map_or(now, |t| t.read_at),
+                })
+            });
             self.kind = kind;
         }
     }
@@ -80,14 +110,14 @@ impl LimitState {
     /// A token bucket whose level is above 0: the carry holds what the store's buckets no
     /// longer show, so the state must stay in memory.
     pub(super) fn holds_a_level(&self, now: i64) -> bool {
-        self.kind.is_tokens() && window::estimate(self.kind, &self.buckets, self.carry, now) > 0
+        self.kind.is_tokens() && window::estimate(self.kind, &self.buckets, self.carry(), now) > 0
     }
 
     /// Buckets that start before this instant no longer count (a token bucket's are folded
     /// into its carry).
     pub(super) fn oldest_needed(&self, now: i64) -> i64 {
         if self.kind.is_tokens() {
-            self.carry.at
+            self.carry().at
         } else {
             window::oldest_needed(self.kind, now)
         }
@@ -95,9 +125,7 @@ impl LimitState {
 
     /// Nothing counts any more: no bucket, and (a token bucket) a full bucket.
     pub(super) fn is_empty(&self, now: i64) -> bool {
-        self.buckets.is_empty()
-            && (!self.kind.is_tokens()
-                || window::estimate(self.kind, &self.buckets, self.carry, now) <= 0)
+        self.buckets.is_empty() && !self.holds_a_level(now)
     }
 
     pub(super) fn is(&self, l: &Limit) -> bool {
@@ -113,10 +141,11 @@ impl LimitState {
     /// Drops buckets that no longer count and hold nothing to write; a token bucket first folds
     /// those that ended `settle_ms` before its last read (or are `TOKEN_MAX_UNFOLDED` old).
     pub(super) fn prune(&mut self, now: i64, settle_ms: i64) {
-        if let LimitKind::Tokens { grain_ms, .. } = self.kind {
-            let read = self.read_at.min(now) - settle_ms;
-            let oldest = self.kind.grain().bucket_start(now) - TOKEN_MAX_UNFOLDED * grain_ms;
-            tokens::fold(self.kind, &self.buckets, &mut self.carry, read.max(oldest));
+        if let (LimitKind::Tokens { grain_ms, .. }, Some(t)) = (self.kind, self.tokens.as_mut()) {
+            let read = t.read_at.min(now) - settle_ms;
+            let oldest =
+                self.kind.grain().bucket_start(now) - TOKEN_MAX_UNFOLDED * i64::from(grain_ms);
+            tokens::fold(self.kind, &self.buckets, &mut t.carry, read.max(oldest));
         }
         let oldest = self.oldest_needed(now);
         if self
@@ -175,5 +204,17 @@ impl Limiter {
             .iter_mut()
             .find(|s| s.id == key.limit && s.kind.grain() == key.grain)?;
         Some(f(s))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every counter in memory holds one: what a token bucket alone needs lives behind a
+    /// pointer, and a kind is no wider than a sliding window's (`docs/performance.md` counts
+    /// bytes per counter).
+    #[test]
+    fn a_limit_state_stays_small() {
+        assert!(std::mem::size_of::<super::LimitState>() <= 88);
+        assert!(std::mem::size_of::<crate::domain::LimitKind>() <= 24);
     }
 }

@@ -99,7 +99,7 @@ impl Limiter {
             self.with_state(&r.key, |s| {
                 s.share = share;
                 s.settling = 0;
-                s.read_at = now;
+                s.read_back(now);
                 for b in s.buckets.iter_mut().filter(|b| b.start >= r.from) {
                     b.stored = 0;
                 }

@@ -64,7 +64,7 @@ fn params(kind: LimitKind) -> (i128, i128, i64) {
             rate,
             per_ms,
             grain_ms,
-        } => (rate as i128, per_ms as i128, grain_ms),
+        } => (rate as i128, per_ms as i128, grain_ms.into()),
         // Not a token bucket: no refill, so the level is the plain sum (never used so).
         _ => (0, 1, kind.grain().bucket_end(0)),
     }
@@ -182,8 +182,8 @@ mod tests {
     fn kind(burst: u64, rate: u64, per_ms: i64) -> LimitKind {
         LimitKind::Tokens {
             rate,
-            per_ms,
-            grain_ms: token_grain(fill_ms(burst, rate, per_ms).unwrap()),
+            per_ms: per_ms as u32,
+            grain_ms: token_grain(fill_ms(burst, rate, per_ms).unwrap()) as u32,
         }
     }
 

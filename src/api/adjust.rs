@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::audit::{append, new_entry};
+use super::auth::Principal;
 use super::body::{json_body, parse_json};
 use super::error::{ApiError, ErrorBody};
 use super::idempotency::{at_most_once, Failed};
@@ -61,13 +62,16 @@ pub struct GrantView<'a> {
     tenant: &'a str,
 }
 
-/// Admin or tenant_admin of the path's tenant, and a client.
-fn target(req: &HttpRequest, state: &AppState) -> Result<(TenantId, ClientId), ApiError> {
+/// The caller (admin or tenant_admin of the path's tenant), the tenant and the client.
+fn target(
+    req: &HttpRequest,
+    state: &AppState,
+) -> Result<(Principal, TenantId, ClientId), ApiError> {
     let who = state.auth.admin(req)?;
     let (tenant, client) = path_ids(req)?;
     who.may_manage(tenant.as_str())?;
     let client = client.ok_or_else(|| ApiError::invalid("client", "client is required"))?;
-    Ok((tenant, client))
+    Ok((who, tenant, client))
 }
 
 /// The client-scoped limit `id` of `policy`, or a 400 naming `limit_id`.
@@ -115,7 +119,7 @@ pub async fn reset(
     payload: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let (tenant, client) = target(&req, &state)?;
+    let (who, tenant, client) = target(&req, &state)?;
     // The body is optional: none at all (no Content-Type, nothing sent) resets every limit.
     let has_body = req.headers().contains_key(header::CONTENT_TYPE)
         || req
@@ -138,7 +142,6 @@ pub async fn reset(
         Some(id) => Some(client_limit(&policy, id, "reset")?.id.clone()),
     };
     at_most_once(&req, &state, &tenant, &body, || async {
-        let who = state.auth.admin(&req)?;
         let before = state
             .limiter
             .reset(&policy, &tenant, &client, only.as_ref())
@@ -185,7 +188,7 @@ pub async fn grant(
     payload: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let (tenant, client) = target(&req, &state)?;
+    let (who, tenant, client) = target(&req, &state)?;
     let body = json_body(&req, payload).await?;
     let dto: GrantDto = parse_json(&body)?;
     let amount = crate::domain::whole_u64(&dto.amount)
@@ -200,7 +203,6 @@ pub async fn grant(
     let limit = client_limit(&policy, &dto.limit_id, "grant")?;
     at_most_once(&req, &state, &tenant, &body, || async {
         let g = state.limiter.grant(&tenant, &client, limit, amount).await?;
-        let who = state.auth.admin(&req)?;
         let mut entry = new_entry(
             &who.name,
             who.role.as_str(),

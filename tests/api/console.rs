@@ -50,7 +50,7 @@ struct Browser {
     http: reqwest::Client,
     session: String,
     shots: PathBuf,
-    _driver: Driver,
+    driver: Driver,
 }
 
 impl Browser {
@@ -116,12 +116,12 @@ impl Browser {
             http,
             session,
             shots,
-            _driver: driver,
+            driver,
         }
     }
 
     async fn cmd(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
-        let url = format!("{}/session/{}{path}", self._driver.base, self.session);
+        let url = format!("{}/session/{}{path}", self.driver.base, self.session);
         let mut req = self.http.request(method, url);
         if let Some(b) = body {
             req = req.json(&b);

@@ -244,6 +244,8 @@ async fn a_grant_and_a_reset_on_one_instance_take_effect_on_another() {
         admitted_within_a_refresh(&a, "beta", "k1").await,
         "the reset did not reach A"
     );
+    // A's admitted check reaches the store at its next sync round; B reads it from there.
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let (s, v, _) = post(
         &b,
         "/v1/usage/beta/k1/grant",

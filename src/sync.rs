@@ -32,6 +32,9 @@ use crate::metrics::Metrics;
 use crate::store::history::UsageDelta;
 use crate::store::{CounterRange, DynHistoryStore, StoreError};
 
+/// The longest the janitor keeps going at one wake-up (sync rounds wait meanwhile).
+const JANITOR_MAX_BUSY: Duration = Duration::from_secs(1);
+
 #[derive(Clone, Debug)]
 pub struct SyncConfig {
     pub interval: Duration,
@@ -240,29 +243,43 @@ impl Syncer {
         );
     }
 
+    /// Deletes what is past retention, a budget at a time, until a call finds less than its
+    /// budget due (caught up) or [`JANITOR_MAX_BUSY`] has passed: under a sustained load a
+    /// single budget a wake-up could fall behind the buckets written, and the store would grow.
     async fn janitor(&self) {
-        let now = self.limiter.clock().now_ms();
-        let started = std::time::Instant::now();
-        let res = tokio::time::timeout(
-            self.cfg.timeout,
-            self.limiter
-                .store()
-                .delete_expired(now, self.cfg.janitor_budget),
-        )
-        .await;
-        let secs = started.elapsed().as_secs_f64();
-        match res {
-            Ok(Ok(n)) => {
-                self.metrics.store_op("delete_expired", "ok", secs);
-                if n > 0 {
-                    tracing::debug!(deleted = n, "janitor: deleted expired buckets");
+        let busy_since = std::time::Instant::now();
+        loop {
+            let now = self.limiter.clock().now_ms();
+            let started = std::time::Instant::now();
+            let res = tokio::time::timeout(
+                self.cfg.timeout,
+                self.limiter
+                    .store()
+                    .delete_expired(now, self.cfg.janitor_budget),
+            )
+            .await;
+            let secs = started.elapsed().as_secs_f64();
+            let n = match res {
+                Ok(Ok(n)) => {
+                    self.metrics.store_op("delete_expired", "ok", secs);
+                    if n > 0 {
+                        tracing::debug!(deleted = n, "janitor: deleted expired buckets");
+                    }
+                    n
                 }
+                Ok(Err(e)) => {
+                    self.metrics.store_op("delete_expired", "error", secs);
+                    tracing::warn!(error = %e, "janitor failed");
+                    return;
+                }
+                Err(_) => {
+                    self.metrics.store_op("delete_expired", "timeout", secs);
+                    return;
+                }
+            };
+            if n < self.cfg.janitor_budget as u64 || busy_since.elapsed() >= JANITOR_MAX_BUSY {
+                return;
             }
-            Ok(Err(e)) => {
-                self.metrics.store_op("delete_expired", "error", secs);
-                tracing::warn!(error = %e, "janitor failed");
-            }
-            Err(_) => self.metrics.store_op("delete_expired", "timeout", secs),
         }
     }
 

@@ -117,6 +117,9 @@ pub trait CounterStore: Send + Sync + 'static {
     fn kind(&self) -> &'static str;
 
     /// Applies the increments. On error, none or some may have landed (see [`StoreError`]).
+    /// A bucket is kept at least [`Grain::retention_ms`] past its start; a store may drop it
+    /// as soon as a newer bucket of its counter written since starts that much later (no clock
+    /// can then be earlier).
     async fn increment(&self, deltas: &[Delta]) -> StoreResult<()>;
 
     /// Reads the buckets of each range; one vector per range, in order, sorted by start,
@@ -135,7 +138,10 @@ pub trait CounterStore: Send + Sync + 'static {
     }
 
     /// Deletes buckets no window can need any more at `now_ms` (see
-    /// [`Grain::retention_ms`]), at most `budget` of them; returns how many went.
+    /// [`Grain::retention_ms`]), about `budget` of them (a store may finish the row or
+    /// partition it is in); returns how many went, counted in the store's unit (buckets on the
+    /// embedded store, partitions on scylla). Less than `budget` says the call found no more
+    /// to do for now.
     async fn delete_expired(&self, now_ms: i64, budget: usize) -> StoreResult<u64>;
 
     /// Succeeds while the store answers (`/readyz`).

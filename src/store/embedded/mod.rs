@@ -7,11 +7,9 @@
 //! scylla store.
 //!
 //! Layout:
-//! - `counters`: key = tenant \0 subject \0 limit \0 grain(8) start(8), value = count (i64).
-//!   Ids cannot contain \0, and the integers are big-endian with the sign bit flipped, so byte
-//!   order is (counter, start) order and a counter's buckets are one range.
-//! - `expiry`: key = expire_at(8) ++ counter key, written when a bucket is first created; the
-//!   janitor walks it from the oldest, so deleting old buckets costs what it deletes.
+//! - `counter_rows` / `counter_expiry`: a row per counter holding its live buckets, and the
+//!   index the janitor deletes unused rows by ([`counters`]). Ids cannot contain \0, and
+//!   integers in keys are big-endian with the sign bit flipped, so byte order is numeric order.
 //! - `tenant_policies` / `client_policies` (tenant \0 client): JSON of the record.
 //! - `meta`: the policies generation.
 //! - `members` / `shards_used`: leases on write shards ([`lease`]). One process writes this
@@ -20,6 +18,7 @@
 //! - `usage`, `usage_clients`, `usage_days`, `audit`: usage history and the audit log
 //!   ([`history`]).
 
+mod counters;
 mod history;
 mod idempotency;
 mod lease;
@@ -33,13 +32,11 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 
 use super::{
-    BucketTotal, CounterKey, CounterRange, CounterStore, Delta, PolicyKey, PolicyRecord,
-    PolicyStore, StoreError, StoreResult,
+    BucketTotal, CounterRange, CounterStore, Delta, PolicyKey, PolicyRecord, PolicyStore,
+    StoreError, StoreResult,
 };
-use crate::domain::{ClientId, Grain, TenantId};
+use crate::domain::{ClientId, TenantId};
 
-const COUNTERS: TableDefinition<&[u8], i64> = TableDefinition::new("counters");
-const EXPIRY: TableDefinition<&[u8], ()> = TableDefinition::new("expiry");
 const TENANT_POLICIES: TableDefinition<&str, &[u8]> = TableDefinition::new("tenant_policies");
 const CLIENT_POLICIES: TableDefinition<&str, &[u8]> = TableDefinition::new("client_policies");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
@@ -69,37 +66,6 @@ fn dec_i64(b: &[u8]) -> i64 {
     let mut a = [0u8; 8];
     a.copy_from_slice(b);
     (u64::from_be_bytes(a) ^ (1 << 63)) as i64
-}
-
-/// The part of a counter key shared by all its buckets.
-fn counter_prefix(k: &CounterKey) -> Vec<u8> {
-    let mut v = Vec::with_capacity(k.tenant.len() + k.subject.len() + k.limit.len() + 19);
-    v.extend_from_slice(k.tenant.as_bytes());
-    v.push(0);
-    v.extend_from_slice(k.subject.as_bytes());
-    v.push(0);
-    v.extend_from_slice(k.limit.as_bytes());
-    v.push(0);
-    v.extend_from_slice(&enc_i64(k.grain.code()));
-    v
-}
-
-fn bucket_key(k: &CounterKey, start: i64) -> Vec<u8> {
-    let mut v = counter_prefix(k);
-    v.extend_from_slice(&enc_i64(start));
-    v
-}
-
-/// Recovers the grain and start from a bucket key (the last 16 bytes).
-fn grain_and_start(key: &[u8]) -> Option<(Grain, i64)> {
-    let n = key.len();
-    if n < 16 {
-        return None;
-    }
-    Some((
-        Grain::from_code(dec_i64(&key[n - 16..n - 8]))?,
-        dec_i64(&key[n - 8..]),
-    ))
 }
 
 #[derive(Serialize, Deserialize)]
@@ -161,8 +127,7 @@ impl EmbeddedStore {
         // Create every table up front so read transactions never meet a missing one.
         let tx = db.begin_write().map_err(err)?;
         {
-            tx.open_table(COUNTERS).map_err(err)?;
-            tx.open_table(EXPIRY).map_err(err)?;
+            counters::create_tables(&tx)?;
             tx.open_table(TENANT_POLICIES).map_err(err)?;
             tx.open_table(CLIENT_POLICIES).map_err(err)?;
             tx.open_table(META).map_err(err)?;
@@ -170,7 +135,14 @@ impl EmbeddedStore {
             history::create_tables(&tx)?;
             idempotency::create_tables(&tx)?;
         }
+        let moved = counters::upgrade(&tx)?;
         tx.commit().map_err(err)?;
+        if moved > 0 {
+            tracing::info!(
+                buckets = moved,
+                "embedded store: counters moved to one row per counter"
+            );
+        }
         Ok(Self {
             db: Arc::new(db),
             path,
@@ -194,52 +166,6 @@ impl EmbeddedStore {
     }
 }
 
-fn apply_deltas(tx: &redb::WriteTransaction, deltas: &[Delta]) -> StoreResult<()> {
-    let mut counters = tx.open_table(COUNTERS).map_err(err)?;
-    let mut expiry = tx.open_table(EXPIRY).map_err(err)?;
-    for d in deltas {
-        let key = bucket_key(&d.key, d.start);
-        let current = counters
-            .get(key.as_slice())
-            .map_err(err)?
-            .map(|v| v.value());
-        if current.is_none() {
-            let expire_at = d.start.saturating_add(d.key.grain.retention_ms());
-            let mut ek = Vec::with_capacity(8 + key.len());
-            ek.extend_from_slice(&enc_i64(expire_at));
-            ek.extend_from_slice(&key);
-            expiry.insert(ek.as_slice(), ()).map_err(err)?;
-        }
-        let next = current.unwrap_or(0).saturating_add(d.delta);
-        counters.insert(key.as_slice(), next).map_err(err)?;
-    }
-    Ok(())
-}
-
-fn read_ranges<T: ReadableTable<&'static [u8], i64>>(
-    counters: &T,
-    ranges: &[CounterRange],
-) -> StoreResult<Vec<Vec<BucketTotal>>> {
-    let mut out = Vec::with_capacity(ranges.len());
-    for r in ranges {
-        let lo = bucket_key(&r.key, r.from);
-        let hi = bucket_key(&r.key, r.to);
-        let mut buckets = Vec::new();
-        for item in counters.range(lo.as_slice()..=hi.as_slice()).map_err(err)? {
-            let (k, v) = item.map_err(err)?;
-            let start = dec_i64(&k.value()[k.value().len() - 8..]);
-            let total = v.value();
-            buckets.push(BucketTotal {
-                start,
-                total,
-                mine: total,
-            });
-        }
-        out.push(buckets);
-    }
-    Ok(out)
-}
-
 fn bump_generation(tx: &redb::WriteTransaction) -> StoreResult<()> {
     let mut meta = tx.open_table(META).map_err(err)?;
     let g = meta.get(GENERATION).map_err(err)?.map(|v| v.value());
@@ -260,7 +186,7 @@ impl CounterStore for EmbeddedStore {
         let deltas = deltas.to_vec();
         self.blocking(move |db| {
             let tx = db.begin_write().map_err(err)?;
-            apply_deltas(&tx, &deltas)?;
+            counters::apply_deltas(&tx, &deltas)?;
             tx.commit().map_err(err)
         })
         .await
@@ -270,8 +196,8 @@ impl CounterStore for EmbeddedStore {
         let ranges = ranges.to_vec();
         self.blocking(move |db| {
             let tx = db.begin_read().map_err(err)?;
-            let counters = tx.open_table(COUNTERS).map_err(err)?;
-            read_ranges(&counters, &ranges)
+            let rows = tx.open_table(counters::COUNTER_ROWS).map_err(err)?;
+            counters::read_ranges(&rows, &ranges)
         })
         .await
     }
@@ -287,10 +213,10 @@ impl CounterStore for EmbeddedStore {
         let ranges = ranges.to_vec();
         self.blocking(move |db| {
             let tx = db.begin_write().map_err(err)?;
-            apply_deltas(&tx, &deltas)?;
+            counters::apply_deltas(&tx, &deltas)?;
             let out = {
-                let counters = tx.open_table(COUNTERS).map_err(err)?;
-                read_ranges(&counters, &ranges)?
+                let rows = tx.open_table(counters::COUNTER_ROWS).map_err(err)?;
+                counters::read_ranges(&rows, &ranges)?
             };
             tx.commit().map_err(err)?;
             Ok(out)
@@ -301,30 +227,7 @@ impl CounterStore for EmbeddedStore {
     async fn delete_expired(&self, now_ms: i64, budget: usize) -> StoreResult<u64> {
         self.blocking(move |db| {
             let tx = db.begin_write().map_err(err)?;
-            let mut removed = 0u64;
-            {
-                let mut expiry = tx.open_table(EXPIRY).map_err(err)?;
-                let mut counters = tx.open_table(COUNTERS).map_err(err)?;
-                let hi = enc_i64(now_ms);
-                let due: Vec<Vec<u8>> = expiry
-                    .range(..hi.as_slice())
-                    .map_err(err)?
-                    .take(budget)
-                    .map(|item| item.map(|(k, _)| k.value().to_vec()).map_err(err))
-                    .collect::<StoreResult<_>>()?;
-                for ek in due {
-                    let key = &ek[8..];
-                    // Only delete what is truly past its retention: the expiry row was written
-                    // with the bucket's grain, and re-deriving it guards against a corrupt row.
-                    if let Some((grain, start)) = grain_and_start(key) {
-                        if start.saturating_add(grain.retention_ms()) <= now_ms {
-                            counters.remove(key).map_err(err)?;
-                            removed += 1;
-                        }
-                    }
-                    expiry.remove(ek.as_slice()).map_err(err)?;
-                }
-            }
+            let removed = counters::delete_expired(&tx, now_ms, budget)?;
             tx.commit().map_err(err)?;
             Ok(removed)
         })
@@ -538,19 +441,5 @@ mod tests {
             assert!(enc_i64(w[0]) < enc_i64(w[1]));
             assert_eq!(dec_i64(&enc_i64(w[0])), w[0]);
         }
-    }
-
-    #[test]
-    fn bucket_keys_recover_grain_and_start() {
-        let k = CounterKey {
-            tenant: "t".into(),
-            subject: "*".into(),
-            limit: "l".into(),
-            grain: Grain::Month,
-        };
-        assert_eq!(
-            grain_and_start(&bucket_key(&k, 1_700_000_000_000)),
-            Some((Grain::Month, 1_700_000_000_000))
-        );
     }
 }

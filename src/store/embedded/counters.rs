@@ -1,0 +1,469 @@
+//! Counters on the embedded store: one row per counter holding its live buckets.
+//!
+//! - `counter_rows`: key = tenant \0 subject \0 limit \0 grain(8), value = the counter's buckets,
+//!   16 bytes each (start, count; little-endian i64), sorted by start.
+//! - `counter_expiry`: key = slot(8) ++ counter key. `slot` is the instant the row's newest
+//!   bucket passes its retention, rounded up to [`EXPIRY_SLOT_MS`]: by then every bucket of the
+//!   row has, so the janitor deletes the whole row. A write that moves the row into another slot
+//!   moves its entry, so every entry names a row that is due when the entry is.
+//!
+//! Why a row per counter and not per bucket: a sync round then costs one read and one write per
+//! counter it touches, whatever the number of buckets it adds to. A 1 s window is cut into 100 ms
+//! buckets, so a row per bucket meant about ten new rows a second per active client, each with an
+//! index entry to write and later two deletes, and a janitor that could not keep up under a
+//! sustained load (the file grew without bound). Each write also drops the row's buckets that
+//! are past retention counted from its newest bucket (which no clock can be before), so a busy
+//! counter's row holds at most [`crate::domain::MAX_BUCKETS_READ`] + 1 buckets and never waits for
+//! the janitor; the janitor only deletes the rows of counters no longer written.
+//!
+//! Stores written by earlier releases (a row per bucket in `counters`, an index in `expiry`) are
+//! folded into this layout when opened ([`upgrade`]), in one transaction.
+
+use redb::{ReadableTable, TableDefinition, TableHandle, WriteTransaction};
+
+use super::{dec_i64, enc_i64, err};
+use crate::domain::Grain;
+use crate::store::{BucketTotal, CounterKey, CounterRange, Delta, StoreError, StoreResult};
+
+pub(super) const COUNTER_ROWS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("counter_rows");
+pub(super) const COUNTER_EXPIRY: TableDefinition<&[u8], ()> =
+    TableDefinition::new("counter_expiry");
+/// The layout of earlier releases: a row per bucket and its expiry index.
+const LEGACY_COUNTERS: TableDefinition<&[u8], i64> = TableDefinition::new("counters");
+const LEGACY_EXPIRY: TableDefinition<&[u8], ()> = TableDefinition::new("expiry");
+
+/// Expiry times are rounded up to this, so that a counter written all the time moves its
+/// index entry once a minute, not at every write; a row no longer written stays on disk at
+/// most this much past its retention.
+pub(super) const EXPIRY_SLOT_MS: i64 = 60_000;
+
+const BUCKET_BYTES: usize = 16;
+
+pub(super) fn create_tables(tx: &WriteTransaction) -> StoreResult<()> {
+    tx.open_table(COUNTER_ROWS).map_err(err)?;
+    tx.open_table(COUNTER_EXPIRY).map_err(err)?;
+    Ok(())
+}
+
+/// The row key of a counter.
+pub(super) fn row_key(k: &CounterKey) -> Vec<u8> {
+    let mut v = Vec::with_capacity(k.tenant.len() + k.subject.len() + k.limit.len() + 11);
+    v.extend_from_slice(k.tenant.as_bytes());
+    v.push(0);
+    v.extend_from_slice(k.subject.as_bytes());
+    v.push(0);
+    v.extend_from_slice(k.limit.as_bytes());
+    v.push(0);
+    v.extend_from_slice(&enc_i64(k.grain.code()));
+    v
+}
+
+/// The grain of a row key (its last 8 bytes).
+fn row_grain(key: &[u8]) -> Option<Grain> {
+    let n = key.len();
+    (n >= 8).then(|| Grain::from_code(dec_i64(&key[n - 8..])))?
+}
+
+fn decode(bytes: &[u8], out: &mut Vec<(i64, i64)>) -> StoreResult<()> {
+    out.clear();
+    if bytes.len() % BUCKET_BYTES != 0 {
+        return Err(StoreError::Internal("corrupt counter row".into()));
+    }
+    for b in bytes.chunks_exact(BUCKET_BYTES) {
+        let start = i64::from_le_bytes(b[..8].try_into().expect("8 bytes"));
+        let count = i64::from_le_bytes(b[8..].try_into().expect("8 bytes"));
+        out.push((start, count));
+    }
+    Ok(())
+}
+
+fn encode(buckets: &[(i64, i64)], out: &mut Vec<u8>) {
+    out.clear();
+    for &(start, count) in buckets {
+        out.extend_from_slice(&start.to_le_bytes());
+        out.extend_from_slice(&count.to_le_bytes());
+    }
+}
+
+/// The expiry index key of a row whose newest bucket starts at `newest`.
+fn expiry_key(row: &[u8], grain: Grain, newest: i64) -> Vec<u8> {
+    let due = newest.saturating_add(grain.retention_ms());
+    let slot = due
+        .div_euclid(EXPIRY_SLOT_MS)
+        .saturating_add(i64::from(due.rem_euclid(EXPIRY_SLOT_MS) != 0))
+        .saturating_mul(EXPIRY_SLOT_MS);
+    let mut v = Vec::with_capacity(8 + row.len());
+    v.extend_from_slice(&enc_i64(slot));
+    v.extend_from_slice(row);
+    v
+}
+
+/// Adds `(start, delta)` pairs (sorted by start) into a row's buckets, then drops the buckets
+/// past retention counted from the newest.
+fn merge(buckets: &mut Vec<(i64, i64)>, adds: &[(i64, i64)], grain: Grain) {
+    for &(start, delta) in adds {
+        match buckets.binary_search_by_key(&start, |b| b.0) {
+            Ok(i) => buckets[i].1 = buckets[i].1.saturating_add(delta),
+            Err(i) => buckets.insert(i, (start, delta)),
+        }
+    }
+    if let Some(&(newest, _)) = buckets.last() {
+        let retention = grain.retention_ms();
+        buckets.retain(|b| b.0.saturating_add(retention) > newest);
+    }
+}
+
+/// Applies a round's increments: one read and one write per counter touched.
+pub(super) fn apply_deltas(tx: &WriteTransaction, deltas: &[Delta]) -> StoreResult<()> {
+    let mut rows = tx.open_table(COUNTER_ROWS).map_err(err)?;
+    let mut expiry = tx.open_table(COUNTER_EXPIRY).map_err(err)?;
+    // Group by counter (and visit rows in key order, which keeps the B-tree's pages warm).
+    let mut keyed: Vec<(Vec<u8>, i64, i64)> = deltas
+        .iter()
+        .map(|d| (row_key(&d.key), d.start, d.delta))
+        .collect();
+    keyed.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)));
+    let mut buckets = Vec::new();
+    let mut adds = Vec::new();
+    let mut bytes = Vec::new();
+    let mut i = 0;
+    while i < keyed.len() {
+        let key = &keyed[i].0;
+        let mut j = i;
+        adds.clear();
+        while j < keyed.len() && keyed[j].0 == *key {
+            adds.push((keyed[j].1, keyed[j].2));
+            j += 1;
+        }
+        let grain = row_grain(key).ok_or_else(|| StoreError::Internal("bad counter key".into()))?;
+        let before = match rows.get(key.as_slice()).map_err(err)? {
+            Some(v) => {
+                decode(v.value(), &mut buckets)?;
+                buckets.last().map(|b| b.0)
+            }
+            None => {
+                buckets.clear();
+                None
+            }
+        };
+        merge(&mut buckets, &adds, grain);
+        let newest = buckets.last().map(|b| b.0).expect("a row just added to");
+        let entry = expiry_key(key, grain, newest);
+        match before.map(|b| expiry_key(key, grain, b)) {
+            Some(old) if old == entry => {}
+            old => {
+                if let Some(old) = old {
+                    expiry.remove(old.as_slice()).map_err(err)?;
+                }
+                expiry.insert(entry.as_slice(), ()).map_err(err)?;
+            }
+        }
+        encode(&buckets, &mut bytes);
+        rows.insert(key.as_slice(), bytes.as_slice()).map_err(err)?;
+        i = j;
+    }
+    Ok(())
+}
+
+pub(super) fn read_ranges<T: ReadableTable<&'static [u8], &'static [u8]>>(
+    rows: &T,
+    ranges: &[CounterRange],
+) -> StoreResult<Vec<Vec<BucketTotal>>> {
+    let mut out = Vec::with_capacity(ranges.len());
+    let mut buckets = Vec::new();
+    for r in ranges {
+        let mut found = Vec::new();
+        if let Some(v) = rows.get(row_key(&r.key).as_slice()).map_err(err)? {
+            decode(v.value(), &mut buckets)?;
+            found.extend(buckets.iter().filter(|b| r.from <= b.0 && b.0 <= r.to).map(
+                |&(start, total)| BucketTotal {
+                    start,
+                    total,
+                    mine: total,
+                },
+            ));
+        }
+        out.push(found);
+    }
+    Ok(out)
+}
+
+/// Deletes the rows whose every bucket is past retention at `now_ms`, until at least `budget`
+/// buckets went (or none is due); returns how many buckets went. Fewer than `budget` means
+/// nothing more is due.
+pub(super) fn delete_expired(
+    tx: &WriteTransaction,
+    now_ms: i64,
+    budget: usize,
+) -> StoreResult<u64> {
+    let mut rows = tx.open_table(COUNTER_ROWS).map_err(err)?;
+    let mut expiry = tx.open_table(COUNTER_EXPIRY).map_err(err)?;
+    let mut removed = 0u64;
+    let mut buckets = Vec::new();
+    let mut bytes = Vec::new();
+    while removed < budget as u64 {
+        let Some(entry) = expiry
+            .range(..=enc_i64(now_ms).as_slice())
+            .map_err(err)?
+            .next()
+            .map(|item| item.map(|(k, _)| k.value().to_vec()).map_err(err))
+            .transpose()?
+        else {
+            break;
+        };
+        expiry.remove(entry.as_slice()).map_err(err)?;
+        let key = &entry[8..];
+        let Some(grain) = row_grain(key) else {
+            continue;
+        };
+        let Some(v) = rows.get(key).map_err(err)?.map(|v| v.value().to_vec()) else {
+            continue;
+        };
+        decode(&v, &mut buckets)?;
+        // Every bucket is due when the entry is; checking each guards against a corrupt entry.
+        let before = buckets.len();
+        let retention = grain.retention_ms();
+        buckets.retain(|b| b.0.saturating_add(retention) > now_ms);
+        removed += (before - buckets.len()) as u64;
+        match buckets.last() {
+            None => {
+                rows.remove(key).map_err(err)?;
+            }
+            Some(&(newest, _)) => {
+                encode(&buckets, &mut bytes);
+                rows.insert(key, bytes.as_slice()).map_err(err)?;
+                expiry
+                    .insert(expiry_key(key, grain, newest).as_slice(), ())
+                    .map_err(err)?;
+            }
+        }
+    }
+    Ok(removed)
+}
+
+/// Folds a store written by an earlier release (a row per bucket) into rows per counter, and
+/// deletes the old tables. Returns how many buckets it moved.
+pub(super) fn upgrade(tx: &WriteTransaction) -> StoreResult<u64> {
+    let legacy = tx
+        .list_tables()
+        .map_err(err)?
+        .any(|t| t.name() == LEGACY_COUNTERS.name());
+    if !legacy {
+        return Ok(0);
+    }
+    let mut moved = 0u64;
+    {
+        let old = tx.open_table(LEGACY_COUNTERS).map_err(err)?;
+        let mut rows = tx.open_table(COUNTER_ROWS).map_err(err)?;
+        let mut expiry = tx.open_table(COUNTER_EXPIRY).map_err(err)?;
+        let mut buckets = Vec::new();
+        let mut bytes = Vec::new();
+        let mut flush = |key: &[u8], buckets: &mut Vec<(i64, i64)>| -> StoreResult<()> {
+            let grain =
+                row_grain(key).ok_or_else(|| StoreError::Internal("bad counter key".into()))?;
+            merge(buckets, &[], grain);
+            let newest = buckets.last().map(|b| b.0).expect("a counter has a bucket");
+            encode(buckets, &mut bytes);
+            rows.insert(key, bytes.as_slice()).map_err(err)?;
+            expiry
+                .insert(expiry_key(key, grain, newest).as_slice(), ())
+                .map_err(err)?;
+            buckets.clear();
+            Ok(())
+        };
+        // Old keys sort by (counter, start): a counter's buckets come one after another, in
+        // order, and a row is written when the next counter begins.
+        let mut current: Vec<u8> = Vec::new();
+        for item in old.iter().map_err(err)? {
+            let (k, v) = item.map_err(err)?;
+            let k = k.value();
+            if k.len() < 16 {
+                return Err(StoreError::Internal("corrupt counter key".into()));
+            }
+            let (counter, start) = k.split_at(k.len() - 8);
+            if counter != current.as_slice() {
+                if !buckets.is_empty() {
+                    flush(&current, &mut buckets)?;
+                }
+                current = counter.to_vec();
+            }
+            buckets.push((dec_i64(start), v.value()));
+            moved += 1;
+        }
+        if !buckets.is_empty() {
+            flush(&current, &mut buckets)?;
+        }
+    }
+    tx.delete_table(LEGACY_COUNTERS).map_err(err)?;
+    tx.delete_table(LEGACY_EXPIRY).map_err(err)?;
+    Ok(moved)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use redb::ReadableTableMetadata;
+    use std::sync::Arc;
+
+    fn key(limit: &str, grain: Grain) -> CounterKey {
+        CounterKey {
+            tenant: "t".into(),
+            subject: Arc::from("c"),
+            limit: limit.into(),
+            grain,
+        }
+    }
+
+    #[test]
+    fn merging_adds_inserts_in_order_and_drops_what_the_newest_outlived() {
+        let g = Grain::Fixed(100);
+        let mut b = vec![(0, 1), (200, 2)];
+        merge(&mut b, &[(100, 5), (200, -1), (300, 4)], g);
+        assert_eq!(b, vec![(0, 1), (100, 5), (200, 1), (300, 4)]);
+        // retention of 100 ms buckets: 3.4 s; a bucket at 3_400 outlives the one at 0 exactly.
+        merge(&mut b, &[(g.retention_ms(), 1)], g);
+        assert_eq!(b.first(), Some(&(100, 5)));
+        assert_eq!(b.len(), 4);
+    }
+
+    #[test]
+    fn expiry_slots_round_up_to_the_slot_and_cover_the_newest_bucket() {
+        let g = Grain::Fixed(1_000);
+        let row = row_key(&key("l", g));
+        for newest in [0, 1, 59_000 - g.retention_ms(), 123_456_789] {
+            let k = expiry_key(&row, g, newest);
+            let slot = dec_i64(&k[..8]);
+            assert_eq!(slot % EXPIRY_SLOT_MS, 0);
+            assert!(slot >= newest + g.retention_ms());
+            assert!(slot < newest + g.retention_ms() + EXPIRY_SLOT_MS);
+            assert_eq!(&k[8..], row.as_slice());
+        }
+    }
+
+    #[test]
+    fn rows_round_trip_and_reject_a_torn_value() {
+        let mut bytes = Vec::new();
+        encode(&[(-5, i64::MIN), (7, i64::MAX)], &mut bytes);
+        let mut out = Vec::new();
+        decode(&bytes, &mut out).unwrap();
+        assert_eq!(out, vec![(-5, i64::MIN), (7, i64::MAX)]);
+        assert!(decode(&bytes[..15], &mut out).is_err());
+        assert_eq!(
+            row_grain(&row_key(&key("l", Grain::Month))),
+            Some(Grain::Month)
+        );
+    }
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn a_store_of_an_earlier_release_is_folded_into_rows_per_counter() {
+        use crate::store::CounterStore;
+        let dir = tempfile::tempdir().unwrap();
+        let g = Grain::Fixed(1_000);
+        let (a, b) = (key("a", g), key("b", Grain::Month));
+        let t0 = 1_700_000_000_000;
+        {
+            // The old layout, as the earlier release wrote it.
+            let db = redb::Database::create(dir.path().join(super::super::DB_FILE)).unwrap();
+            let tx = db.begin_write().unwrap();
+            {
+                let mut old = tx.open_table(LEGACY_COUNTERS).unwrap();
+                let mut idx = tx.open_table(LEGACY_EXPIRY).unwrap();
+                let rows = [
+                    (&a, t0, 3),
+                    (&a, t0 + 1_000, 4),
+                    (&b, t0, 9),
+                    (&a, t0 + 2_000, -1),
+                ];
+                for (k, start, v) in rows {
+                    let mut bk = row_key(k);
+                    bk.extend_from_slice(&enc_i64(start));
+                    old.insert(bk.as_slice(), v).unwrap();
+                    idx.insert(bk.as_slice(), ()).unwrap();
+                }
+            }
+            tx.commit().unwrap();
+        }
+        let store = super::super::EmbeddedStore::open(dir.path()).unwrap();
+        let range = |k: &CounterKey| CounterRange {
+            key: k.clone(),
+            from: t0 - 10_000,
+            to: t0 + 10_000,
+        };
+        let got = runtime()
+            .block_on(store.read(&[range(&a), range(&b)]))
+            .unwrap();
+        let totals =
+            |v: &Vec<BucketTotal>| v.iter().map(|b| (b.start, b.total)).collect::<Vec<_>>();
+        assert_eq!(
+            totals(&got[0]),
+            vec![(t0, 3), (t0 + 1_000, 4), (t0 + 2_000, -1)]
+        );
+        assert_eq!(totals(&got[1]), vec![(t0, 9)]);
+        let tx = store.db.begin_write().unwrap();
+        assert!(!tx
+            .list_tables()
+            .unwrap()
+            .any(|t| t.name() == LEGACY_COUNTERS.name() || t.name() == LEGACY_EXPIRY.name()));
+        // And the janitor knows the moved rows: once due, both go.
+        assert_eq!(delete_expired(&tx, t0 + 86_400_000 * 70, 100).unwrap(), 4);
+        assert_eq!(tx.open_table(COUNTER_ROWS).unwrap().len().unwrap(), 0);
+    }
+
+    #[test]
+    fn a_busy_counter_keeps_a_bounded_row_and_an_idle_one_is_deleted_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = redb::Database::create(dir.path().join("t.redb")).unwrap();
+        let g = Grain::Fixed(100);
+        let (busy, idle) = (key("busy", g), key("idle", g));
+        let delta = |k: &CounterKey, start| Delta {
+            key: k.clone(),
+            start,
+            delta: 1,
+        };
+        let tx = db.begin_write().unwrap();
+        create_tables(&tx).unwrap();
+        apply_deltas(&tx, &[delta(&idle, 0)]).unwrap();
+        // Ten minutes of a bucket every 100 ms, in rounds of three.
+        let starts: Vec<i64> = (0..6_000).map(|i| i * 100).collect();
+        for round in starts.chunks(3) {
+            let ds: Vec<Delta> = round.iter().map(|&s| delta(&busy, s)).collect();
+            apply_deltas(&tx, &ds).unwrap();
+        }
+        let rows = tx.open_table(COUNTER_ROWS).unwrap();
+        let mut b = Vec::new();
+        decode(
+            rows.get(row_key(&busy).as_slice())
+                .unwrap()
+                .unwrap()
+                .value(),
+            &mut b,
+        )
+        .unwrap();
+        assert_eq!(b.len() as i64, g.retention_ms() / 100);
+        assert_eq!(b.last().unwrap().0, 599_900);
+        drop(rows);
+        // One index entry per row, whatever the writes: the busy row's moved with it.
+        assert_eq!(tx.open_table(COUNTER_EXPIRY).unwrap().len().unwrap(), 2);
+        let now = 599_900;
+        assert_eq!(
+            delete_expired(&tx, now, 1_000).unwrap(),
+            1,
+            "only the idle row is due"
+        );
+        let rows = tx.open_table(COUNTER_ROWS).unwrap();
+        assert!(rows.get(row_key(&idle).as_slice()).unwrap().is_none());
+        assert!(rows.get(row_key(&busy).as_slice()).unwrap().is_some());
+        drop(rows);
+        assert_eq!(
+            delete_expired(&tx, now + g.retention_ms() + EXPIRY_SLOT_MS, 1_000).unwrap(),
+            34
+        );
+        assert_eq!(tx.open_table(COUNTER_EXPIRY).unwrap().len().unwrap(), 0);
+    }
+}

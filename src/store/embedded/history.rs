@@ -100,6 +100,9 @@ fn add_deltas(tx: &WriteTransaction, deltas: &[UsageDelta]) -> StoreResult<()> {
     let mut usage = tx.open_table(USAGE).map_err(err)?;
     let mut clients = tx.open_table(USAGE_CLIENTS).map_err(err)?;
     let mut days = tx.open_table(USAGE_DAYS).map_err(err)?;
+    // A tenant's own points sum its clients': added up here and written once per round, not
+    // once per client (a round carries a delta for every client active in it).
+    let mut tenants: HashMap<(&str, i64), Counts> = HashMap::new();
     for d in deltas {
         // As on the scylla store, a figure that is 0 is not written, and a delta of zeros
         // makes no point and no line in the index: points exist only where something was
@@ -110,24 +113,40 @@ fn add_deltas(tx: &WriteTransaction, deltas: &[UsageDelta]) -> StoreResult<()> {
             continue;
         }
         let day = Step::Day.floor(d.hour);
-        for subject in [d.client.as_str(), TENANT_SUBJECT] {
-            add_at(
-                &mut usage,
-                &point_key(&d.tenant, subject, Step::Hour, d.hour),
-                &counts,
-            )?;
-            add_at(
-                &mut usage,
-                &point_key(&d.tenant, subject, Step::Day, day),
-                &counts,
-            )?;
-        }
+        tenants.entry((&d.tenant, d.hour)).or_default().add(&counts);
+        add_at(
+            &mut usage,
+            &point_key(&d.tenant, &d.client, Step::Hour, d.hour),
+            &counts,
+        )?;
+        add_at(
+            &mut usage,
+            &point_key(&d.tenant, &d.client, Step::Day, day),
+            &counts,
+        )?;
         let mut index = day_prefix(&d.tenant, day);
         index.extend_from_slice(d.client.as_bytes());
         let mut plain = counts;
         plain.denied_by.clear();
         add_at(&mut clients, &index, &plain)?;
-        days.insert(day_row(day, &d.tenant).as_slice(), ())
+    }
+    let mut tenant_days: HashMap<(&str, i64), Counts> = HashMap::new();
+    for ((tenant, hour), counts) in &tenants {
+        let day = Step::Day.floor(*hour);
+        add_at(
+            &mut usage,
+            &point_key(tenant, TENANT_SUBJECT, Step::Hour, *hour),
+            counts,
+        )?;
+        tenant_days.entry((tenant, day)).or_default().add(counts);
+    }
+    for ((tenant, day), counts) in &tenant_days {
+        add_at(
+            &mut usage,
+            &point_key(tenant, TENANT_SUBJECT, Step::Day, *day),
+            counts,
+        )?;
+        days.insert(day_row(*day, tenant).as_slice(), ())
             .map_err(err)?;
     }
     Ok(())

@@ -318,6 +318,7 @@ fn sync_config(settings: &Settings) -> SyncConfig {
         timeout: settings.sync.timeout_ms.get(),
         janitor_interval: settings.sync.janitor_interval_ms.get(),
         janitor_budget: 10_000,
+        history_interval: settings.history.write_interval_ms.get(),
         drain_timeout: settings.sync.drain_timeout_ms.get(),
         // A tenth of the interval: enough for the fleet's writes of a tick to land.
         settle: settings.sync.interval_ms.get() / 10,

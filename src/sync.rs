@@ -12,8 +12,10 @@
 //! includes the others' hits up to the last tick. Without this, an instance reading between the
 //! others' writes misses up to a whole interval of their hits, and the fleet overshoots by that.
 //!
-//! Each round also writes the usage history: what every check was answered, summed per
-//! (tenant, client, hour) in memory (`crate::history`), with the same rules as the hits.
+//! The first round after each `history_interval` also writes the usage history: what every check
+//! was answered, summed per (tenant, client, hour) in memory (`crate::history`), with the same
+//! rules as the hits. Its write costs a row per active client whatever the interval, so a longer
+//! interval divides its load; shutdown writes all of it.
 //!
 //! When a write fails with nothing written, the hits stay pending and are tried again with
 //! back-off; they never leave memory unwritten (entries holding pending hits are never evicted).
@@ -43,6 +45,8 @@ pub struct SyncConfig {
     /// How often old buckets are deleted from the store, and how many at most each time.
     pub janitor_interval: Duration,
     pub janitor_budget: usize,
+    /// How often the usage history is written (at the first round after it is due).
+    pub history_interval: Duration,
     /// How long shutdown keeps trying to write pending hits.
     pub drain_timeout: Duration,
     /// Wait between a round's write and its read back, so other instances' writes of the same
@@ -57,6 +61,7 @@ impl Default for SyncConfig {
             timeout: Duration::from_secs(5),
             janitor_interval: Duration::from_secs(60),
             janitor_budget: 10_000,
+            history_interval: Duration::from_millis(250),
             drain_timeout: Duration::from_secs(10),
             settle: Duration::from_millis(25),
         }
@@ -104,8 +109,14 @@ impl Syncer {
         Ok(round)
     }
 
-    /// A round's first half: writes the pending hits; returns the counters to read back.
+    /// A round's first half: writes the pending hits and the usage history; returns the
+    /// counters to read back.
     pub async fn write(&self) -> Result<(Vec<CounterRange>, Round), StoreError> {
+        self.write_round(true).await
+    }
+
+    /// [`Syncer::write`], with the usage history only when `history` (it is due).
+    async fn write_round(&self, history: bool) -> Result<(Vec<CounterRange>, Round), StoreError> {
         let store = self.limiter.store();
         let now = self.limiter.clock().now_ms();
         let batch = self.limiter.collect(now);
@@ -141,7 +152,9 @@ impl Syncer {
                 }
             }
         }
-        self.write_history().await;
+        if history {
+            self.write_history().await;
+        }
         let round = Round {
             written_hits: hits,
             pending_after: 0,
@@ -288,13 +301,18 @@ impl Syncer {
     pub async fn run(self, mut shutdown: watch::Receiver<bool>) -> u64 {
         let mut failures: u32 = 0;
         let mut next_janitor = tokio::time::Instant::now() + self.cfg.janitor_interval;
+        let mut next_history = tokio::time::Instant::now() + self.cfg.history_interval;
         loop {
             tokio::select! {
                 _ = tokio::time::sleep(self.until_next_tick(failures)) => {}
                 _ = shutdown.wait_for(|stop| *stop) => break,
             }
-            match self.write().await {
+            let history = tokio::time::Instant::now() >= next_history;
+            match self.write_round(history).await {
                 Ok((ranges, _)) => {
+                    if history {
+                        next_history = tokio::time::Instant::now() + self.cfg.history_interval;
+                    }
                     failures = 0;
                     tokio::select! {
                         _ = tokio::time::sleep(self.cfg.settle) => {}

@@ -223,12 +223,16 @@ pub struct HistorySettings {
     /// Points older than this are deleted by the janitor, a whole day (embedded) or month
     /// (scylla) at a time.
     pub retention: DurationMs,
+    /// How often the answers summed in memory are written, at the next sync round: a row per
+    /// active client each time, so this (not the request rate) sets the history's write load.
+    pub write_interval_ms: DurationMs,
 }
 
 impl Default for HistorySettings {
     fn default() -> Self {
         Self {
             retention: DurationMs(400 * DAY_MS),
+            write_interval_ms: DurationMs(5_000),
         }
     }
 }

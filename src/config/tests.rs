@@ -82,6 +82,10 @@ fn unknown_keys_and_bad_values_are_named() {
         (("QUOTAD__STORE__KEYSPACE", "bad-name"), "store.keyspace"),
         (("QUOTAD__HISTORY__RETENTION", "1h"), "history.retention"),
         (
+            ("QUOTAD__HISTORY__WRITE_INTERVAL_MS", "2h"),
+            "history.write_interval_ms",
+        ),
+        (
             ("QUOTAD__FORWARD_AUTH__DENY_STATUS", "200"),
             "forward_auth.deny_status",
         ),

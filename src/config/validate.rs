@@ -102,6 +102,9 @@ impl Settings {
         if self.sync.interval_ms.0 == 0 {
             return bad("sync.interval_ms", "must be more than 0".into());
         }
+        if self.history.write_interval_ms.0 == 0 || self.history.write_interval_ms.0 > 3_600_000 {
+            return bad("history.write_interval_ms", "must be 1ms..=1h".into());
+        }
         if self.quotas.refresh_ms.0 == 0 {
             return bad("quotas.refresh_ms", "must be more than 0".into());
         }

@@ -16,7 +16,6 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use hashbrown::{DefaultHashBuilder, Equivalent, HashMap};
-use smallvec::SmallVec;
 
 use crate::limiter::BuildKeyHash;
 use crate::store::history::{Counts, UsageDelta, HOUR_MS};
@@ -62,8 +61,9 @@ struct Row {
     admitted: u64,
     cost: u64,
     denied: u64,
-    /// Denials by binding limit id; most hours see one or two limits deny.
-    denied_by: SmallVec<[(Arc<str>, u64); 2]>,
+    /// Denials by binding limit id. A `Vec`, empty (no allocation) in the common hour without
+    /// a denial: a row is kept per active client, so its size is a cost per client.
+    denied_by: Vec<(Arc<str>, u64)>,
 }
 
 impl Row {

@@ -141,12 +141,11 @@ impl Limiter {
                 if l.scope == Scope::Client {
                     self.admit_client(input)?;
                 }
-                g.entry(EntryKey {
+                g.insert_new(EntryKey {
                     hash: r.hash,
                     tenant: input.tenant.as_arc().clone(),
                     subject: owned_subject(l, input.client),
                 })
-                .or_default()
             }
         };
         entry.last_used = now;

@@ -320,7 +320,7 @@ impl Limiter {
         match (need_t, need_c) {
             (true, true) if sc == st => {
                 let mut g = lock(&self.shards[sc]);
-                let [t, c] = g.get_disjoint_mut([&kt, &kc]);
+                let [t, c] = g.get_two_mut(&kt, &kc);
                 decide(t, c)
             }
             (true, true) => {

@@ -162,8 +162,8 @@ impl Syncer {
         Ok((batch.ranges, round))
     }
 
-    /// Writes the answers checks got since the last round to the usage history. Refused with
-    /// nothing written: they go back, to be tried next round. Outcome unknown: not resent
+    /// Writes the answers checks got since the last write to the usage history. Refused with
+    /// nothing written: they go back, to be tried at the next write. Outcome unknown: not resent
     /// (increments), counted in `quotad_history_unrecorded_checks_total`.
     async fn write_history(&self) -> bool {
         let history = self.limiter.history();

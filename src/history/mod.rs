@@ -3,12 +3,12 @@
 //!
 //! A check adds to one row under one shard's lock: no store call, and no allocation once the
 //! row exists (the key holds the request's `Arc<str>` ids, and a lookup borrows them). The
-//! sync task drains every row each round; a batch the store refused (nothing written) comes
+//! sync task drains every row every `history.write_interval_ms`; a batch the store refused (nothing written) comes
 //! back through [`Recorder::restore`] and is tried again; one whose outcome is unknown is not
 //! resent (increments are not idempotent) and is counted instead, as counter hits are.
 //!
-//! Memory is bounded: at most `max_rows` rows wait in memory (rows live one sync round unless
-//! the store fails). A check that would need one more row is still answered, and counted in
+//! Memory is bounded: at most `max_rows` rows wait in memory (rows live one write interval
+//! unless the store fails). A check that would need one more row is still answered, and counted in
 //! [`Recorder::dropped`] (exported as `quotad_history_unrecorded_checks_total`), never silently.
 
 use std::hash::{BuildHasher, Hash, Hasher};

@@ -118,8 +118,8 @@ pub trait CounterStore: Send + Sync + 'static {
 
     /// Applies the increments. On error, none or some may have landed (see [`StoreError`]).
     /// A bucket is kept at least [`Grain::retention_ms`] past its start; a store may drop it
-    /// as soon as a newer bucket of its counter written since starts that much later (no clock
-    /// can then be earlier).
+    /// as soon as a later increment of its counter is for a bucket that starts that much later
+    /// (increments are for buckets the clock has reached).
     async fn increment(&self, deltas: &[Delta]) -> StoreResult<()>;
 
     /// Reads the buckets of each range; one vector per range, in order, sorted by start,

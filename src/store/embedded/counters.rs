@@ -12,14 +12,15 @@
 //! buckets, so a row per bucket meant about ten new rows a second per active client, each with an
 //! index entry to write and later two deletes, and a janitor that could not keep up under a
 //! sustained load (the file grew without bound). Each write also drops the row's buckets that
-//! are past retention counted from its newest bucket (which no clock can be before), so a busy
-//! counter's row holds at most [`crate::domain::MAX_BUCKETS_READ`] + 1 buckets and never waits for
-//! the janitor; the janitor only deletes the rows of counters no longer written.
+//! are past retention counted from the newest bucket it adds (the clock has reached that one), so
+//! a busy counter's row holds at most [`crate::domain::MAX_BUCKETS_READ`] + 1 buckets and never
+//! waits for the janitor; the janitor only deletes the rows of counters no longer written.
 //!
 //! Stores written by earlier releases (a row per bucket in `counters`, an index in `expiry`) are
-//! folded into this layout when opened ([`upgrade`]), in one transaction.
+//! folded into this layout when opened ([`upgrade`]), in one transaction, once: an earlier
+//! release opening the store afterwards sees no counters (it starts them from 0).
 
-use redb::{ReadableTable, TableDefinition, TableHandle, WriteTransaction};
+use redb::{ReadableTable, Table, TableDefinition, TableHandle, WriteTransaction};
 
 use super::{dec_i64, enc_i64, err};
 use crate::domain::Grain;
@@ -136,7 +137,9 @@ fn expiry_key(row: &[u8], grain: Grain, newest: i64) -> Vec<u8> {
 }
 
 /// Adds `(start, delta)` pairs (sorted by start) into a row's buckets, then drops the buckets
-/// past retention counted from the newest.
+/// past retention counted from the newest bucket added (a write means the clock has reached
+/// it; a row's newest bucket may be ahead of the clock after the clock stepped back, and counting
+/// from it would drop what is being written now).
 fn merge(buckets: &mut Vec<(i64, i64)>, adds: &[(i64, i64)], grain: Grain) {
     for &(start, delta) in adds {
         match buckets.binary_search_by_key(&start, |b| b.0) {
@@ -144,10 +147,67 @@ fn merge(buckets: &mut Vec<(i64, i64)>, adds: &[(i64, i64)], grain: Grain) {
             Err(i) => buckets.insert(i, (start, delta)),
         }
     }
-    if let Some(&(newest, _)) = buckets.last() {
+    if let Some(newest) = adds.iter().map(|a| a.0).max() {
         let retention = grain.retention_ms();
         buckets.retain(|b| b.0.saturating_add(retention) > newest);
     }
+}
+
+/// Reusable buffers of [`add_to_row`].
+#[derive(Default)]
+struct Scratch {
+    buckets: Vec<(i64, i64)>,
+    bytes: Vec<u8>,
+}
+
+/// Adds `adds` (sorted by start) to the row at `key`, creating it, and keeps its expiry entry
+/// in the slot of its newest bucket.
+fn add_to_row(
+    rows: &mut Table<&[u8], &[u8]>,
+    expiry: &mut Table<&[u8], ()>,
+    key: &[u8],
+    adds: &[(i64, i64)],
+    scratch: &mut Scratch,
+) -> StoreResult<()> {
+    let grain = row_grain(key).ok_or_else(|| StoreError::Internal("bad counter key".into()))?;
+    let buckets = &mut scratch.buckets;
+    let before = match rows.get(key).map_err(err)? {
+        Some(v) => match decode(v.value(), buckets) {
+            Ok(()) => buckets.last().map(|b| b.0),
+            Err(_) => {
+                // Failing the round would keep every hit pending for good: the row is lost
+                // either way, so say so and start it again (its old index entry, if any, is
+                // checked against the row when due).
+                tracing::error!(
+                    key = %String::from_utf8_lossy(key),
+                    "embedded store: an unreadable counter row is replaced"
+                );
+                buckets.clear();
+                None
+            }
+        },
+        None => {
+            buckets.clear();
+            None
+        }
+    };
+    merge(buckets, adds, grain);
+    let Some(&(newest, _)) = buckets.last() else {
+        return Ok(());
+    };
+    let entry = expiry_key(key, grain, newest);
+    match before.map(|b| expiry_key(key, grain, b)) {
+        Some(old) if old == entry => {}
+        old => {
+            if let Some(old) = old {
+                expiry.remove(old.as_slice()).map_err(err)?;
+            }
+            expiry.insert(entry.as_slice(), ()).map_err(err)?;
+        }
+    }
+    encode(buckets, &mut scratch.bytes);
+    rows.insert(key, scratch.bytes.as_slice()).map_err(err)?;
+    Ok(())
 }
 
 /// Applies a round's increments: one read and one write per counter touched.
@@ -160,44 +220,12 @@ pub(super) fn apply_deltas(tx: &WriteTransaction, deltas: &[Delta]) -> StoreResu
         .map(|d| (row_key(&d.key), d.start, d.delta))
         .collect();
     keyed.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)));
-    let mut buckets = Vec::new();
+    let mut scratch = Scratch::default();
     let mut adds = Vec::new();
-    let mut bytes = Vec::new();
-    let mut i = 0;
-    while i < keyed.len() {
-        let key = &keyed[i].0;
-        let mut j = i;
+    for group in keyed.chunk_by(|a, b| a.0 == b.0) {
         adds.clear();
-        while j < keyed.len() && keyed[j].0 == *key {
-            adds.push((keyed[j].1, keyed[j].2));
-            j += 1;
-        }
-        let grain = row_grain(key).ok_or_else(|| StoreError::Internal("bad counter key".into()))?;
-        let before = match rows.get(key.as_slice()).map_err(err)? {
-            Some(v) => {
-                decode(v.value(), &mut buckets)?;
-                buckets.last().map(|b| b.0)
-            }
-            None => {
-                buckets.clear();
-                None
-            }
-        };
-        merge(&mut buckets, &adds, grain);
-        let newest = buckets.last().map(|b| b.0).expect("a row just added to");
-        let entry = expiry_key(key, grain, newest);
-        match before.map(|b| expiry_key(key, grain, b)) {
-            Some(old) if old == entry => {}
-            old => {
-                if let Some(old) = old {
-                    expiry.remove(old.as_slice()).map_err(err)?;
-                }
-                expiry.insert(entry.as_slice(), ()).map_err(err)?;
-            }
-        }
-        encode(&buckets, &mut bytes);
-        rows.insert(key.as_slice(), bytes.as_slice()).map_err(err)?;
-        i = j;
+        adds.extend(group.iter().map(|d| (d.1, d.2)));
+        add_to_row(&mut rows, &mut expiry, &group[0].0, &adds, &mut scratch)?;
     }
     Ok(())
 }
@@ -211,7 +239,11 @@ pub(super) fn read_ranges<T: ReadableTable<&'static [u8], &'static [u8]>>(
     for r in ranges {
         let mut found = Vec::new();
         if let Some(v) = rows.get(row_key(&r.key).as_slice()).map_err(err)? {
-            decode(v.value(), &mut buckets)?;
+            if decode(v.value(), &mut buckets).is_err() {
+                // Read as empty; the next write replaces it (see `add_to_row`).
+                tracing::error!(counter = ?r.key, "embedded store: an unreadable counter row");
+                buckets.clear();
+            }
             found.extend(buckets.iter().filter(|b| r.from <= b.0 && b.0 <= r.to).map(
                 |&(start, total)| BucketTotal {
                     start,
@@ -256,7 +288,11 @@ pub(super) fn delete_expired(
         let Some(v) = rows.get(key).map_err(err)?.map(|v| v.value().to_vec()) else {
             continue;
         };
-        decode(&v, &mut buckets)?;
+        if decode(&v, &mut buckets).is_err() {
+            // Unreadable, and due by its index entry: nothing in it can be used.
+            rows.remove(key).map_err(err)?;
+            continue;
+        }
         // Every bucket is due when the entry is; checking each guards against a corrupt entry.
         let before = buckets.len();
         let retention = grain.retention_ms();
@@ -288,48 +324,46 @@ pub(super) fn upgrade(tx: &WriteTransaction) -> StoreResult<u64> {
     if !legacy {
         return Ok(0);
     }
+    tracing::info!("embedded store: moving counters to one row per counter (once)");
     let mut moved = 0u64;
+    let mut skipped = 0u64;
     {
         let old = tx.open_table(LEGACY_COUNTERS).map_err(err)?;
         let mut rows = tx.open_table(COUNTER_ROWS).map_err(err)?;
         let mut expiry = tx.open_table(COUNTER_EXPIRY).map_err(err)?;
-        let mut buckets = Vec::new();
-        let mut bytes = Vec::new();
-        let mut flush = |key: &[u8], buckets: &mut Vec<(i64, i64)>| -> StoreResult<()> {
-            let grain =
-                row_grain(key).ok_or_else(|| StoreError::Internal("bad counter key".into()))?;
-            merge(buckets, &[], grain);
-            let newest = buckets.last().map(|b| b.0).expect("a counter has a bucket");
-            encode(buckets, &mut bytes);
-            rows.insert(key, bytes.as_slice()).map_err(err)?;
-            expiry
-                .insert(expiry_key(key, grain, newest).as_slice(), ())
-                .map_err(err)?;
-            buckets.clear();
-            Ok(())
-        };
+        let mut scratch = Scratch::default();
+        let mut adds: Vec<(i64, i64)> = Vec::new();
         // Old keys sort by (counter, start): a counter's buckets come one after another, in
-        // order, and a row is written when the next counter begins.
+        // order, and are added to its row (merged with one a later release may have written
+        // already) when the next counter begins.
         let mut current: Vec<u8> = Vec::new();
         for item in old.iter().map_err(err)? {
             let (k, v) = item.map_err(err)?;
             let k = k.value();
-            if k.len() < 16 {
-                return Err(StoreError::Internal("corrupt counter key".into()));
+            if k.len() < 16 || row_grain(&k[..k.len() - 8]).is_none() {
+                skipped += 1;
+                continue;
             }
             let (counter, start) = k.split_at(k.len() - 8);
             if counter != current.as_slice() {
-                if !buckets.is_empty() {
-                    flush(&current, &mut buckets)?;
+                if !adds.is_empty() {
+                    add_to_row(&mut rows, &mut expiry, &current, &adds, &mut scratch)?;
+                    adds.clear();
                 }
                 current = counter.to_vec();
             }
-            buckets.push((dec_i64(start), v.value()));
+            adds.push((dec_i64(start), v.value()));
             moved += 1;
         }
-        if !buckets.is_empty() {
-            flush(&current, &mut buckets)?;
+        if !adds.is_empty() {
+            add_to_row(&mut rows, &mut expiry, &current, &adds, &mut scratch)?;
         }
+    }
+    if skipped > 0 {
+        tracing::warn!(
+            rows = skipped,
+            "embedded store: unreadable counter rows of the old layout were left out"
+        );
     }
     tx.delete_table(LEGACY_COUNTERS).map_err(err)?;
     tx.delete_table(LEGACY_EXPIRY).map_err(err)?;
@@ -361,6 +395,18 @@ mod tests {
         merge(&mut b, &[(g.retention_ms(), 1)], g);
         assert_eq!(b.first(), Some(&(100, 5)));
         assert_eq!(b.len(), 4);
+    }
+
+    #[test]
+    fn a_clock_stepped_back_keeps_what_it_writes() {
+        let g = Grain::Fixed(100);
+        // The row's newest bucket is 10 s ahead of the clock that writes now.
+        let mut b = vec![(10_000, 5)];
+        merge(&mut b, &[(0, 1), (100, 2)], g);
+        assert_eq!(b, vec![(0, 1), (100, 2), (10_000, 5)]);
+        // Once the clock is back past it, the old buckets go as usual.
+        merge(&mut b, &[(10_000 + g.retention_ms(), 1)], g);
+        assert_eq!(b, vec![(10_000 + g.retention_ms(), 1)]);
     }
 
     #[test]
@@ -444,6 +490,23 @@ mod tests {
             }
             tx.commit().unwrap();
         }
+        {
+            // A row of the new layout already there (written by this release, then the
+            // store went back to an older one): the old buckets are added to it.
+            let db = redb::Database::create(dir.path().join(super::super::DB_FILE)).unwrap();
+            let tx = db.begin_write().unwrap();
+            create_tables(&tx).unwrap();
+            apply_deltas(
+                &tx,
+                &[Delta {
+                    key: a.clone(),
+                    start: t0 + 1_000,
+                    delta: 10,
+                }],
+            )
+            .unwrap();
+            tx.commit().unwrap();
+        }
         let store = super::super::EmbeddedStore::open(dir.path()).unwrap();
         let range = |k: &CounterKey| CounterRange {
             key: k.clone(),
@@ -457,7 +520,7 @@ mod tests {
             |v: &Vec<BucketTotal>| v.iter().map(|b| (b.start, b.total)).collect::<Vec<_>>();
         assert_eq!(
             totals(&got[0]),
-            vec![(t0, 3), (t0 + 1_000, 4), (t0 + 2_000, -1)]
+            vec![(t0, 3), (t0 + 1_000, 14), (t0 + 2_000, -1)]
         );
         assert_eq!(totals(&got[1]), vec![(t0, 9)]);
         let tx = store.db.begin_write().unwrap();
@@ -465,7 +528,8 @@ mod tests {
             .list_tables()
             .unwrap()
             .any(|t| t.name() == LEGACY_COUNTERS.name() || t.name() == LEGACY_EXPIRY.name()));
-        // And the janitor knows the moved rows: once due, both go.
+        // And the janitor knows the moved rows (one index entry each): once due, both go.
+        assert_eq!(tx.open_table(COUNTER_EXPIRY).unwrap().len().unwrap(), 2);
         assert_eq!(delete_expired(&tx, t0 + 86_400_000 * 70, 100).unwrap(), 4);
         assert_eq!(tx.open_table(COUNTER_ROWS).unwrap().len().unwrap(), 0);
     }

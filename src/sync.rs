@@ -34,6 +34,9 @@ use crate::metrics::Metrics;
 use crate::store::history::UsageDelta;
 use crate::store::{CounterRange, DynHistoryStore, StoreError};
 
+/// Most usage-history rows written in one store call.
+const HISTORY_CHUNK: usize = 16_384;
+
 /// The longest the janitor keeps going at one wake-up (sync rounds wait meanwhile).
 const JANITOR_MAX_BUSY: Duration = Duration::from_secs(1);
 
@@ -175,10 +178,26 @@ impl Syncer {
                 "usage history: no room in memory for these checks' answers"
             );
         }
-        let deltas = history.drain();
-        if deltas.is_empty() {
-            return true;
+        let mut deltas = history.drain();
+        // In calls of at most HISTORY_CHUNK rows: a call's time grows with its rows, and a
+        // write interval's worth of distinct clients (a flood of new ids) in one call could
+        // outlast `sync.timeout` while the store is fine.
+        let mut ok = true;
+        while !deltas.is_empty() {
+            let rest = deltas.split_off(deltas.len().min(HISTORY_CHUNK));
+            let chunk = std::mem::replace(&mut deltas, rest);
+            if !self.write_history_chunk(chunk).await {
+                // The store is failing or slow: what was not sent waits for the next write.
+                if !deltas.is_empty() {
+                    history.restore(std::mem::take(&mut deltas));
+                }
+                ok = false;
+            }
         }
+        ok
+    }
+
+    async fn write_history_chunk(&self, deltas: Vec<UsageDelta>) -> bool {
         let started = std::time::Instant::now();
         let res = tokio::time::timeout(self.cfg.timeout, self.store.add_usage(&deltas)).await;
         let secs = started.elapsed().as_secs_f64();
@@ -199,8 +218,8 @@ impl Syncer {
             }
             Ok(Err(e)) if e.is_transient() => {
                 self.metrics.store_op("add_usage", "unavailable", secs);
-                tracing::warn!(error = %e, "sync: writing usage history failed; kept for the next round");
-                history.restore(deltas);
+                tracing::warn!(error = %e, "sync: writing usage history failed; kept for the next write");
+                self.limiter.history().restore(deltas);
                 false
             }
             Ok(Err(e)) => {

@@ -232,7 +232,7 @@ impl Default for HistorySettings {
     fn default() -> Self {
         Self {
             retention: DurationMs(400 * DAY_MS),
-            write_interval_ms: DurationMs(5_000),
+            write_interval_ms: DurationMs(1_000),
         }
     }
 }

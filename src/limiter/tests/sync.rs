@@ -124,3 +124,38 @@ async fn hits_the_store_counts_directly_reach_the_counters_held_in_memory_at_onc
     assert!(!d.allowed, "the tenant's 3 are used: {d:?}");
     assert_eq!(d.binding.unwrap().limit_id.as_str(), "t");
 }
+
+#[tokio::test]
+async fn a_large_usage_history_is_written_in_bounded_calls_and_whole() {
+    use crate::history::Answer;
+    use crate::store::history::{HistoryStore, Step};
+    let r = rig();
+    // More distinct clients than one history call carries.
+    let n = 16_384 + 100;
+    let tenant: Arc<str> = "acme".into();
+    for i in 0..n {
+        let client: Arc<str> = format!("k{i}").into();
+        r.limiter
+            .history()
+            .record(&tenant, &client, T0, Answer::Admitted { cost: 2 });
+    }
+    r.syncer.round().await.unwrap();
+    assert_eq!(r.limiter.history().rows(), 0, "every row written");
+    let text = r.metrics.render();
+    assert!(
+        text.contains(r#"quotad_store_operations_total{op="add_usage",outcome="ok"} 2"#),
+        "two calls: {}",
+        text.lines()
+            .filter(|l| l.contains("add_usage"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    let points = r
+        .store
+        .usage_points("acme", None, Step::Hour, T0, T0 + 1)
+        .await
+        .unwrap();
+    assert_eq!(points.len(), 1);
+    assert_eq!(points[0].counts.admitted, n as u64);
+    assert_eq!(points[0].counts.cost, 2 * n as u64);
+}

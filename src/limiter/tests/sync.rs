@@ -128,7 +128,7 @@ async fn hits_the_store_counts_directly_reach_the_counters_held_in_memory_at_onc
 #[tokio::test]
 async fn a_large_usage_history_is_written_in_bounded_calls_and_whole() {
     use crate::history::Answer;
-    use crate::store::history::{HistoryStore, Step};
+    use crate::store::history::Step;
     let r = rig();
     // More distinct clients than one history call carries.
     let n = 16_384 + 100;

@@ -269,7 +269,13 @@ if want memory; then
   rss() { awk '/VmRSS/ { print $2 * 1024 }' "/proc/$QPID/status"; }
   R0=$(rss)
   python3 scripts/fill.py "127.0.0.1:$QPORT" mem 1000000 | tee -a "$OUT/summary.txt"
-  sleep 1 # one sync round sets quotad_active_counters
+  # A sync round sets quotad_active_counters, and the round that writes a million new counters
+  # takes a while: wait (at most 60 s) until it counts them all, so RSS and count agree.
+  for _ in $(seq 1 120); do
+    N=$(metric 'quotad_active_counters')
+    python3 -c "import sys; sys.exit(0 if $N >= 1000000 else 1)" && break
+    sleep 0.5
+  done
   R1=$(rss)
   N=$(metric 'quotad_active_counters')
   python3 -c "

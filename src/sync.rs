@@ -181,20 +181,26 @@ impl Syncer {
         let mut deltas = history.drain();
         // In calls of at most HISTORY_CHUNK rows: a call's time grows with its rows, and a
         // write interval's worth of distinct clients (a flood of new ids) in one call could
-        // outlast `sync.timeout` while the store is fine.
-        let mut ok = true;
+        // outlast `sync.timeout` while the store is fine. The calls together get one
+        // `sync.timeout` too, so that counter writes (and shutdown) do not wait on a long
+        // history: what is left waits for the next write.
+        let deadline = std::time::Instant::now() + self.cfg.timeout;
         while !deltas.is_empty() {
-            let rest = deltas.split_off(deltas.len().min(HISTORY_CHUNK));
-            let chunk = std::mem::replace(&mut deltas, rest);
+            if std::time::Instant::now() >= deadline {
+                history.restore(deltas);
+                return false;
+            }
+            // From the tail: nothing left is copied.
+            let chunk = deltas.split_off(deltas.len().saturating_sub(HISTORY_CHUNK));
             if !self.write_history_chunk(chunk).await {
                 // The store is failing or slow: what was not sent waits for the next write.
                 if !deltas.is_empty() {
-                    history.restore(std::mem::take(&mut deltas));
+                    history.restore(deltas);
                 }
-                ok = false;
+                return false;
             }
         }
-        ok
+        true
     }
 
     async fn write_history_chunk(&self, deltas: Vec<UsageDelta>) -> bool {
@@ -385,6 +391,10 @@ impl Syncer {
             if tokio::time::Instant::now() >= deadline {
                 let left = self.limiter.pending_hits();
                 self.metrics.unsynced_at_exit(left);
+                let dropped = self.limiter.history().take_dropped();
+                if dropped > 0 {
+                    self.metrics.unrecorded_history(dropped);
+                }
                 let unrecorded = self.limiter.history().drain();
                 if !unrecorded.is_empty() {
                     self.history_lost(&unrecorded, "shutdown gave up");

@@ -168,7 +168,7 @@ impl Syncer {
     /// Writes the answers checks got since the last write to the usage history. Refused with
     /// nothing written: they go back, to be tried at the next write. Outcome unknown: not resent
     /// (increments), counted in `quotad_history_unrecorded_checks_total`.
-    async fn write_history(&self) -> bool {
+    async fn write_history(&self) {
         let history = self.limiter.history();
         let dropped = history.take_dropped();
         if dropped > 0 {
@@ -188,7 +188,7 @@ impl Syncer {
         while !deltas.is_empty() {
             if std::time::Instant::now() >= deadline {
                 history.restore(deltas);
-                return false;
+                return;
             }
             // From the tail: nothing left is copied.
             let chunk = deltas.split_off(deltas.len().saturating_sub(HISTORY_CHUNK));
@@ -197,10 +197,9 @@ impl Syncer {
                 if !deltas.is_empty() {
                     history.restore(deltas);
                 }
-                return false;
+                return;
             }
         }
-        true
     }
 
     async fn write_history_chunk(&self, deltas: Vec<UsageDelta>) -> bool {

@@ -214,18 +214,22 @@ fn add_to_row(
 pub(super) fn apply_deltas(tx: &WriteTransaction, deltas: &[Delta]) -> StoreResult<()> {
     let mut rows = tx.open_table(COUNTER_ROWS).map_err(err)?;
     let mut expiry = tx.open_table(COUNTER_EXPIRY).map_err(err)?;
-    // Group by counter (and visit rows in key order, which keeps the B-tree's pages warm).
-    let mut keyed: Vec<(Vec<u8>, i64, i64)> = deltas
-        .iter()
-        .map(|d| (row_key(&d.key), d.start, d.delta))
-        .collect();
-    keyed.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)));
+    // Group by counter (and visit rows in about key order, which keeps the B-tree's pages
+    // warm); a row key is built once per counter.
+    let mut order: Vec<&Delta> = deltas.iter().collect();
+    order.sort_unstable_by(|a, b| a.key.cmp(&b.key).then(a.start.cmp(&b.start)));
     let mut scratch = Scratch::default();
     let mut adds = Vec::new();
-    for group in keyed.chunk_by(|a, b| a.0 == b.0) {
+    for group in order.chunk_by(|a, b| a.key == b.key) {
         adds.clear();
-        adds.extend(group.iter().map(|d| (d.1, d.2)));
-        add_to_row(&mut rows, &mut expiry, &group[0].0, &adds, &mut scratch)?;
+        adds.extend(group.iter().map(|d| (d.start, d.delta)));
+        add_to_row(
+            &mut rows,
+            &mut expiry,
+            &row_key(&group[0].key),
+            &adds,
+            &mut scratch,
+        )?;
     }
     Ok(())
 }

@@ -253,7 +253,7 @@ impl Rig {
             allocs += ALLOCS.load(Ordering::Relaxed) - a0;
             i += chunk;
             let now = self.clock.now_ms();
-            let batch = self.limiter.collect(now);
+            let batch = self.limiter.collect(now, true);
             self.limiter.written(&batch.deltas);
             self.limiter.evict(now);
         }

@@ -122,7 +122,8 @@ impl Syncer {
     async fn write_round(&self, history: bool) -> Result<(Vec<CounterRange>, Round), StoreError> {
         let store = self.limiter.store();
         let now = self.limiter.clock().now_ms();
-        let batch = self.limiter.collect(now);
+        let mut batch = self.limiter.collect(now, history);
+        let answers = std::mem::take(&mut batch.answers);
         let hits = batch.hits();
         if !batch.deltas.is_empty() {
             let started = std::time::Instant::now();
@@ -151,12 +152,14 @@ impl Syncer {
                     };
                     self.metrics.store_op("increment", outcome, secs);
                     self.limiter.evict(now);
+                    // The usage history waits for the next round too.
+                    self.limiter.history().restore(answers);
                     return Err(e);
                 }
             }
         }
         if history {
-            self.write_history().await;
+            self.write_history(answers).await;
         }
         let round = Round {
             written_hits: hits,
@@ -168,7 +171,7 @@ impl Syncer {
     /// Writes the answers checks got since the last write to the usage history. Refused with
     /// nothing written: they go back, to be tried at the next write. Outcome unknown: not resent
     /// (increments), counted in `quotad_history_unrecorded_checks_total`.
-    async fn write_history(&self) {
+    async fn write_history(&self, answers: Vec<UsageDelta>) {
         let history = self.limiter.history();
         let dropped = history.take_dropped();
         if dropped > 0 {
@@ -178,7 +181,10 @@ impl Syncer {
                 "usage history: no room in memory for these checks' answers"
             );
         }
+        // The rows, and what the client entries summed (a row and an entry's sum may be of the
+        // same client and hour: the store adds them up).
         let mut deltas = history.drain();
+        deltas.extend(answers);
         // In calls of at most HISTORY_CHUNK rows: a call's time grows with its rows, and a
         // write interval's worth of distinct clients (a flood of new ids) in one call could
         // outlast `sync.timeout` while the store is fine. The calls together get one
@@ -377,7 +383,11 @@ impl Syncer {
         let deadline = tokio::time::Instant::now() + self.cfg.drain_timeout;
         loop {
             match self.round().await {
-                Ok(r) if r.pending_after == 0 && self.limiter.history().rows() == 0 => {
+                Ok(r)
+                    if r.pending_after == 0
+                        && self.limiter.history().rows() == 0
+                        && self.limiter.answers_waiting() == 0 =>
+                {
                     if let Err(e) = self.limiter.store().flush().await {
                         tracing::error!(error = %e, "flushing the store at shutdown failed");
                     }
@@ -394,7 +404,11 @@ impl Syncer {
                 if dropped > 0 {
                     self.metrics.unrecorded_history(dropped);
                 }
-                let unrecorded = self.limiter.history().drain();
+                let mut unrecorded = self.limiter.history().drain();
+                // And what the client entries summed (the pending hits this snapshot lists
+                // are counted above).
+                let now = self.limiter.clock().now_ms();
+                unrecorded.extend(self.limiter.collect(now, true).answers);
                 if !unrecorded.is_empty() {
                     self.history_lost(&unrecorded, "shutdown gave up");
                 }

@@ -1,14 +1,23 @@
 //! Usage history, in memory: what each check was answered, summed per (tenant, client, hour)
 //! until the sync task writes it ([`crate::store::history::HistoryStore::add_usage`]).
 //!
-//! A check adds to one row under one shard's lock: no store call, and no allocation once the
-//! row exists (the key holds the request's `Arc<str>` ids, and a lookup borrows them). The
-//! sync task drains every row every `history.write_interval_ms`; a batch the store refused (nothing written) comes
-//! back through [`Recorder::restore`] and is tried again; one whose outcome is unknown is not
-//! resent (increments are not idempotent) and is counted instead, as counter hits are.
+//! Two places hold it. The commonest answer, a check admitted on a counter held in memory, is
+//! summed in the client's limiter entry, under the lock the check holds already (no second
+//! hash, lock or row per client; `crate::limiter`'s `Answered`). Everything else comes here, a
+//! row per (tenant, client, hour) under one shard's lock: denials (with the limit that bound
+//! them), checks decided through the store (strict mode, beyond a memory cap, store trouble),
+//! and an entry's sum that it cannot keep (its hour ended, or it leaves memory). A check adds to
+//! a row with no store call, and no allocation once the row exists (the key holds the request's
+//! `Arc<str>` ids, and a lookup borrows them).
 //!
-//! Memory is bounded: at most `max_rows` rows wait in memory (rows live one write interval
-//! unless the store fails). A check that would need one more row is still answered, and counted in
+//! The sync task takes both every `history.write_interval_ms` (the entries' sums in the same
+//! pass that collects their pending hits); a batch the store refused (nothing written) comes
+//! back here through [`Recorder::restore`] and is tried again; one whose outcome is unknown is
+//! not resent (increments are not idempotent) and is counted instead, as counter hits are.
+//!
+//! Memory is bounded: at most `max_rows` rows wait here (rows live one write interval unless
+//! the store fails), and the entries' sums are a few bytes of entries already bounded by the
+//! limiter's caps. A check that would need one more row is still answered, and counted in
 //! [`Recorder::dropped`] (exported as `quotad_history_unrecorded_checks_total`), never silently.
 
 use std::hash::{BuildHasher, Hash, Hasher};
@@ -119,7 +128,38 @@ impl Recorder {
 
     /// Adds one check's answer to its (tenant, client, hour) row.
     pub fn record(&self, tenant: &Arc<str>, client: &Arc<str>, now_ms: i64, answer: Answer<'_>) {
-        let hour = now_ms - now_ms.rem_euclid(HOUR_MS);
+        self.with_row(tenant, client, now_ms, 1, |row| add(row, answer));
+    }
+
+    /// Adds `admitted` checks taking `cost` in all, answered in the hour of `at_ms`, to their
+    /// row. The limiter sums a client's admitted checks in the client's entry, where the check
+    /// holds the lock already, and hands them over here when the entry cannot keep them (an
+    /// hour ended, the entry leaves memory).
+    pub fn add_admitted(
+        &self,
+        tenant: &Arc<str>,
+        client: &Arc<str>,
+        at_ms: i64,
+        admitted: u64,
+        cost: u64,
+    ) {
+        self.with_row(tenant, client, at_ms, admitted, |row| {
+            row.admitted += admitted;
+            row.cost = row.cost.saturating_add(cost);
+        });
+    }
+
+    /// Runs `f` on the row of (tenant, client, hour of `at_ms`) under its shard's lock, making
+    /// the row if needed; when there is no room for one more, counts `checks` as dropped.
+    fn with_row(
+        &self,
+        tenant: &Arc<str>,
+        client: &Arc<str>,
+        at_ms: i64,
+        checks: u64,
+        f: impl FnOnce(&mut Row),
+    ) {
+        let hour = at_ms - at_ms.rem_euclid(HOUR_MS);
         let hash = self.hasher.hash_one((&**tenant, &**client, hour));
         let shard = &self.shards[((hash >> 32) % self.shards.len() as u64) as usize];
         let mut g = lock(shard);
@@ -133,7 +173,7 @@ impl Recorder {
             Some(row) => row,
             None => {
                 if self.rows.load(Ordering::Relaxed) >= self.max_rows {
-                    self.dropped.fetch_add(1, Ordering::Relaxed);
+                    self.dropped.fetch_add(checks, Ordering::Relaxed);
                     return;
                 }
                 self.rows.fetch_add(1, Ordering::Relaxed);
@@ -146,7 +186,7 @@ impl Recorder {
                 g.entry(key).or_default()
             }
         };
-        add(row, answer);
+        f(row);
     }
 
     /// Takes every row, as increments for the store, leaving the maps empty (with their

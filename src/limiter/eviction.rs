@@ -2,14 +2,15 @@
 //! it is read back from the store on its next use.
 //!
 //! Invariant: a counter holding pending (unwritten) hits never leaves; written counters are the
-//! only ones eviction can drop. How long "idle" is comes from the memory caps (see `caps`).
+//! only ones eviction can drop. How long "idle" is comes from the memory caps (see `caps`). A
+//! dropped entry's admitted checks not yet taken for the usage history go to the history's rows.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::caps::{is_client, IdleRule};
-use super::state::{lock, LimitState, Shard, TOKEN_SETTLE_ROUNDS};
+use super::state::{lock, AnsweredHour, LimitState, Shard, TOKEN_SETTLE_ROUNDS};
 use super::Limiter;
 
 /// What one eviction pass kept, and which tenants' client entries it dropped.
@@ -19,6 +20,8 @@ struct Tally {
     pending: u64,
     /// Client entries dropped, per tenant.
     left: HashMap<Arc<str>, usize>,
+    /// What dropped entries had summed for the usage history.
+    answers: Vec<(Arc<str>, Arc<str>, AnsweredHour)>,
 }
 
 impl Limiter {
@@ -33,6 +36,11 @@ impl Limiter {
         for shard in self.shards.iter() {
             let settle = TOKEN_SETTLE_ROUNDS * self.cfg.sync_interval_ms;
             let dropped = evict_shard(&mut lock(shard), now, settle, &rule, &mut tally);
+            // Admitted checks summed in the dropped entries go to the history's rows.
+            for (tenant, client, h) in tally.answers.drain(..) {
+                self.history
+                    .add_admitted(&tenant, &client, h.hour_ms, h.admitted, h.cost);
+            }
             self.counters.fetch_sub(dropped, Ordering::Relaxed);
         }
         self.release_clients(tally.left);
@@ -75,6 +83,9 @@ fn evict_shard(
             dropped += before;
             if is_client(k) {
                 *tally.left.entry(k.tenant.clone()).or_default() += 1;
+            }
+            if let Some(h) = e.answered.take() {
+                tally.answers.push((k.tenant.clone(), k.subject.clone(), h));
             }
         }
         keep

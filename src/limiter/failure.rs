@@ -59,8 +59,9 @@ impl Limiter {
                 for l in limits {
                     room &= self.install(input, l, Vec::new(), share, now).is_ok();
                 }
-                match self.locked(policy, limits, input, now, rule == OnStoreFailure::Allow) {
-                    Locked::Decided(d) if room => d,
+                let force = rule == OnStoreFailure::Allow;
+                match self.locked(policy, limits, input, now, force, false) {
+                    Locked::Decided(d, _) if room => d,
                     // A memory cap leaves nowhere to hold the hit until the store returns.
                     _ => self.without_memory(policy, limits, input, rule),
                 }

@@ -65,7 +65,7 @@ use crate::store::{CounterRange, DynCounterStore, StoreError};
 use caps::{Cap, TenantClients};
 use decision::decide;
 use share::Fleet;
-use state::{buckets_from, lock, Entry, LimitState, Shard};
+use state::{buckets_from, lock, AnsweredHour, Entry, LimitState, Shard};
 use tokens::Carry;
 use window::Bucket;
 
@@ -142,9 +142,30 @@ fn applicable<'p>(policy: &'p Policy, resources: &[Option<&str>]) -> Applicable<
         .collect()
 }
 
+/// How a check is decided under the locks.
+#[derive(Clone, Copy)]
+struct How {
+    now: i64,
+    cost: u64,
+    /// Admit whatever the counts say (a store failure under `on_store_failure: allow`).
+    force_admit: bool,
+    /// Sum an admitted check in the client's entry for the usage history.
+    tally: bool,
+}
+
+/// Whether a check's answer was summed in its client's entry for the usage history.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Tallied {
+    No,
+    Yes,
+    /// Yes, and the entry's earlier sum came out (another hour, or full): for the history's
+    /// rows.
+    HandedOver(AnsweredHour),
+}
+
 /// The outcome of one evaluation under the locks.
 enum Locked {
-    Decided(Decision),
+    Decided(Decision, Tallied),
     /// These applicable limits (indices) have no state in memory yet.
     Missing(SmallVec<[usize; 16]>),
 }
@@ -207,8 +228,10 @@ impl Limiter {
     /// trouble is decided by the policy's `on_store_failure` rule, and the decision says so.
     pub async fn check(&self, policy: &Policy, input: CheckInput<'_>) -> Decision {
         let limits = applicable(policy, &[input.resource]);
-        let d = self.decide(policy, limits, input).await;
-        self.record(input, &d);
+        let (d, recorded) = self.decide(policy, limits, input, true).await;
+        if !recorded {
+            self.record(input, &d);
+        }
         d
     }
 
@@ -222,8 +245,10 @@ impl Limiter {
         resources: &[Option<&str>],
     ) -> Decision {
         let limits = applicable(policy, resources);
-        let d = self.decide(policy, limits, input).await;
-        self.record(input, &d);
+        let (d, recorded) = self.decide(policy, limits, input, true).await;
+        if !recorded {
+            self.record(input, &d);
+        }
         d
     }
 
@@ -231,11 +256,13 @@ impl Limiter {
     /// per-descriptor statuses of Envoy's rate limit service).
     pub async fn peek(&self, policy: &Policy, input: CheckInput<'_>) -> Decision {
         let limits = applicable(policy, &[input.resource]);
-        self.decide(policy, limits, CheckInput { cost: 0, ..input })
+        self.decide(policy, limits, CheckInput { cost: 0, ..input }, false)
             .await
+            .0
     }
 
-    /// Adds a check's answer to the usage history.
+    /// Adds a check's answer to the usage history's rows (one admitted on a client entry in
+    /// memory was summed there already).
     fn record(&self, input: CheckInput<'_>, d: &Decision) {
         if self.cfg.max_history_rows == 0 {
             return;
@@ -255,28 +282,43 @@ impl Limiter {
         );
     }
 
+    /// Decides a check; when `record`, its answer is summed in the client's entry for the
+    /// usage history if it can be, and the second value says so.
     async fn decide(
         &self,
         policy: &Policy,
         limits: Applicable<'_>,
         input: CheckInput<'_>,
-    ) -> Decision {
+        record: bool,
+    ) -> (Decision, bool) {
         if limits.is_empty() {
-            return Decision::no_limit();
+            return (Decision::no_limit(), false);
         }
         let now = self.clock.now_ms();
         if !self.cfg.fleet.holds_lease() {
             // This instance may be counting from a share another instance holds now (its
             // lease could not be renewed): decide as the policy says for a failing store.
             let e = StoreError::Unavailable("this instance holds no shard lease".into());
-            return self.on_failure(policy, &limits, input, now, &e);
+            return (self.on_failure(policy, &limits, input, now, &e), false);
         }
         if policy.consistency == Consistency::Strict {
-            return self.check_strict(policy, &limits, input, now).await;
+            return (self.check_strict(policy, &limits, input, now).await, false);
         }
         for _ in 0..4 {
-            match self.locked(policy, &limits, input, now, false) {
-                Locked::Decided(d) => return d,
+            let tally = record && self.cfg.max_history_rows > 0;
+            match self.locked(policy, &limits, input, now, false, tally) {
+                Locked::Decided(d, tallied) => {
+                    if let Tallied::HandedOver(h) = tallied {
+                        self.history.add_admitted(
+                            input.tenant.as_arc(),
+                            input.client.as_arc(),
+                            h.hour_ms,
+                            h.admitted,
+                            h.cost,
+                        );
+                    }
+                    return (d, tallied != Tallied::No);
+                }
                 Locked::Missing(missing) => {
                     let want: Applicable<'_> = missing.iter().map(|&i| limits[i]).collect();
                     match self.load(input, &want, now).await {
@@ -284,20 +326,21 @@ impl Limiter {
                         Ok(Some(cap)) => {
                             // No room in memory: let the store count this check.
                             self.metrics.memory_cap_check(cap.label());
-                            return self.check_strict(policy, &limits, input, now).await;
+                            return (self.check_strict(policy, &limits, input, now).await, false);
                         }
-                        Err(e) => return self.on_failure(policy, &limits, input, now, &e),
+                        Err(e) => return (self.on_failure(policy, &limits, input, now, &e), false),
                     }
                 }
             }
         }
         // Only reachable if entries are evicted as fast as they are loaded.
         let e = StoreError::Unavailable("counter state kept being evicted".into());
-        self.on_failure(policy, &limits, input, now, &e)
+        (self.on_failure(policy, &limits, input, now, &e), false)
     }
 
     /// Locks the entries the limits need (tenant entry and client entry, shards in index
-    /// order) and decides, or says which states are missing.
+    /// order) and decides, or says which states are missing. When `tally`, an admitted
+    /// check is summed in the client's entry for the usage history.
     fn locked(
         &self,
         policy: &Policy,
@@ -305,6 +348,7 @@ impl Limiter {
         input: CheckInput<'_>,
         now: i64,
         force_admit: bool,
+        tally: bool,
     ) -> Locked {
         let tenant = input.tenant.as_str();
         let client = input.client.as_str();
@@ -315,7 +359,13 @@ impl Limiter {
         let (sc, st) = (self.shard_of(kc), self.shard_of(kt));
         let fleet = self.fleet(policy);
         let decide = |t: Option<&mut Entry>, c: Option<&mut Entry>| {
-            Self::decide_in(fleet, policy, limits, t, c, now, input.cost, force_admit)
+            let how = How {
+                now,
+                cost: input.cost,
+                force_admit,
+                tally,
+            };
+            Self::decide_in(fleet, policy, limits, t, c, how)
         };
         match (need_t, need_c) {
             (true, true) if sc == st => {
@@ -341,20 +391,23 @@ impl Limiter {
 
     /// Under the locks: marks the entries used, finds each limit's state in them, and decides
     /// if every limit has one.
-    #[allow(clippy::too_many_arguments)]
     fn decide_in(
         fleet: Fleet,
         policy: &Policy,
         limits: &[&Limit],
         t: Option<&mut Entry>,
-        c: Option<&mut Entry>,
-        now: i64,
-        cost: u64,
-        force_admit: bool,
+        mut c: Option<&mut Entry>,
+        how: How,
     ) -> Locked {
+        let How {
+            now,
+            cost,
+            force_admit,
+            tally,
+        } = how;
         let mut slots: SmallVec<[Option<&mut LimitState>; 16]> =
             (0..limits.len()).map(|_| None).collect();
-        for (entry, scope) in [(t, Scope::Tenant), (c, Scope::Client)] {
+        for (entry, scope) in [(t, Scope::Tenant), (c.as_deref_mut(), Scope::Client)] {
             if let Some(e) = entry {
                 e.last_used = now;
                 e.touched = true;
@@ -376,15 +429,17 @@ impl Limiter {
             );
         }
         let mut states: SmallVec<[&mut LimitState; 16]> = slots.into_iter().flatten().collect();
-        Locked::Decided(decide(
-            policy,
-            limits,
-            &mut states,
-            now,
-            cost,
-            force_admit,
-            fleet,
-        ))
+        let d = decide(policy, limits, &mut states, now, cost, force_admit, fleet);
+        drop(states);
+        let tallied = match c {
+            Some(e) if tally && d.allowed => match e.answered.add(now, cost) {
+                Ok(None) => Tallied::Yes,
+                Ok(Some(h)) => Tallied::HandedOver(h),
+                Err(()) => Tallied::No,
+            },
+            _ => Tallied::No,
+        };
+        Locked::Decided(d, tallied)
     }
 
     /// Reads the missing counters from the store and installs them (unless a racing check

@@ -22,6 +22,7 @@ use super::tokens::{self, Carry};
 use super::window::{self, Bucket};
 use super::Limiter;
 use crate::domain::{Limit, LimitKind};
+use crate::store::history::HOUR_MS;
 use crate::store::{BucketTotal, CounterKey};
 
 #[derive(Debug)]
@@ -167,6 +168,68 @@ pub(super) struct Entry {
     pub(super) touched: bool,
     /// Sync rounds since its totals were last read back.
     pub(super) stale_rounds: u8,
+    /// A client entry: the checks admitted on it since the usage history last took them.
+    pub(super) answered: Answered,
+}
+
+/// A client's admitted checks for the usage history, summed where the check holds the lock
+/// already (`crate::history` explains the split with the history's own rows). 16 bytes: one
+/// hour at a time, a count that a write interval cannot fill in practice; what does not fit
+/// goes to the history's rows.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Answered {
+    /// The hour counted, in hours since the epoch; meaningless while `admitted` is 0.
+    hour: i32,
+    admitted: u32,
+    cost: u64,
+}
+
+/// An entry's admitted checks of one hour, handed over to the usage history.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct AnsweredHour {
+    /// The hour's start, ms since the epoch.
+    pub(super) hour_ms: i64,
+    pub(super) admitted: u64,
+    pub(super) cost: u64,
+}
+
+impl Answered {
+    /// Adds one check admitted at `now` taking `cost`. When the sum cannot take it (it holds
+    /// another hour, or is full), returns the sum it held, and starts over with this check;
+    /// `Err` when `now` lies outside the hours this can name at all (the check is left out:
+    /// the caller records it elsewhere).
+    pub(super) fn add(&mut self, now: i64, cost: u64) -> Result<Option<AnsweredHour>, ()> {
+        let hour = i32::try_from(now.div_euclid(HOUR_MS)).map_err(|_| ())?;
+        if self.admitted > 0 && self.hour == hour && self.admitted < u32::MAX {
+            self.admitted += 1;
+            self.cost = self.cost.saturating_add(cost);
+            return Ok(None);
+        }
+        let before = self.take();
+        *self = Answered {
+            hour,
+            admitted: 1,
+            cost,
+        };
+        Ok(before)
+    }
+
+    /// The checks summed.
+    pub(super) fn checks(&self) -> u64 {
+        u64::from(self.admitted)
+    }
+
+    /// Takes the sum, leaving nothing.
+    pub(super) fn take(&mut self) -> Option<AnsweredHour> {
+        (self.admitted > 0).then(|| {
+            let a = std::mem::take(self);
+            AnsweredHour {
+                hour_ms: i64::from(a.hour) * HOUR_MS,
+                admitted: u64::from(a.admitted),
+                cost: a.cost,
+            }
+        })
+    }
 }
 
 /// One shard's entries. The table holds a pointer per entry and the entries live in their own
@@ -278,6 +341,51 @@ impl Limiter {
 
 #[cfg(test)]
 mod tests {
+    use super::{Answered, AnsweredHour};
+    use crate::store::history::HOUR_MS;
+
+    #[test]
+    fn answered_sums_one_hour_and_hands_over_the_last_when_the_hour_moves() {
+        let mut a = Answered::default();
+        assert_eq!(a.take(), None);
+        let h = 490_000 * HOUR_MS;
+        assert_eq!(a.add(h + 5, 3), Ok(None));
+        assert_eq!(a.add(h + HOUR_MS - 1, 0), Ok(None));
+        assert_eq!(
+            a.add(h + HOUR_MS, 2),
+            Ok(Some(AnsweredHour {
+                hour_ms: h,
+                admitted: 2,
+                cost: 3
+            }))
+        );
+        let next = AnsweredHour {
+            hour_ms: h + HOUR_MS,
+            admitted: 1,
+            cost: 2,
+        };
+        assert_eq!(a.take(), Some(next));
+        assert_eq!(a.take(), None);
+        // Before the epoch too (hours round down).
+        assert_eq!(a.add(-1, 1), Ok(None));
+        assert_eq!(a.take().map(|t| t.hour_ms), Some(-HOUR_MS));
+        // An hour no i32 names is refused, not wrapped.
+        assert_eq!(a.add(i64::MAX, 1), Err(()));
+        assert_eq!(a.take(), None);
+    }
+
+    #[test]
+    fn a_full_sum_is_handed_over_whole() {
+        let mut a = Answered {
+            hour: 7,
+            admitted: u32::MAX,
+            cost: u64::MAX,
+        };
+        let full = a.add(7 * HOUR_MS, 1).unwrap().unwrap();
+        assert_eq!((full.admitted, full.cost), (u64::from(u32::MAX), u64::MAX));
+        assert_eq!(a.take().map(|t| (t.admitted, t.cost)), Some((1, 1)));
+    }
+
     /// Every counter in memory holds one: what a token bucket alone needs lives behind a
     /// pointer, and a kind is no wider than a sliding window's (`docs/performance.md` counts
     /// bytes per counter).

@@ -7,8 +7,11 @@
 //! totals, which include every instance's hits, and this instance's new share.
 
 use super::key::newest_readable;
-use super::state::{lock, LimitState};
+use std::sync::Arc;
+
+use super::state::{lock, AnsweredHour, LimitState};
 use super::{window, Limiter};
+use crate::store::history::{Counts, UsageDelta};
 use crate::store::{BucketTotal, CounterKey, CounterRange, Delta};
 
 /// The pending hits the sync task took, and the counters it will read back.
@@ -16,6 +19,8 @@ use crate::store::{BucketTotal, CounterKey, CounterRange, Delta};
 pub struct SyncBatch {
     pub deltas: Vec<Delta>,
     pub ranges: Vec<CounterRange>,
+    /// The admitted checks the client entries summed for the usage history, when taken.
+    pub answers: Vec<UsageDelta>,
 }
 
 impl SyncBatch {
@@ -30,12 +35,20 @@ const REFRESH_IDLE_EVERY: u8 = 8;
 
 impl Limiter {
     /// Takes a snapshot of every pending hit (as increments) and lists the counters used since
-    /// the last sync (to read back). Clears the "used" marks.
-    pub fn collect(&self, now: i64) -> SyncBatch {
+    /// the last sync (to read back). Clears the "used" marks. With `answers`, also takes what
+    /// the client entries summed for the usage history.
+    pub fn collect(&self, now: i64, answers: bool) -> SyncBatch {
         let mut batch = SyncBatch::default();
+        // Strings are copied after the lock is let go.
+        let mut taken: Vec<(Arc<str>, Arc<str>, AnsweredHour)> = Vec::new();
         for shard in self.shards.iter() {
             let mut g = lock(shard);
             for (k, e) in g.iter_mut() {
+                if answers {
+                    if let Some(h) = e.answered.take() {
+                        taken.push((k.tenant.clone(), k.subject.clone(), h));
+                    }
+                }
                 // Others' hits reach an entry by reading it back: every round once used, while
                 // other instances count too; otherwise (and alone, where this instance's own
                 // writes already keep it exact) every few rounds, which also picks up hits the
@@ -71,6 +84,19 @@ impl Limiter {
                 }
                 e.touched = false;
             }
+            drop(g);
+            batch
+                .answers
+                .extend(taken.drain(..).map(|(tenant, client, h)| UsageDelta {
+                    tenant: tenant.to_string(),
+                    client: client.to_string(),
+                    hour: h.hour_ms,
+                    counts: Counts {
+                        admitted: h.admitted,
+                        cost: h.cost,
+                        ..Counts::default()
+                    },
+                }));
         }
         batch
     }
@@ -108,6 +134,14 @@ impl Limiter {
                 }
             });
         }
+    }
+
+    /// Admitted checks the client entries summed that the usage history has not taken yet.
+    pub fn answers_waiting(&self) -> u64 {
+        self.shards
+            .iter()
+            .map(|s| lock(s).values().map(|e| e.answered.checks()).sum::<u64>())
+            .sum()
     }
 
     /// Hits admitted and not yet written.

@@ -108,7 +108,8 @@ pub struct ClientTotal {
 #[async_trait]
 pub trait HistoryStore: Send + Sync + 'static {
     /// Adds each delta to its client's hour and day, to its tenant's hour and day, and to the
-    /// client's line in the day's index of clients seen. On error, none or some may have landed.
+    /// client's line in the day's index of clients seen. Deltas of the same (tenant, client,
+    /// hour) in one call add up. On error, none or some may have landed.
     async fn add_usage(&self, deltas: &[UsageDelta]) -> StoreResult<()>;
 
     /// The points of one client (or, `client` None, the tenant's totals) at `step` whose start

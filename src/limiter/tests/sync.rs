@@ -32,7 +32,7 @@ async fn hits_admitted_while_a_sync_is_in_flight_stay_pending() {
     let p = policy(serde_json::json!({"limits": [{"id": "d", "max": 1000, "period": "day"}]}));
     let (t, c) = ids("acme", "k1");
     check(&r, &p, &t, &c, 3).await;
-    let batch = r.limiter.collect(r.clock.now_ms());
+    let batch = r.limiter.collect(r.clock.now_ms(), true);
     check(&r, &p, &t, &c, 4).await; // admitted between snapshot and write
     r.store.increment(&batch.deltas).await.unwrap();
     r.limiter.written(&batch.deltas);
@@ -159,4 +159,76 @@ async fn a_large_usage_history_is_written_in_bounded_calls_and_whole() {
     assert_eq!(points.len(), 1);
     assert_eq!(points[0].counts.admitted, n as u64);
     assert_eq!(points[0].counts.cost, 2 * n as u64);
+}
+
+/// The usage-history points of one client (or the tenant, `None`) in the hour of `at`:
+/// (admitted, cost, denied).
+async fn hour_point(r: &Rig, client: Option<&str>, at: i64) -> (u64, u64, u64) {
+    use crate::store::history::{Step, HOUR_MS};
+    let hour = at - at.rem_euclid(HOUR_MS);
+    let points = r
+        .store
+        .usage_points("acme", client, Step::Hour, hour, hour + 1)
+        .await
+        .unwrap();
+    points
+        .iter()
+        .map(|p| (p.counts.admitted, p.counts.cost, p.counts.denied))
+        .fold((0, 0, 0), |a, b| (a.0 + b.0, a.1 + b.1, a.2 + b.2))
+}
+
+#[tokio::test]
+async fn admitted_checks_summed_in_entries_reach_the_history_with_the_denials() {
+    use crate::store::history::HOUR_MS;
+    let r = rig();
+    let p = policy(serde_json::json!({"limits": [{"id": "m", "max": 5, "window": "1m"}]}));
+    let (t, c) = ids("acme", "k1");
+    // Near the end of an hour: some checks in it, then some in the next.
+    r.clock.set(T0 + HOUR_MS - 2_000);
+    for _ in 0..3 {
+        assert!(check(&r, &p, &t, &c, 1).await.allowed);
+    }
+    // Admitted checks on an entry in memory take no history row; a denial does.
+    assert_eq!(r.limiter.history().rows(), 0);
+    assert_eq!(r.limiter.answers_waiting(), 3);
+    r.clock.set(T0 + HOUR_MS + 1);
+    assert!(check(&r, &p, &t, &c, 2).await.allowed);
+    // The hour moved: the entry handed its earlier hour to the rows.
+    assert_eq!(r.limiter.history().rows(), 1);
+    assert_eq!(r.limiter.answers_waiting(), 1);
+    assert!(
+        !check(&r, &p, &t, &c, 1).await.allowed,
+        "5 used in the window"
+    );
+    assert_eq!(r.limiter.history().rows(), 2);
+
+    // A refused write keeps everything for the next one.
+    r.faulty.set(Fault::Failing);
+    assert!(r.syncer.round().await.is_err());
+    r.faulty.set(Fault::Healthy);
+    r.syncer.round().await.unwrap();
+    assert_eq!(
+        (r.limiter.history().rows(), r.limiter.answers_waiting()),
+        (0, 0)
+    );
+    assert_eq!(hour_point(&r, Some("k1"), T0).await, (3, 3, 0));
+    assert_eq!(hour_point(&r, Some("k1"), T0 + HOUR_MS).await, (1, 2, 1));
+    assert_eq!(hour_point(&r, None, T0 + HOUR_MS).await, (1, 2, 1));
+
+    // An entry that leaves memory hands its sum to the rows first.
+    r.clock.set(T0 + HOUR_MS + 120_000);
+    let k2 = ClientId::parse("k2").unwrap();
+    assert!(check(&r, &p, &t, &k2, 4).await.allowed);
+    r.syncer.round().await.unwrap(); // writes the hits (and this sum)
+    assert!(check(&r, &p, &t, &k2, 1).await.allowed);
+    r.clock.set(T0 + HOUR_MS + 120_000 + 61_000);
+    // Hits written, idle past idle_ms: evicted, with one admitted check not yet taken.
+    let b = r.limiter.collect(r.clock.now_ms(), false);
+    r.store.increment(&b.deltas).await.unwrap();
+    r.limiter.written(&b.deltas);
+    r.limiter.evict(r.clock.now_ms());
+    assert_eq!(r.limiter.answers_waiting(), 0);
+    assert_eq!(r.limiter.history().rows(), 1, "handed over on eviction");
+    r.syncer.round().await.unwrap();
+    assert_eq!(hour_point(&r, Some("k2"), T0 + HOUR_MS).await, (2, 5, 0));
 }

@@ -113,6 +113,35 @@ impl FleetMetrics {
     }
 }
 
+/// [`Metrics::batch_checks`].
+pub struct BatchChecks<'m> {
+    metrics: &'m Metrics,
+    decided: [u64; 4],
+    duration: prometheus::local::LocalHistogram,
+}
+
+impl BatchChecks<'_> {
+    /// [`Metrics::check_decided`], summed here.
+    pub fn check_decided(&mut self, tenant: &str, decision: DecisionLabel, seconds: f64) {
+        self.decided[decision as usize] += 1;
+        if let Some(t) = &self.metrics.tenant_checks {
+            t.with_label_values(&[tenant, decision.as_str()]).inc();
+        }
+        self.duration.observe(seconds);
+    }
+}
+
+impl Drop for BatchChecks<'_> {
+    fn drop(&mut self) {
+        for (counter, n) in self.metrics.decided.iter().zip(self.decided) {
+            if n > 0 {
+                counter.inc_by(n);
+            }
+        }
+        self.duration.flush();
+    }
+}
+
 /// What a check decided, as a label.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DecisionLabel {
@@ -292,6 +321,16 @@ impl Metrics {
 
     pub fn lease_conflict(&self) {
         self.fleet.conflicts.inc();
+    }
+
+    /// Check metrics for the items of one batch, added to the shared ones once, when it is
+    /// dropped: a batch's checks do not each write the atomics that every worker shares.
+    pub fn batch_checks(&self) -> BatchChecks<'_> {
+        BatchChecks {
+            metrics: self,
+            decided: [0; 4],
+            duration: self.check_duration.local(),
+        }
     }
 
     pub fn check_decided(&self, tenant: &str, decision: DecisionLabel, seconds: f64) {

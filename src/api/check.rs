@@ -12,7 +12,7 @@ use utoipa::ToSchema;
 use super::body::{json_body, parse_json};
 use super::error::{ApiError, ErrorBody};
 use super::state::AppState;
-use crate::domain::{parse_cost, validate_resource, ClientId, TenantId};
+use crate::domain::{parse_cost, validate_resource, ClientId, Policy, TenantId};
 use crate::limiter::{CheckInput, Decision};
 use crate::metrics::DecisionLabel;
 
@@ -79,11 +79,20 @@ fn named<T, E>(item: Option<usize>, name: &str, f: impl Fn(&str) -> Result<T, E>
     }
 }
 
-fn validate(dto: CheckDto<'_>, item: Option<usize>) -> Result<Parsed<'_>, ApiError> {
+/// Checks a check's fields. `prev`: the tenant of the batch's previous item, shared when this
+/// one names the same (a batch is mostly of one tenant).
+fn validate<'a>(
+    dto: CheckDto<'a>,
+    item: Option<usize>,
+    prev: Option<&TenantId>,
+) -> Result<Parsed<'a>, ApiError> {
     let tenant = dto
         .tenant
         .ok_or_else(|| ApiError::invalid(field(item, "tenant"), "tenant is required"))?;
-    let tenant = named(item, "tenant", |f| TenantId::parse_field(&tenant, f))?;
+    let tenant = match prev {
+        Some(t) if t.as_str() == tenant => t.clone(),
+        _ => named(item, "tenant", |f| TenantId::parse_field(&tenant, f))?,
+    };
     let client = dto
         .client
         .ok_or_else(|| ApiError::invalid(field(item, "client"), "client is required"))?;
@@ -150,10 +159,21 @@ pub(super) async fn decide(state: &AppState, p: &Parsed<'_>) -> Option<Decision>
     let policy = state
         .policies
         .resolve(p.tenant.as_str(), p.client.as_str())?;
-    let d = state
+    let d = limit(state, &policy, p).await;
+    state.metrics.check_decided(
+        p.tenant.as_str(),
+        DecisionLabel::of(&d),
+        started.elapsed().as_secs_f64(),
+    );
+    Some(d)
+}
+
+/// The limiter's decision on one parsed check under `policy`.
+async fn limit(state: &AppState, policy: &Policy, p: &Parsed<'_>) -> Decision {
+    state
         .limiter
         .check(
-            &policy,
+            policy,
             CheckInput {
                 tenant: &p.tenant,
                 client: &p.client,
@@ -161,13 +181,7 @@ pub(super) async fn decide(state: &AppState, p: &Parsed<'_>) -> Option<Decision>
                 cost: p.cost,
             },
         )
-        .await;
-    state.metrics.check_decided(
-        p.tenant.as_str(),
-        DecisionLabel::of(&d),
-        started.elapsed().as_secs_f64(),
-    );
-    Some(d)
+        .await
 }
 
 /// Milliseconds as whole seconds, rounded up (the RateLimit-Reset and Retry-After unit).
@@ -213,7 +227,7 @@ pub async fn check(
     let who = state.auth.checker(&req)?;
     let body = json_body(&req, payload).await?;
     let dto: CheckDto = parse_json(&body)?;
-    let p = validate(dto, None)?;
+    let p = validate(dto, None, None)?;
     if let Some(w) = &who {
         w.may_check(p.tenant.as_str())?;
     }
@@ -309,26 +323,36 @@ pub async fn batch(
             format!("a batch has 1 to {MAX_BATCH} checks"),
         ));
     }
-    let parsed = dto
-        .checks
-        .into_iter()
-        .enumerate()
-        .map(|(i, c)| validate(c, Some(i)))
-        .collect::<Result<Vec<_>, _>>()?;
+    let mut parsed: Vec<Parsed> = Vec::with_capacity(dto.checks.len());
+    for (i, c) in dto.checks.into_iter().enumerate() {
+        let p = validate(c, Some(i), parsed.last().map(|p| &p.tenant))?;
+        parsed.push(p);
+    }
     // Each check is decided as if sent alone, in order; a tenant without a quota gets its own
-    // not_found error in place, as it would alone.
+    // not_found error in place, as it would alone. The policies are those in force when the
+    // batch began (one lookup snapshot), and the metrics are summed over the batch.
+    let policies = state.policies.view();
+    let mut metrics = state.metrics.batch_checks();
     let mut decisions = Vec::with_capacity(parsed.len());
     for p in &parsed {
         if let Some(Err(e)) = who.as_ref().map(|w| w.may_check(p.tenant.as_str())) {
             decisions.push(Err(e));
             continue;
         }
-        decisions.push(
-            decide(&state, p)
-                .await
-                .ok_or_else(|| ApiError::no_quota(&p.tenant)),
+        let started = Instant::now();
+        let Some(policy) = policies.resolve(p.tenant.as_str(), p.client.as_str()) else {
+            decisions.push(Err(ApiError::no_quota(&p.tenant)));
+            continue;
+        };
+        let d = limit(&state, policy, p).await;
+        metrics.check_decided(
+            p.tenant.as_str(),
+            DecisionLabel::of(&d),
+            started.elapsed().as_secs_f64(),
         );
+        decisions.push(Ok(d));
     }
+    drop(metrics);
     let items: Vec<Item> = decisions
         .iter()
         .map(|d| match d {
@@ -336,5 +360,11 @@ pub async fn batch(
             Err(e) => Item::Error(e.body()),
         })
         .collect();
-    Ok(HttpResponse::Ok().json(BatchAnswer { results: items }))
+    // One buffer sized for the answer (an item is about 120 bytes), not grown as it is written.
+    let mut buf = Vec::with_capacity(16 + 128 * items.len());
+    serde_json::to_writer(&mut buf, &BatchAnswer { results: items })
+        .map_err(|e| ApiError::Internal(format!("encoding the answer: {e}")))?;
+    Ok(HttpResponse::Ok()
+        .content_type(header::ContentType::json())
+        .body(buf))
 }

@@ -212,3 +212,57 @@ fn the_binary_drains_on_sigterm_and_a_second_run_sees_the_counts() {
         .unwrap();
     assert_eq!(child.wait().unwrap().code(), Some(0));
 }
+
+#[tokio::test]
+async fn a_batch_counts_its_checks_in_the_metrics_as_single_checks_do() {
+    let app = spawn_app().await;
+    app.put_quota(
+        "acme",
+        json!({"limits": [{"id": "d", "max": 2, "period": "day"}]}),
+    )
+    .await;
+    let r = app
+        .http
+        .post(app.url("/v1/check/batch"))
+        .json(&json!({"checks": [
+            {"tenant": "acme", "client": "k1"},
+            {"tenant": "acme", "client": "k1"},
+            {"tenant": "acme", "client": "k1"},
+            {"tenant": "nobody", "client": "k1"},
+            {"tenant": "acme", "client": "k2"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let b: serde_json::Value = r.json().await.unwrap();
+    let allowed: Vec<_> = b["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["allowed"].clone())
+        .collect();
+    assert_eq!(
+        allowed,
+        [
+            json!(true),
+            json!(true),
+            json!(false),
+            json!(null),
+            json!(true)
+        ],
+        "{b}"
+    );
+    assert_eq!(b["results"][3]["error"]["code"], "not_found", "{b}");
+    // Summed over the batch and added once: 3 allowed, 1 denied, 4 timed; the tenant
+    // without a quota decided nothing.
+    assert_eq!(
+        app.metric("quotad_checks_total{decision=\"allowed\"}")
+            .await,
+        3.0
+    );
+    assert_eq!(
+        app.metric("quotad_checks_total{decision=\"denied\"}").await,
+        1.0
+    );
+    assert_eq!(app.metric("quotad_check_duration_seconds_count").await, 4.0);
+}

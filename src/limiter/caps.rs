@@ -128,7 +128,7 @@ impl Limiter {
     ) -> Result<(), Cap> {
         let subject = subject_of(l, input.client.as_str());
         let r = self.key_ref(input.tenant.as_str(), subject);
-        let mut g = lock(&self.shards[self.shard_of(r)]);
+        let mut g = lock(self.shard_of(r));
         if g.get(&r).is_some_and(|e| e.states.iter().any(|s| s.is(l))) {
             return Ok(());
         }

@@ -33,7 +33,7 @@ impl Limiter {
     pub fn evict(&self, now: i64) -> (usize, u64) {
         let rule = self.idle_rule();
         let mut tally = Tally::default();
-        for shard in self.shards.iter() {
+        for shard in self.all_shards() {
             let settle = TOKEN_SETTLE_ROUNDS * self.cfg.sync_interval_ms;
             let dropped = evict_shard(&mut lock(shard), now, settle, &rule, &mut tally);
             // Admitted checks summed in the dropped entries go to the history's rows.

@@ -10,10 +10,11 @@
 //! window needs plus a little ahead, for instances whose clocks run fast.
 
 use std::hash::{BuildHasher, Hash, Hasher};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use hashbrown::{DefaultHashBuilder, Equivalent};
 
+use super::state::Shard;
 use super::{window, Limiter};
 use crate::domain::{ClientId, Limit, LimitKind, Scope, TenantId, TENANT_SUBJECT};
 use crate::store::{CounterKey, CounterRange};
@@ -122,9 +123,15 @@ pub(super) fn owned_subject(l: &Limit, client: &ClientId) -> Arc<str> {
 
 impl Limiter {
     /// The shard of a key, from bits of its hash the maps do not use for their slots (the low
-    /// bits pick a slot and the top 7 tag it).
-    pub(super) fn shard_of(&self, k: EntryRef<'_>) -> usize {
-        ((k.hash >> 32) % self.shards.len() as u64) as usize
+    /// bits pick a slot and the top 7 tag it). Tenant entries (subject `*`) have shards of
+    /// their own: a check locks its client's shard, then its tenant's (see `Limiter::locked`).
+    pub(super) fn shard_of(&self, k: EntryRef<'_>) -> &Mutex<Shard> {
+        let set = if k.subject == TENANT_SUBJECT {
+            &self.tenant_shards
+        } else {
+            &self.shards
+        };
+        &set[((k.hash >> 32) % set.len() as u64) as usize]
     }
 
     pub(super) fn key_ref<'a>(&self, tenant: &'a str, subject: &'a str) -> EntryRef<'a> {

@@ -8,9 +8,9 @@
 //!
 //! Invariants:
 //! - A check sees and updates every counter it touches in one step: the client's entry and, when
-//!   a tenant-scoped limit applies, the tenant's entry are locked together (shards in index
-//!   order), so two racing checks can never both take the last unit, and a denial consumes
-//!   nothing anywhere.
+//!   a tenant-scoped limit applies, the tenant's entry are locked together (the client's shard,
+//!   then the tenant's, from a separate set), so two racing checks can never both take the last
+//!   unit, and a denial consumes nothing anywhere.
 //! - Locks are `std::sync::Mutex` over a sharded map, held only for in-memory arithmetic: no
 //!   `.await` ever happens under one.
 //! - A counter not in memory is read from the store before its first decision; it is never
@@ -173,7 +173,10 @@ enum Locked {
 /// The limiter: counter state in memory, the store behind it. Shared by every request
 /// handler and the sync task (`Arc<Limiter>`).
 pub struct Limiter {
+    /// Client entries.
     shards: Box<[Mutex<Shard>]>,
+    /// Tenant entries (subject `*`), apart: see [`Limiter::locked`].
+    tenant_shards: Box<[Mutex<Shard>]>,
     /// Counters (limit states) in memory, for `max_counters`.
     counters: AtomicUsize,
     /// Client entries in memory per tenant, for `max_clients_per_tenant`. Locked after a
@@ -195,11 +198,10 @@ impl Limiter {
         metrics: Arc<Metrics>,
         cfg: LimiterConfig,
     ) -> Self {
-        let shards = (0..cfg.shards.max(1))
-            .map(|_| Mutex::new(Shard::default()))
-            .collect();
+        let shards = || (0..cfg.shards.max(1)).map(|_| Mutex::default()).collect();
         Self {
-            shards,
+            shards: shards(),
+            tenant_shards: shards(),
             counters: AtomicUsize::new(0),
             tenant_clients: Mutex::new(Default::default()),
             hasher: DefaultHashBuilder::default(),
@@ -209,6 +211,11 @@ impl Limiter {
             history: Recorder::new(cfg.shards, cfg.max_history_rows),
             cfg,
         }
+    }
+
+    /// Every shard, client entries' then tenant entries'.
+    fn all_shards(&self) -> impl Iterator<Item = &Mutex<Shard>> {
+        self.shards.iter().chain(self.tenant_shards.iter())
     }
 
     /// The answers waiting to be written to the usage history.
@@ -338,9 +345,14 @@ impl Limiter {
         (self.on_failure(policy, &limits, input, now, &e), false)
     }
 
-    /// Locks the entries the limits need (tenant entry and client entry, shards in index
-    /// order) and decides, or says which states are missing. When `tally`, an admitted
-    /// check is summed in the client's entry for the usage history.
+    /// Locks the entries the limits need and decides, or says which states are missing. When
+    /// `tally`, an admitted check is summed in the client's entry for the usage history.
+    ///
+    /// With both entries, the client's shard is locked first, and its entry found, before the
+    /// tenant's shard: every check of the tenant waits on that one, so the cache misses of
+    /// reaching a client entry are not paid while holding it. No deadlock: tenant entries
+    /// live in shards of their own, and no one holds a tenant shard while taking a client
+    /// shard, nor two shards of one set.
     fn locked(
         &self,
         policy: &Policy,
@@ -356,7 +368,6 @@ impl Limiter {
         let kt = self.key_ref(tenant, TENANT_SUBJECT);
         let need_c = limits.iter().any(|l| l.scope == Scope::Client);
         let need_t = limits.iter().any(|l| l.scope == Scope::Tenant);
-        let (sc, st) = (self.shard_of(kc), self.shard_of(kt));
         let fleet = self.fleet(policy);
         let decide = |t: Option<&mut Entry>, c: Option<&mut Entry>| {
             let how = How {
@@ -368,24 +379,14 @@ impl Limiter {
             Self::decide_in(fleet, policy, limits, t, c, how)
         };
         match (need_t, need_c) {
-            (true, true) if sc == st => {
-                let mut g = lock(&self.shards[sc]);
-                let [t, c] = g.get_two_mut(&kt, &kc);
-                decide(t, c)
-            }
             (true, true) => {
-                let (first, second) = if st < sc { (st, sc) } else { (sc, st) };
-                let mut g1 = lock(&self.shards[first]);
-                let mut g2 = lock(&self.shards[second]);
-                let (gt, gc) = if st < sc {
-                    (&mut g1, &mut g2)
-                } else {
-                    (&mut g2, &mut g1)
-                };
-                decide(gt.get_mut(&kt), gc.get_mut(&kc))
+                let mut gc = lock(self.shard_of(kc));
+                let c = gc.get_mut(&kc);
+                let mut gt = lock(self.shard_of(kt));
+                decide(gt.get_mut(&kt), c)
             }
-            (true, false) => decide(lock(&self.shards[st]).get_mut(&kt), None),
-            _ => decide(None, lock(&self.shards[sc]).get_mut(&kc)),
+            (true, false) => decide(lock(self.shard_of(kt)).get_mut(&kt), None),
+            _ => decide(None, lock(self.shard_of(kc)).get_mut(&kc)),
         }
     }
 

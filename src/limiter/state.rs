@@ -258,18 +258,6 @@ impl Shard {
             .map(|n| &mut n.entry)
     }
 
-    /// Two distinct entries at once.
-    pub(super) fn get_two_mut(
-        &mut self,
-        a: &EntryRef<'_>,
-        b: &EntryRef<'_>,
-    ) -> [Option<&mut Entry>; 2] {
-        let rs = [a, b];
-        self.table
-            .get_disjoint_mut([a.hash, b.hash], |i, n| rs[i].equivalent(&n.key))
-            .map(|n| n.map(|n| &mut n.entry))
-    }
-
     /// Inserts an empty entry for a key that is not in the shard.
     pub(super) fn insert_new(&mut self, key: EntryKey) -> &mut Entry {
         let hash = key.hash;
@@ -329,7 +317,7 @@ impl Limiter {
         f: impl FnOnce(&mut LimitState) -> R,
     ) -> Option<R> {
         let r = self.key_ref(&key.tenant, &key.subject);
-        let mut g = lock(&self.shards[self.shard_of(r)]);
+        let mut g = lock(self.shard_of(r));
         let s = g
             .get_mut(&r)?
             .states

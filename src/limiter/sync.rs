@@ -41,7 +41,7 @@ impl Limiter {
         let mut batch = SyncBatch::default();
         // Strings are copied after the lock is let go.
         let mut taken: Vec<(Arc<str>, Arc<str>, AnsweredHour)> = Vec::new();
-        for shard in self.shards.iter() {
+        for shard in self.all_shards() {
             let mut g = lock(shard);
             for (k, e) in g.iter_mut() {
                 if answers {
@@ -138,16 +138,14 @@ impl Limiter {
 
     /// Admitted checks the client entries summed that the usage history has not taken yet.
     pub fn answers_waiting(&self) -> u64 {
-        self.shards
-            .iter()
+        self.all_shards()
             .map(|s| lock(s).values().map(|e| e.answered.checks()).sum::<u64>())
             .sum()
     }
 
     /// Hits admitted and not yet written.
     pub fn pending_hits(&self) -> u64 {
-        self.shards
-            .iter()
+        self.all_shards()
             .map(|s| {
                 lock(s)
                     .values()

@@ -138,12 +138,14 @@ impl Limiter {
         let entry = match g.get_mut(&r) {
             Some(e) => e,
             None => {
-                if l.scope == Scope::Client {
-                    self.admit_client(input)?;
-                }
+                let tenant = if l.scope == Scope::Client {
+                    self.admit_client(input)?
+                } else {
+                    input.tenant.as_arc().clone()
+                };
                 g.insert_new(EntryKey {
                     hash: r.hash,
-                    tenant: input.tenant.as_arc().clone(),
+                    tenant,
                     subject: owned_subject(l, input.client),
                 })
             }
@@ -154,16 +156,26 @@ impl Limiter {
         Ok(())
     }
 
-    /// Counts a new client entry of the tenant, unless the tenant is at its cap.
-    fn admit_client(&self, input: CheckInput<'_>) -> Result<(), Cap> {
+    /// Counts a new client entry of the tenant, unless the tenant is at its cap. Returns the
+    /// tenant's id as this count holds it, for the entry's key: the client entries of a tenant
+    /// then share one string (not each its own request's copy), which saves its bytes per
+    /// entry and a cache miss per lookup.
+    fn admit_client(&self, input: CheckInput<'_>) -> Result<Arc<str>, Cap> {
+        use std::collections::hash_map::Entry;
         let mut per_tenant = self.tenant_clients();
-        match per_tenant.get_mut(input.tenant.as_str()) {
-            Some(n) if *n >= self.cfg.max_clients_per_tenant => return Err(Cap::TenantClients),
-            Some(n) => *n += 1,
-            None => {
-                per_tenant.insert(input.tenant.as_arc().clone(), 1);
+        match per_tenant.entry(input.tenant.as_arc().clone()) {
+            Entry::Occupied(e) if *e.get() >= self.cfg.max_clients_per_tenant => {
+                Err(Cap::TenantClients)
+            }
+            Entry::Occupied(mut e) => {
+                *e.get_mut() += 1;
+                Ok(e.key().clone())
+            }
+            Entry::Vacant(e) => {
+                let tenant = e.key().clone();
+                e.insert(1);
+                Ok(tenant)
             }
         }
-        Ok(())
     }
 }

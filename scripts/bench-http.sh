@@ -4,7 +4,7 @@
 #   scripts/bench-http.sh            # everything, ~3 minutes of load plus the build
 #   DUR=5s scripts/bench-http.sh     # shorter runs
 #   ONLY=memory scripts/bench-http.sh   # one part: throughput | ab | store | strict | memory | flood
-#   FEATURES=mimalloc scripts/bench-http.sh   # build quotad with cargo features (the allocator)
+#   SYSTEM_ALLOC=1 scripts/bench-http.sh   # quotad with the system allocator (mimalloc is the default)
 #   CARGO_PROFILE_RELEASE_LTO=fat CARGO_PROFILE_RELEASE_CODEGEN_UNITS=1 scripts/bench-http.sh
 #
 # What it measures (all on 127.0.0.1, every run bounded by DUR):
@@ -50,8 +50,8 @@ if ! command -v wrk >/dev/null; then
   log "installing wrk (apt)"
   apt-get update -qq && apt-get install -y -qq wrk
 fi
-log "building (release) into $TARGET${FEATURES:+ with features $FEATURES}"
-cargo build --release --bin quotad --example bench_baseline ${FEATURES:+--features "$FEATURES"}
+log "building (release) into $TARGET${SYSTEM_ALLOC:+ with the system allocator}"
+cargo build --release --bin quotad --example bench_baseline ${SYSTEM_ALLOC:+--no-default-features}
 QUOTAD=$TARGET/release/quotad
 BASELINE=$TARGET/release/examples/bench_baseline
 

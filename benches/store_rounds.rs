@@ -49,7 +49,8 @@ fn main() {
         "per-hour".into(),
         "tenant-per-minute".into(),
     );
-    let keys: Vec<[CounterKey; 2]> = (0..clients)
+    // In the order a limiter's sync round lists them: by hash, not by name.
+    let mut keys: Vec<[CounterKey; 2]> = (0..clients)
         .map(|c| {
             let subject: Arc<str> = format!("c-{c}").into();
             [
@@ -68,6 +69,11 @@ fn main() {
             ]
         })
         .collect();
+    keys.sort_by_cached_key(|k| {
+        use std::hash::{BuildHasher, BuildHasherDefault};
+        BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default()
+            .hash_one(&k[0].subject)
+    });
     let tenant_key = CounterKey {
         tenant: tenant.clone(),
         subject: "*".into(),

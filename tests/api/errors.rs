@@ -69,6 +69,9 @@ async fn malformed_check_bodies_are_400s_naming_the_field() {
         b"{\"tenant\": \"acme\",}",
         b"null",
         b"\xff\xfe",
+        // One value, then more: not one JSON body.
+        b"{\"tenant\": \"acme\", \"client\": \"k\"} {}",
+        b"{\"tenant\": \"acme\", \"client\": \"k\"}x",
     ] {
         let r = post_raw(&app, "/v1/check", Some("application/json"), raw.to_vec()).await;
         assert_error(r, 400, "invalid_argument").await;

@@ -104,14 +104,17 @@ impl Limiter {
     /// The snapshot's increments reached the store: move them from pending to stored. Hits
     /// admitted since the snapshot stay pending.
     pub fn written(&self, deltas: &[Delta]) {
-        for d in deltas {
-            self.with_state(&d.key, |s| {
-                if let Ok(i) = s.buckets.binary_search_by_key(&d.start, |b| b.start) {
-                    let b = &mut s.buckets[i];
-                    let n = (d.delta.max(0) as u64).min(b.pending);
-                    b.pending -= n;
-                    b.stored += n as i64;
-                    s.settling += n;
+        // A snapshot lists each counter's deltas together: one lookup per counter.
+        for run in deltas.chunk_by(|a, b| a.key == b.key) {
+            self.with_state(&run[0].key, |s| {
+                for d in run {
+                    if let Ok(i) = s.buckets.binary_search_by_key(&d.start, |b| b.start) {
+                        let b = &mut s.buckets[i];
+                        let n = (d.delta.max(0) as u64).min(b.pending);
+                        b.pending -= n;
+                        b.stored += n as i64;
+                        s.settling += n;
+                    }
                 }
             });
         }

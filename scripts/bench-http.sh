@@ -16,6 +16,10 @@
 #  3. Store cost: quotad_store_operations_total before/after runs over 10^3 and 10^5 clients.
 #  4. Sync and strict latency: a strict-consistency policy; sync op durations from /metrics.
 #  5. Memory: VmRSS after 10^6 distinct active counters, bytes per counter.
+#  6. A flood of invented client ids against the default memory caps.
+# Printed last: this run's figures against the speed targets (the /v1/check ratio of the
+# alternating rounds, the batch ratio, p99 at full load against the bare server's, p99.9 at half
+# the rate).
 # Results go to stdout and to $OUT (default: a temp dir), one file per part.
 set -euo pipefail
 
@@ -301,5 +305,50 @@ if want flood; then
   stop_quotad
 fi
 
+# ---- last: the speed issue's targets, from this run's files (parts not run are left out) -------
+python3 - "$OUT" >"$OUT/targets.txt" <<'EOF'
+import os, re, sys
+out = sys.argv[1]
+
+def wrk(name):
+    """(req/s, {p50, p99, p99.9, max} in ms) of one wrk run of this script, or None."""
+    path = f"{out}/wrk-{name}.txt"
+    if not os.path.exists(path):
+        return None
+    text = open(path).read()
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", text).group(1))
+    line = re.search(r"percentiles us:(.*)", text).group(1)
+    return rps, {k: int(v) / 1000 for k, v in re.findall(r"(p[\d.]+|max) (\d+)", line)}
+
+def verdict(ok):
+    return "met" if ok else "NOT met"
+
+print("against the speed targets (issue 15), from this run:")
+rounds = []
+i = 1
+while wrk(f"ab-quotad-{i}") and wrk(f"ab-baseline-{i}"):
+    rounds.append(wrk(f"ab-quotad-{i}")[0] / wrk(f"ab-baseline-{i}")[0])
+    i += 1
+if rounds:
+    mean = sum(rounds) / len(rounds)
+    print(f"  /v1/check vs the bare server, alternating: {' '.join(f'{r:.2f}' for r in rounds)}, "
+          f"mean {mean:.2f} (>= 0.85: {verdict(mean >= 0.85)})")
+q, b = wrk("quotad-batch100"), wrk("baseline-batch100")
+if q and b:
+    print(f"  /v1/check/batch vs the bare server: {q[0] / b[0]:.2f} (>= 0.70: {verdict(q[0] / b[0] >= 0.7)})")
+q, b = wrk("quotad-check"), wrk("baseline-check")
+if q and b:
+    r = q[1]["p99"] / b[1]["p99"]
+    print(f"  p99 at full load: {q[1]['p99']:.2f} ms against {b[1]['p99']:.2f} ms, {r:.1f}x "
+          f"(<= 2x: {verdict(r <= 2)})")
+q, b = wrk("quotad-check-half"), wrk("baseline-check-half")
+if q and b:
+    print(f"  p99.9 at half the rate: {q[1]['p99.9']:.2f} ms (the bare server {b[1]['p99.9']:.2f} ms; "
+          f"<= 2 ms: {verdict(q[1]['p99.9'] <= 2)})")
+print("  heap per counter at 10^6 keys: from `cargo bench --bench decision` (<= 250 B), not this script")
+EOF
+
 log "summary ($OUT)"
 cat "$OUT/summary.txt"
+echo
+cat "$OUT/targets.txt"

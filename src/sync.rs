@@ -173,14 +173,7 @@ impl Syncer {
     /// (increments), counted in `quotad_history_unrecorded_checks_total`.
     async fn write_history(&self, answers: Vec<UsageDelta>) {
         let history = self.limiter.history();
-        let dropped = history.take_dropped();
-        if dropped > 0 {
-            self.metrics.unrecorded_history(dropped);
-            tracing::warn!(
-                checks = dropped,
-                "usage history: no room in memory for these checks' answers"
-            );
-        }
+        self.export_dropped();
         // The rows, and what the client entries summed (a row and an entry's sum may be of the
         // same client and hour: the store adds them up).
         let mut deltas = history.drain();
@@ -205,6 +198,18 @@ impl Syncer {
                 }
                 return;
             }
+        }
+    }
+
+    /// Exports (and logs) the checks whose answers found no room in memory since the last time.
+    fn export_dropped(&self) {
+        let dropped = self.limiter.history().take_dropped();
+        if dropped > 0 {
+            self.metrics.unrecorded_history(dropped);
+            tracing::warn!(
+                checks = dropped,
+                "usage history: no room in memory for these checks' answers"
+            );
         }
     }
 
@@ -400,15 +405,9 @@ impl Syncer {
             if tokio::time::Instant::now() >= deadline {
                 let left = self.limiter.pending_hits();
                 self.metrics.unsynced_at_exit(left);
-                let dropped = self.limiter.history().take_dropped();
-                if dropped > 0 {
-                    self.metrics.unrecorded_history(dropped);
-                }
+                self.export_dropped();
                 let mut unrecorded = self.limiter.history().drain();
-                // And what the client entries summed (the pending hits this snapshot lists
-                // are counted above).
-                let now = self.limiter.clock().now_ms();
-                unrecorded.extend(self.limiter.collect(now, true).answers);
+                unrecorded.extend(self.limiter.take_answers());
                 if !unrecorded.is_empty() {
                     self.history_lost(&unrecorded, "shutdown gave up");
                 }

@@ -210,32 +210,18 @@ impl Recorder {
     pub fn restore(&self, deltas: Vec<UsageDelta>) {
         for d in deltas {
             let (tenant, client): (Arc<str>, Arc<str>) = (d.tenant.into(), d.client.into());
-            let hash = self.hasher.hash_one((&*tenant, &*client, d.hour));
-            let shard = &self.shards[((hash >> 32) % self.shards.len() as u64) as usize];
-            let mut g = lock(shard);
-            let key = RowKey {
-                hash,
-                tenant,
-                client,
-                hour: d.hour,
-            };
-            if !g.contains_key(&key) {
-                // Memory stays bounded while the store is down: beyond the cap, rows put back
-                // are counted as unrecorded instead.
-                if self.rows.load(Ordering::Relaxed) >= self.max_rows {
-                    self.dropped
-                        .fetch_add(d.counts.admitted + d.counts.denied, Ordering::Relaxed);
-                    continue;
+            // Memory stays bounded while the store is down: beyond the cap, rows put back are
+            // counted as unrecorded instead.
+            let checks = d.counts.admitted + d.counts.denied;
+            let counts = d.counts;
+            self.with_row(&tenant, &client, d.hour, checks, |row| {
+                row.admitted += counts.admitted;
+                row.cost = row.cost.saturating_add(counts.cost);
+                row.denied += counts.denied;
+                for (id, n) in counts.denied_by {
+                    add_denied(row, &Arc::from(id), n);
                 }
-                self.rows.fetch_add(1, Ordering::Relaxed);
-            }
-            let row = g.entry(key).or_default();
-            row.admitted += d.counts.admitted;
-            row.cost += d.counts.cost;
-            row.denied += d.counts.denied;
-            for (id, n) in d.counts.denied_by {
-                add_denied(row, &Arc::from(id), n);
-            }
+            });
         }
     }
 

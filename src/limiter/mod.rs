@@ -311,8 +311,8 @@ impl Limiter {
         if policy.consistency == Consistency::Strict {
             return (self.check_strict(policy, &limits, input, now).await, false);
         }
+        let tally = record && self.cfg.max_history_rows > 0;
         for _ in 0..4 {
-            let tally = record && self.cfg.max_history_rows > 0;
             match self.locked(policy, &limits, input, now, false, tally) {
                 Locked::Decided(d, tallied) => {
                     if let Tallied::HandedOver(h) = tallied {

@@ -29,6 +29,20 @@ impl SyncBatch {
     }
 }
 
+/// An entry's sum for the usage history, as the store takes it.
+fn usage_delta((tenant, client, h): (Arc<str>, Arc<str>, AnsweredHour)) -> UsageDelta {
+    UsageDelta {
+        tenant: tenant.to_string(),
+        client: client.to_string(),
+        hour: h.hour_ms,
+        counts: Counts {
+            admitted: h.admitted,
+            cost: h.cost,
+            ..Counts::default()
+        },
+    }
+}
+
 /// Untouched entries are still read back every this many sync rounds, so what other instances
 /// did reaches them even while this one only holds them.
 const REFRESH_IDLE_EVERY: u8 = 8;
@@ -85,20 +99,23 @@ impl Limiter {
                 e.touched = false;
             }
             drop(g);
-            batch
-                .answers
-                .extend(taken.drain(..).map(|(tenant, client, h)| UsageDelta {
-                    tenant: tenant.to_string(),
-                    client: client.to_string(),
-                    hour: h.hour_ms,
-                    counts: Counts {
-                        admitted: h.admitted,
-                        cost: h.cost,
-                        ..Counts::default()
-                    },
-                }));
+            batch.answers.extend(taken.drain(..).map(usage_delta));
         }
         batch
+    }
+
+    /// Takes what the client entries summed for the usage history (what [`Limiter::collect`]
+    /// takes with `answers`), and nothing else.
+    pub fn take_answers(&self) -> Vec<UsageDelta> {
+        let mut taken = Vec::new();
+        for shard in self.all_shards() {
+            for (k, e) in lock(shard).iter_mut() {
+                if let Some(h) = e.answered.take() {
+                    taken.push((k.tenant.clone(), k.subject.clone(), h));
+                }
+            }
+        }
+        taken.into_iter().map(usage_delta).collect()
     }
 
     /// The snapshot's increments reached the store: move them from pending to stored. Hits

@@ -47,6 +47,12 @@ pub(super) fn create_tables(tx: &WriteTransaction) -> StoreResult<()> {
 /// The row key of a counter.
 pub(super) fn row_key(k: &CounterKey) -> Vec<u8> {
     let mut v = Vec::with_capacity(k.tenant.len() + k.subject.len() + k.limit.len() + 11);
+    put_row_key(&mut v, k);
+    v
+}
+
+/// Appends the row key of a counter to `v`.
+fn put_row_key(v: &mut Vec<u8>, k: &CounterKey) {
     v.extend_from_slice(k.tenant.as_bytes());
     v.push(0);
     v.extend_from_slice(k.subject.as_bytes());
@@ -54,7 +60,6 @@ pub(super) fn row_key(k: &CounterKey) -> Vec<u8> {
     v.extend_from_slice(k.limit.as_bytes());
     v.push(0);
     v.extend_from_slice(&enc_i64(k.grain.code()));
-    v
 }
 
 /// The grain of a row key (its last 8 bytes).
@@ -161,7 +166,8 @@ struct Scratch {
 }
 
 /// Adds `adds` (in any order) to the row at `key`, creating it, and keeps its expiry entry
-/// in the slot of its newest bucket.
+/// in the slot of its newest bucket. One descent of the B-tree: the row is read and replaced
+/// through the same mutable access.
 fn add_to_row(
     rows: &mut Table<&[u8], &[u8]>,
     expiry: &mut Table<&[u8], ()>,
@@ -171,7 +177,8 @@ fn add_to_row(
 ) -> StoreResult<()> {
     let grain = row_grain(key).ok_or_else(|| StoreError::Internal("bad counter key".into()))?;
     let buckets = &mut scratch.buckets;
-    let before = match rows.get(key).map_err(err)? {
+    let mut row = rows.get_mut(key).map_err(err)?;
+    let before = match &row {
         Some(v) => match decode(v.value(), buckets) {
             Ok(()) => buckets.last().map(|b| b.0),
             Err(_) => {
@@ -195,6 +202,14 @@ fn add_to_row(
     let Some(&(newest, _)) = buckets.last() else {
         return Ok(());
     };
+    encode(buckets, &mut scratch.bytes);
+    match row.as_mut() {
+        Some(v) => v.insert(scratch.bytes.as_slice()).map_err(err)?,
+        None => {
+            drop(row);
+            rows.insert(key, scratch.bytes.as_slice()).map_err(err)?;
+        }
+    }
     let entry = expiry_key(key, grain, newest);
     match before.map(|b| expiry_key(key, grain, b)) {
         Some(old) if old == entry => {}
@@ -205,33 +220,65 @@ fn add_to_row(
             expiry.insert(entry.as_slice(), ()).map_err(err)?;
         }
     }
-    encode(buckets, &mut scratch.bytes);
-    rows.insert(key, scratch.bytes.as_slice()).map_err(err)?;
     Ok(())
 }
 
-/// Applies a round's increments: one read and one write per counter touched.
-pub(super) fn apply_deltas(tx: &WriteTransaction, deltas: &[Delta]) -> StoreResult<()> {
-    let mut rows = tx.open_table(COUNTER_ROWS).map_err(err)?;
-    let mut expiry = tx.open_table(COUNTER_EXPIRY).map_err(err)?;
-    // A round lists a counter's deltas together: each run of one counter's deltas is one read
-    // and one write of its row, with its row key built once. The runs are then visited in row
-    // key order, which keeps the B-tree's pages warm; sorting the built keys (bytes) costs far
-    // less than sorting the deltas by their string fields. A counter in two runs (not what a
-    // round sends) is read and written twice, adding up all the same.
-    let mut runs: Vec<(Vec<u8>, &[Delta])> = deltas
-        .chunk_by(|a, b| a.key == b.key)
-        .map(|run| (row_key(&run[0].key), run))
-        .collect();
-    runs.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-    let mut scratch = Scratch::default();
-    let mut adds = Vec::new();
-    for (key, run) in &runs {
-        adds.clear();
-        adds.extend(run.iter().map(|d| (d.start, d.delta)));
-        add_to_row(&mut rows, &mut expiry, key, &adds, &mut scratch)?;
+/// A round's increments as rows to write: each counter's row key, built once, and its adds,
+/// in row key order (which keeps the B-tree's pages warm as the write walks them). Built on
+/// the caller's side from the deltas it lends, so the deltas themselves are not copied to the
+/// thread that writes.
+#[derive(Default)]
+pub(super) struct Increments {
+    /// Every row key, one after the other.
+    keys: Vec<u8>,
+    adds: Vec<(i64, i64)>,
+    /// (key bytes, adds) ranges of each counter, sorted by key.
+    runs: Vec<(std::ops::Range<usize>, std::ops::Range<usize>)>,
+}
+
+impl Increments {
+    /// A round lists a counter's deltas together: each run of one counter's deltas is one read
+    /// and one write of its row. A counter in two runs (not what a round sends) is read and
+    /// written twice, adding up all the same.
+    pub(super) fn of(deltas: &[Delta]) -> Self {
+        let mut inc = Increments {
+            adds: Vec::with_capacity(deltas.len()),
+            ..Default::default()
+        };
+        for run in deltas.chunk_by(|a, b| a.key == b.key) {
+            let (k, a) = (inc.keys.len(), inc.adds.len());
+            put_row_key(&mut inc.keys, &run[0].key);
+            inc.adds.extend(run.iter().map(|d| (d.start, d.delta)));
+            inc.runs.push((k..inc.keys.len(), a..inc.adds.len()));
+        }
+        let keys = &inc.keys;
+        inc.runs
+            .sort_unstable_by(|x, y| keys[x.0.clone()].cmp(&keys[y.0.clone()]));
+        inc
     }
-    Ok(())
+
+    /// Adds every run to its row.
+    pub(super) fn apply(&self, tx: &WriteTransaction) -> StoreResult<()> {
+        let mut rows = tx.open_table(COUNTER_ROWS).map_err(err)?;
+        let mut expiry = tx.open_table(COUNTER_EXPIRY).map_err(err)?;
+        let mut scratch = Scratch::default();
+        for (key, adds) in &self.runs {
+            add_to_row(
+                &mut rows,
+                &mut expiry,
+                &self.keys[key.clone()],
+                &self.adds[adds.clone()],
+                &mut scratch,
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// Applies increments: one read and one write per counter touched.
+#[cfg(test)]
+pub(super) fn apply_deltas(tx: &WriteTransaction, deltas: &[Delta]) -> StoreResult<()> {
+    Increments::of(deltas).apply(tx)
 }
 
 pub(super) fn read_ranges<T: ReadableTable<&'static [u8], &'static [u8]>>(

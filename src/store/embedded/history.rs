@@ -85,14 +85,21 @@ fn encode<T: serde::Serialize>(v: &T) -> StoreResult<Vec<u8>> {
     serde_json::to_vec(v).map_err(|e| StoreError::Internal(e.to_string()))
 }
 
-/// Adds `c` to the JSON counts at `key`.
+/// Adds `c` to the JSON counts at `key`: one descent of the B-tree, the row read and replaced
+/// through the same mutable access.
 fn add_at(table: &mut redb::Table<&[u8], &[u8]>, key: &[u8], c: &Counts) -> StoreResult<()> {
-    let mut now: Counts = match table.get(key).map_err(err)? {
-        Some(v) => decode(v.value())?,
-        None => Counts::default(),
-    };
-    now.add(c);
-    table.insert(key, encode(&now)?.as_slice()).map_err(err)?;
+    let mut row = table.get_mut(key).map_err(err)?;
+    match row.as_mut() {
+        Some(row) => {
+            let mut now: Counts = decode(row.value())?;
+            now.add(c);
+            row.insert(encode(&now)?.as_slice()).map_err(err)?;
+        }
+        None => {
+            drop(row);
+            table.insert(key, encode(c)?.as_slice()).map_err(err)?;
+        }
+    }
     Ok(())
 }
 

@@ -183,10 +183,10 @@ impl CounterStore for EmbeddedStore {
         if deltas.is_empty() {
             return Ok(());
         }
-        let deltas = deltas.to_vec();
+        let increments = counters::Increments::of(deltas);
         self.blocking(move |db| {
             let tx = db.begin_write().map_err(err)?;
-            counters::apply_deltas(&tx, &deltas)?;
+            increments.apply(&tx)?;
             tx.commit().map_err(err)
         })
         .await
@@ -209,11 +209,11 @@ impl CounterStore for EmbeddedStore {
         deltas: &[Delta],
         ranges: &[CounterRange],
     ) -> StoreResult<Vec<Vec<BucketTotal>>> {
-        let deltas = deltas.to_vec();
+        let increments = counters::Increments::of(deltas);
         let ranges = ranges.to_vec();
         self.blocking(move |db| {
             let tx = db.begin_write().map_err(err)?;
-            counters::apply_deltas(&tx, &deltas)?;
+            increments.apply(&tx)?;
             let out = {
                 let rows = tx.open_table(counters::COUNTER_ROWS).map_err(err)?;
                 counters::read_ranges(&rows, &ranges)?

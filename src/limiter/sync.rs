@@ -7,9 +7,9 @@
 //! totals, which include every instance's hits, and this instance's new share.
 
 use super::key::newest_readable;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::state::{lock, AnsweredHour, LimitState};
+use super::state::{lock, AnsweredHour, LimitState, Shard};
 use super::{window, Limiter};
 use crate::store::history::{Counts, UsageDelta};
 use crate::store::{BucketTotal, CounterKey, CounterRange, Delta};
@@ -121,9 +121,10 @@ impl Limiter {
     /// The snapshot's increments reached the store: move them from pending to stored. Hits
     /// admitted since the snapshot stay pending.
     pub fn written(&self, deltas: &[Delta]) {
-        // A snapshot lists each counter's deltas together: one lookup per counter.
-        for run in deltas.chunk_by(|a, b| a.key == b.key) {
-            self.with_state(&run[0].key, |s| {
+        self.each_state(
+            deltas,
+            |d| &d.key,
+            |s, run| {
                 for d in run {
                     if let Ok(i) = s.buckets.binary_search_by_key(&d.start, |b| b.start) {
                         let b = &mut s.buckets[i];
@@ -133,26 +134,77 @@ impl Limiter {
                         s.settling += n;
                     }
                 }
-            });
-        }
+            },
+        );
     }
 
     /// Installs totals read back from the store: they include every instance's writes.
     pub fn refreshed(&self, ranges: &[CounterRange], totals: Vec<Vec<BucketTotal>>) {
         let now = self.clock.now_ms();
-        for (r, t) in ranges.iter().zip(totals) {
-            let share = self.share(&t, r, now);
-            self.with_state(&r.key, |s| {
-                s.share = share;
-                s.settling = 0;
-                s.read_back(now);
-                for b in s.buckets.iter_mut().filter(|b| b.start >= r.from) {
-                    b.stored = 0;
+        let read: Vec<(&CounterRange, f32, Vec<BucketTotal>)> = ranges
+            .iter()
+            .zip(totals)
+            .map(|(r, t)| (r, self.share(&t, r, now), t))
+            .collect();
+        self.each_state(
+            &read,
+            |x| &x.0.key,
+            |s, run| {
+                for (r, share, t) in run {
+                    s.share = *share;
+                    s.settling = 0;
+                    s.read_back(now);
+                    for b in s.buckets.iter_mut().filter(|b| b.start >= r.from) {
+                        b.stored = 0;
+                    }
+                    for bt in t {
+                        window::bucket_at(&mut s.buckets, bt.start).stored = bt.total;
+                    }
                 }
-                for bt in t {
-                    window::bucket_at(&mut s.buckets, bt.start).stored = bt.total;
+            },
+        );
+    }
+
+    /// Runs `f` on the state of each run of `items` naming one counter (with the run), for the
+    /// counters in memory. A snapshot lists an entry's counters together and visits the
+    /// entries shard by shard, so each run of one entry's counters is one lookup, and each run
+    /// of one shard's entries one lock.
+    fn each_state<T>(
+        &self,
+        items: &[T],
+        key: impl Fn(&T) -> &CounterKey,
+        mut f: impl FnMut(&mut LimitState, &[T]),
+    ) {
+        let same_entry = |a: &CounterKey, b: &CounterKey| {
+            (Arc::ptr_eq(&a.subject, &b.subject) || a.subject == b.subject)
+                && (Arc::ptr_eq(&a.tenant, &b.tenant) || a.tenant == b.tenant)
+        };
+        let mut held: Option<(&Mutex<Shard>, MutexGuard<'_, Shard>)> = None;
+        for entry_run in items.chunk_by(|a, b| same_entry(key(a), key(b))) {
+            let k = key(&entry_run[0]);
+            let r = self.key_ref(&k.tenant, &k.subject);
+            let shard = self.shard_of(r);
+            if !held.as_ref().is_some_and(|(m, _)| std::ptr::eq(*m, shard)) {
+                // One shard at a time: let go of the last before taking the next.
+                drop(held.take());
+                held = Some((shard, lock(shard)));
+            }
+            let Some((_, g)) = held.as_mut() else {
+                continue;
+            };
+            let Some(e) = g.get_mut(&r) else {
+                continue;
+            };
+            for run in entry_run.chunk_by(|a, b| key(a) == key(b)) {
+                let k = key(&run[0]);
+                if let Some(s) = e
+                    .states
+                    .iter_mut()
+                    .find(|s| s.id == k.limit && s.kind.grain() == k.grain)
+                {
+                    f(s, run);
                 }
-            });
+            }
         }
     }
 

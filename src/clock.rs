@@ -15,7 +15,13 @@ pub struct SystemClock;
 
 impl Clock for SystemClock {
     fn now_ms(&self) -> i64 {
-        chrono::Utc::now().timestamp_millis()
+        // std's clock read directly: chrono's `Utc::now` also builds a calendar date, which
+        // every check would pay for nothing.
+        match std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+            Ok(d) => i64::try_from(d.as_millis()).unwrap_or(i64::MAX),
+            Err(e) => i64::try_from(e.duration().as_nanos().div_ceil(1_000_000))
+                .map_or(i64::MIN, |ms| -ms),
+        }
     }
 }
 

@@ -170,6 +170,16 @@ enum Locked {
     Missing(SmallVec<[usize; 16]>),
 }
 
+/// What deciding in memory came to: a decision (and whether its answer was summed for the
+/// usage history), or the store it needs.
+enum Now {
+    Decided(Decision, bool),
+    /// A strict policy: every check goes through the store.
+    Strict,
+    /// These applicable limits (indices) have no state in memory yet.
+    Missing(SmallVec<[usize; 16]>),
+}
+
 /// The limiter: counter state in memory, the store behind it. Shared by every request
 /// handler and the sync task (`Arc<Limiter>`).
 pub struct Limiter {
@@ -242,6 +252,21 @@ impl Limiter {
         d
     }
 
+    /// [`Limiter::check`], when memory alone decides it: no store call, and none of the state
+    /// that awaiting one needs (the future of `check` is large, and moving it costs a check
+    /// on the hit path as much as deciding). None: nothing was taken; call `check`.
+    pub fn check_now(&self, policy: &Policy, input: CheckInput<'_>) -> Option<Decision> {
+        let limits = applicable(policy, &[input.resource]);
+        let now = self.clock.now_ms();
+        let Now::Decided(d, recorded) = self.decide_now(policy, &limits, input, now, true) else {
+            return None;
+        };
+        if !recorded {
+            self.record(input, &d);
+        }
+        Some(d)
+    }
+
     /// One check over the limits that apply to any of `resources` (`input.resource` is not
     /// read): decided together, all or nothing, as one check. Envoy's rate limit service sends
     /// a request's descriptors of one client so.
@@ -298,51 +323,78 @@ impl Limiter {
         input: CheckInput<'_>,
         record: bool,
     ) -> (Decision, bool) {
-        if limits.is_empty() {
-            return (Decision::no_limit(), false);
-        }
         let now = self.clock.now_ms();
-        if !self.cfg.fleet.holds_lease() {
-            // This instance may be counting from a share another instance holds now (its
-            // lease could not be renewed): decide as the policy says for a failing store.
-            let e = StoreError::Unavailable("this instance holds no shard lease".into());
-            return (self.on_failure(policy, &limits, input, now, &e), false);
-        }
-        if policy.consistency == Consistency::Strict {
-            return (self.check_strict(policy, &limits, input, now).await, false);
-        }
+        let mut missing = match self.decide_now(policy, &limits, input, now, record) {
+            Now::Decided(d, recorded) => return (d, recorded),
+            Now::Strict => return (self.check_strict(policy, &limits, input, now).await, false),
+            Now::Missing(missing) => missing,
+        };
         let tally = record && self.cfg.max_history_rows > 0;
         for _ in 0..4 {
+            let want: Applicable<'_> = missing.iter().map(|&i| limits[i]).collect();
+            match self.load(input, &want, now).await {
+                Ok(None) => {}
+                Ok(Some(cap)) => {
+                    // No room in memory: let the store count this check.
+                    self.metrics.memory_cap_check(cap.label());
+                    return (self.check_strict(policy, &limits, input, now).await, false);
+                }
+                Err(e) => return (self.on_failure(policy, &limits, input, now, &e), false),
+            }
             match self.locked(policy, &limits, input, now, false, tally) {
-                Locked::Decided(d, tallied) => {
-                    if let Tallied::HandedOver(h) = tallied {
-                        self.history.add_admitted(
-                            input.tenant.as_arc(),
-                            input.client.as_arc(),
-                            h.hour_ms,
-                            h.admitted,
-                            h.cost,
-                        );
-                    }
-                    return (d, tallied != Tallied::No);
-                }
-                Locked::Missing(missing) => {
-                    let want: Applicable<'_> = missing.iter().map(|&i| limits[i]).collect();
-                    match self.load(input, &want, now).await {
-                        Ok(None) => {}
-                        Ok(Some(cap)) => {
-                            // No room in memory: let the store count this check.
-                            self.metrics.memory_cap_check(cap.label());
-                            return (self.check_strict(policy, &limits, input, now).await, false);
-                        }
-                        Err(e) => return (self.on_failure(policy, &limits, input, now, &e), false),
-                    }
-                }
+                Locked::Decided(d, tallied) => return self.tallied(input, d, tallied),
+                Locked::Missing(m) => missing = m,
             }
         }
         // Only reachable if entries are evicted as fast as they are loaded.
         let e = StoreError::Unavailable("counter state kept being evicted".into());
         (self.on_failure(policy, &limits, input, now, &e), false)
+    }
+
+    /// What [`Limiter::decide`] answers without awaiting anything, or what it must wait for.
+    fn decide_now(
+        &self,
+        policy: &Policy,
+        limits: &Applicable<'_>,
+        input: CheckInput<'_>,
+        now: i64,
+        record: bool,
+    ) -> Now {
+        if limits.is_empty() {
+            return Now::Decided(Decision::no_limit(), false);
+        }
+        if !self.cfg.fleet.holds_lease() {
+            // This instance may be counting from a share another instance holds now (its
+            // lease could not be renewed): decide as the policy says for a failing store.
+            let e = StoreError::Unavailable("this instance holds no shard lease".into());
+            return Now::Decided(self.on_failure(policy, limits, input, now, &e), false);
+        }
+        if policy.consistency == Consistency::Strict {
+            return Now::Strict;
+        }
+        let tally = record && self.cfg.max_history_rows > 0;
+        match self.locked(policy, limits, input, now, false, tally) {
+            Locked::Decided(d, tallied) => {
+                let (d, recorded) = self.tallied(input, d, tallied);
+                Now::Decided(d, recorded)
+            }
+            Locked::Missing(missing) => Now::Missing(missing),
+        }
+    }
+
+    /// A decision made in memory, and whether its answer was summed for the usage history (a
+    /// sum the entry handed over goes to the history's rows).
+    fn tallied(&self, input: CheckInput<'_>, d: Decision, tallied: Tallied) -> (Decision, bool) {
+        if let Tallied::HandedOver(h) = tallied {
+            self.history.add_admitted(
+                input.tenant.as_arc(),
+                input.client.as_arc(),
+                h.hour_ms,
+                h.admitted,
+                h.cost,
+            );
+        }
+        (d, tallied != Tallied::No)
     }
 
     /// Locks the entries the limits need and decides, or says which states are missing. When

@@ -88,10 +88,14 @@ pub fn estimate_by(
                 if b.start > oldest || (b.start == oldest && !evenly) {
                     total = total.saturating_add(count(b));
                 } else if b.start == oldest {
-                    let inside = (oldest + grain_ms - s) as i128; // in (0, g]
-                                                                  // Rounded towards zero: hits down, credits down.
-                    total =
-                        total.saturating_add((count(b) as i128 * inside / grain_ms as i128) as i64);
+                    let inside = oldest + grain_ms - s; // in (0, g]
+                                                        // Rounded towards zero: hits down, credits down. In i64 unless the
+                                                        // product overflows it (a 128-bit division costs several times more).
+                    let part = match count(b).checked_mul(inside) {
+                        Some(p) => p / grain_ms,
+                        None => (count(b) as i128 * inside as i128 / grain_ms as i128) as i64,
+                    };
+                    total = total.saturating_add(part);
                 }
             }
             total

@@ -135,6 +135,39 @@ EOF
 }
 rps_of() { grep -oP 'Requests/sec:\s+\K[\d.]+' "$OUT/wrk-$1.txt"; }
 
+# CPU time (ms) of a process so far: in all (every thread, exited ones too) and in actix's
+# worker threads, which serve the requests; in quotad the rest is the sync task, the store's
+# writes and the runtime. Taken around a run to say what a check costs on each side.
+cpu_snapshot() { # PID FILE
+  python3 - "$1" >"$2" <<'EOF'
+import os, sys
+pid, hz = sys.argv[1], os.sysconf("SC_CLK_TCK")
+def ms(stat):
+    f = stat.rsplit(")", 1)[1].split()
+    return (int(f[11]) + int(f[12])) * 1000 / hz
+workers = 0.0
+for t in os.listdir(f"/proc/{pid}/task"):
+    try:
+        if open(f"/proc/{pid}/task/{t}/comm").read().startswith("actix-server wo"):
+            workers += ms(open(f"/proc/{pid}/task/{t}/stat").read())
+    except OSError:
+        pass
+print(ms(open(f"/proc/{pid}/stat").read()), workers)
+EOF
+}
+cpu_per_check() { # NAME BEFORE AFTER CHECKS-PER-REQUEST (NAME's wrk run between the two)
+  python3 - "$OUT/wrk-$1.txt" "$@" <<'EOF' | tee -a "$OUT/summary.txt"
+import re, sys
+requests = int(re.search(r"(\d+) requests in", open(sys.argv[1]).read()).group(1))
+name, per = sys.argv[2], int(sys.argv[5])
+a, b = (open(f).read().split() for f in sys.argv[3:5])
+total, workers = float(b[0]) - float(a[0]), float(b[1]) - float(a[1])
+checks = requests * per
+print(f"{name:<24} CPU a check: {total * 1000 / checks:.2f} us (actix workers {workers * 1000 / checks:.2f},"
+      f" other threads {max(0.0, total - workers) * 1000 / checks:.2f})")
+EOF
+}
+
 # Half the maximum rate without wrk2: every connection waits PACE_MS after each answer, so
 # CONNS = rate * PACE_MS / 1000 connections send about `rate` requests a second (a little less:
 # the answer's own latency adds to each period). The achieved rate is printed with the result.
@@ -169,8 +202,13 @@ if want throughput; then
   PIDS+=("$BPID")
   wait_up "http://127.0.0.1:$BPORT/healthz"
   run_wrk baseline-check "http://127.0.0.1:$BPORT/v1/check" scripts/wrk/check.lua "$CONNS" 3s -- "$CLIENTS" bench >/dev/null
+  cpu_snapshot "$BPID" "$WORK/cpu0"
   run_wrk baseline-check "http://127.0.0.1:$BPORT/v1/check" scripts/wrk/check.lua "$CONNS" "$DUR" -- "$CLIENTS" bench
+  cpu_snapshot "$BPID" "$WORK/cpu1"
   run_wrk baseline-batch100 "http://127.0.0.1:$BPORT/v1/check/batch" scripts/wrk/batch.lua "$CONNS" "$DUR" -- "$CLIENTS" bench 100
+  cpu_snapshot "$BPID" "$WORK/cpu2"
+  cpu_per_check baseline-check "$WORK/cpu0" "$WORK/cpu1" 1
+  cpu_per_check baseline-batch100 "$WORK/cpu1" "$WORK/cpu2" 100
   half_rate baseline-check-half "http://127.0.0.1:$BPORT/v1/check" "$(rps_of baseline-check)" bench
   kill "$BPID"; wait "$BPID" 2>/dev/null || true
 
@@ -179,8 +217,13 @@ if want throughput; then
   put_policy bench "$POLICY3"
   # Warm-up: the first check of each client reads the store; steady state is what counts.
   run_wrk quotad-warmup "http://127.0.0.1:$QPORT/v1/check" scripts/wrk/check.lua "$CONNS" 3s -- "$CLIENTS" bench >/dev/null
+  cpu_snapshot "$QPID" "$WORK/cpu0"
   run_wrk quotad-check "http://127.0.0.1:$QPORT/v1/check" scripts/wrk/check.lua "$CONNS" "$DUR" -- "$CLIENTS" bench
+  cpu_snapshot "$QPID" "$WORK/cpu1"
   run_wrk quotad-batch100 "http://127.0.0.1:$QPORT/v1/check/batch" scripts/wrk/batch.lua "$CONNS" "$DUR" -- "$CLIENTS" bench 100
+  cpu_snapshot "$QPID" "$WORK/cpu2"
+  cpu_per_check quotad-check "$WORK/cpu0" "$WORK/cpu1" 1
+  cpu_per_check quotad-batch100 "$WORK/cpu1" "$WORK/cpu2" 100
   half_rate quotad-check-half "http://127.0.0.1:$QPORT/v1/check" "$(rps_of quotad-check)" bench
   python3 - "$OUT" <<'EOF' | tee -a "$OUT/summary.txt"
 import re, sys

@@ -2,9 +2,9 @@
 //! path (every counter already loaded), with 1, 10^3 and 10^6 active keys and a single-tier or
 //! a 3-tier policy (one tier tenant-scoped, so every check also locks the tenant's entry).
 //!
-//! `Limiter::check` is async only because a miss reads the store; on the hit path it never
-//! awaits, so it is driven with `now_or_never()` and the bench panics if it ever returns
-//! `Pending` in steady state (that would mean a key fell out of memory).
+//! Each check goes through `Limiter::check_now`, as the HTTP API's does: the in-memory
+//! decision, without the future that waiting for the store needs. The bench panics if it ever
+//! answers None in steady state (that would mean a key fell out of memory).
 //!
 //! Besides the criterion timings it prints, per case:
 //! - heap allocations per check in steady state (a counting `#[global_allocator]`; target 0);
@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use futures::{FutureExt, StreamExt};
+use futures::StreamExt;
 
 use quotad::clock::{Clock, ManualClock};
 use quotad::domain::{ClientId, Policy, PolicyDoc, TenantId};
@@ -173,11 +173,11 @@ impl Rig {
         }
     }
 
-    /// One check on the hit path; panics if it would have awaited.
+    /// One check on the hit path; panics if it would have needed the store.
     #[inline]
     fn check(&self, client: &ClientId) -> Decision {
         self.limiter
-            .check(
+            .check_now(
                 &self.policy,
                 CheckInput {
                     tenant: &self.tenant,
@@ -186,8 +186,7 @@ impl Rig {
                     cost: 1,
                 },
             )
-            .now_or_never()
-            .expect("check awaited on the hit path: a key was not in memory")
+            .expect("check needed the store on the hit path: a key was not in memory")
     }
 
     /// The key for the i-th check: a fixed stride through the keys (co-prime with their

@@ -175,12 +175,8 @@ impl Limiter {
         key: impl Fn(&T) -> &CounterKey,
         mut f: impl FnMut(&mut LimitState, &[T]),
     ) {
-        let same_entry = |a: &CounterKey, b: &CounterKey| {
-            (Arc::ptr_eq(&a.subject, &b.subject) || a.subject == b.subject)
-                && (Arc::ptr_eq(&a.tenant, &b.tenant) || a.tenant == b.tenant)
-        };
         let mut held: Option<(&Mutex<Shard>, MutexGuard<'_, Shard>)> = None;
-        for entry_run in items.chunk_by(|a, b| same_entry(key(a), key(b))) {
+        for entry_run in items.chunk_by(|a, b| key(a).same_subject(key(b))) {
             let k = key(&entry_run[0]);
             let r = self.key_ref(&k.tenant, &k.subject);
             let shard = self.shard_of(r);

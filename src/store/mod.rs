@@ -44,17 +44,23 @@ pub struct CounterKey {
     pub grain: Grain,
 }
 
-/// Equal strings, as derived, but pointers first: a sync round's deltas of one counter share
-/// their strings, so telling them together reads no string.
+/// Equal strings, pointers first: a sync round's deltas of one counter share their strings, so
+/// telling them together reads no string.
+fn same(a: &Arc<str>, b: &Arc<str>) -> bool {
+    Arc::ptr_eq(a, b) || a == b
+}
+
+impl CounterKey {
+    /// Counters of the same (tenant, subject): one entry of the limiter's memory.
+    pub fn same_subject(&self, o: &Self) -> bool {
+        same(&self.subject, &o.subject) && same(&self.tenant, &o.tenant)
+    }
+}
+
+/// Equality as derived (equal strings), pointers first.
 impl PartialEq for CounterKey {
     fn eq(&self, o: &Self) -> bool {
-        fn same(a: &Arc<str>, b: &Arc<str>) -> bool {
-            Arc::ptr_eq(a, b) || a == b
-        }
-        self.grain == o.grain
-            && same(&self.subject, &o.subject)
-            && same(&self.limit, &o.limit)
-            && same(&self.tenant, &o.tenant)
+        self.grain == o.grain && same(&self.limit, &o.limit) && self.same_subject(o)
     }
 }
 

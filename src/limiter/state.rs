@@ -135,6 +135,11 @@ impl LimitState {
             && self.kind.grain() == l.kind.grain()
     }
 
+    /// This state counts the store's counter `k` (of its entry).
+    pub(super) fn counts(&self, k: &CounterKey) -> bool {
+        self.id == k.limit && self.kind.grain() == k.grain
+    }
+
     pub(super) fn pending(&self) -> u64 {
         self.buckets.iter().map(|b| b.pending).sum()
     }
@@ -318,11 +323,7 @@ impl Limiter {
     ) -> Option<R> {
         let r = self.key_ref(&key.tenant, &key.subject);
         let mut g = lock(self.shard_of(r));
-        let s = g
-            .get_mut(&r)?
-            .states
-            .iter_mut()
-            .find(|s| s.id == key.limit && s.kind.grain() == key.grain)?;
+        let s = g.get_mut(&r)?.states.iter_mut().find(|s| s.counts(key))?;
         Some(f(s))
     }
 }

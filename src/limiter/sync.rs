@@ -183,21 +183,13 @@ impl Limiter {
             if !held.as_ref().is_some_and(|(m, _)| std::ptr::eq(*m, shard)) {
                 // One shard at a time: let go of the last before taking the next.
                 drop(held.take());
-                held = Some((shard, lock(shard)));
             }
-            let Some((_, g)) = held.as_mut() else {
-                continue;
-            };
+            let (_, g) = held.get_or_insert_with(|| (shard, lock(shard)));
             let Some(e) = g.get_mut(&r) else {
                 continue;
             };
             for run in entry_run.chunk_by(|a, b| key(a) == key(b)) {
-                let k = key(&run[0]);
-                if let Some(s) = e
-                    .states
-                    .iter_mut()
-                    .find(|s| s.id == k.limit && s.kind.grain() == k.grain)
-                {
+                if let Some(s) = e.states.iter_mut().find(|s| s.counts(key(&run[0]))) {
                     f(s, run);
                 }
             }

@@ -88,9 +88,10 @@ pub fn estimate_by(
                 if b.start > oldest || (b.start == oldest && !evenly) {
                     total = total.saturating_add(count(b));
                 } else if b.start == oldest {
-                    let inside = oldest + grain_ms - s; // in (0, g]
-                                                        // Rounded towards zero: hits down, credits down. In i64 unless the
-                                                        // product overflows it (a 128-bit division costs several times more).
+                    // The part of the bucket still inside, in (0, g]. Rounded towards zero:
+                    // hits down, credits down. In i64 unless the product overflows it (a
+                    // 128-bit division costs several times more).
+                    let inside = oldest + grain_ms - s;
                     let part = match count(b).checked_mul(inside) {
                         Some(p) => p / grain_ms,
                         None => (count(b) as i128 * inside as i128 / grain_ms as i128) as i64,

@@ -12,7 +12,7 @@ use smallvec::SmallVec;
 use super::share::{within_share, Fleet};
 use super::state::{LimitState, TOKEN_SETTLE_ROUNDS};
 use super::window;
-use crate::domain::{Limit, LimitId, Mode, OnStoreFailure, Policy};
+use crate::domain::{Limit, LimitId, Mode, OnStoreFailure, Policy, MAX_LIMITS};
 
 /// The limit that binds an answer.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -48,6 +48,13 @@ impl Decision {
         }
     }
 }
+
+/// A verdict not given yet (see [`Judging`]).
+const UNJUDGED: Verdict = Verdict {
+    est: 0,
+    admit: false,
+    retry: None,
+};
 
 /// Per-limit verdict before anything is consumed.
 #[derive(Clone, Copy)]
@@ -134,8 +141,8 @@ fn remaining(max: u64, est: i64, cost: u64) -> u64 {
     (max as i128 - est as i128 - cost as i128).clamp(0, u64::MAX as i128) as u64
 }
 
-/// Decides over the states of the applicable limits; consumes `cost` on admission (or when
-/// `force_admit`, the `allow` store-failure rule).
+/// Decides over the states of the applicable limits (all in hand at once); consumes `cost` on
+/// admission (or when `force_admit`, the `allow` store-failure rule).
 pub(super) fn decide(
     policy: &Policy,
     limits: &[&Limit],
@@ -145,33 +152,135 @@ pub(super) fn decide(
     force_admit: bool,
     fleet: Fleet,
 ) -> Decision {
-    let mut verdicts: SmallVec<[Verdict; 16]> = SmallVec::new();
-    let settle = TOKEN_SETTLE_ROUNDS * fleet.sync_interval_ms;
-    for (l, s) in limits.iter().zip(states.iter_mut()) {
-        s.rekind(l.kind, now);
-        s.prune(now, settle);
-        verdicts.push(judge(l, s, now, cost, fleet));
-    }
-    let denied = !force_admit && verdicts.iter().any(|v| !v.admit);
-    if !denied && cost > 0 {
-        for (l, s) in limits.iter().zip(states.iter_mut()) {
-            window::add_pending(l.kind, &mut s.buckets, now, cost);
+    let mut slots: Slots<'_> = states.iter_mut().map(|s| Some(&mut **s)).collect();
+    let mut j = Judging::new(limits, now, cost, force_admit, fleet);
+    j.judge(&mut slots);
+    let outcome = j.outcome().expect("every state is in hand");
+    let reset = j.consume(&outcome, &mut slots);
+    j.decision(policy, &outcome, reset.unwrap_or_default())
+}
+
+/// A limit's state by the limit's index among a check's limits; None where the caller has not
+/// got it (another entry's limit, or one not in memory).
+pub(super) type Slots<'s> = SmallVec<[Option<&'s mut LimitState>; 16]>;
+
+/// A decision taken in steps over groups of states, so that a caller can hold each group's lock
+/// only as long as the group is needed: the client's entry from the first step to the last, the
+/// tenant's (which every check of the tenant waits on) only while its limits are judged and
+/// consumed. Judge every group, take the [`Outcome`], consume it in every group, then build
+/// the [`Decision`]: a denial consumes nothing anywhere, as in one step.
+pub(super) struct Judging<'l> {
+    limits: &'l [&'l Limit],
+    /// By the limit's index; meaningful where `judged` has the index's bit.
+    verdicts: SmallVec<[Verdict; MAX_LIMITS]>,
+    judged: u32,
+    now: i64,
+    cost: u64,
+    force_admit: bool,
+    fleet: Fleet,
+}
+
+// `Judging::judged` has a bit per limit of a policy.
+const _: () = assert!(MAX_LIMITS <= u32::BITS as usize);
+
+/// Whether a check is admitted, and the limit that binds its answer.
+pub(super) struct Outcome {
+    denied: bool,
+    binding: usize,
+}
+
+impl<'l> Judging<'l> {
+    #[inline]
+    pub(super) fn new(
+        limits: &'l [&'l Limit],
+        now: i64,
+        cost: u64,
+        force_admit: bool,
+        fleet: Fleet,
+    ) -> Self {
+        Judging {
+            limits,
+            verdicts: SmallVec::new(),
+            judged: 0,
+            now,
+            cost,
+            force_admit,
+            fleet,
         }
     }
-    let b = binding_index(&verdicts, limits, cost, denied);
-    let (l, v) = (limits[b], verdicts[b]);
-    let binding = Binding {
-        limit_id: l.id.clone(),
-        limit: l.max,
-        remaining: remaining(l.max, v.est, if denied { 0 } else { cost }),
-        reset_after_ms: window::reset_after(l.kind, &states[b].buckets, states[b].carry(), now),
-    };
-    let dry_run = policy.mode == Mode::DryRun;
-    Decision {
-        allowed: !denied || dry_run,
-        dry_run_denied: denied && dry_run,
-        binding: Some(binding),
-        retry_after_ms: if denied && !dry_run { v.retry } else { Some(0) },
-        store_failure: None,
+
+    /// The verdicts of the limits whose states are in `slots`, on the states as they are.
+    #[inline]
+    pub(super) fn judge(&mut self, slots: &mut Slots<'_>) {
+        if self.verdicts.is_empty() {
+            // Filled here rather than in `new`, which would copy them when it returns.
+            self.verdicts.resize(self.limits.len(), UNJUDGED);
+        }
+        let settle = TOKEN_SETTLE_ROUNDS * self.fleet.sync_interval_ms;
+        for (i, (l, s)) in self.limits.iter().zip(slots.iter_mut()).enumerate() {
+            if let Some(s) = s {
+                s.rekind(l.kind, self.now);
+                s.prune(self.now, settle);
+                self.verdicts[i] = judge(l, s, self.now, self.cost, self.fleet);
+                self.judged |= 1 << i;
+            }
+        }
+    }
+
+    /// The limits no group has judged: their states are not in memory.
+    pub(super) fn unjudged(&self) -> SmallVec<[usize; 16]> {
+        (0..self.verdicts.len())
+            .filter(|&i| self.judged & (1 << i) == 0)
+            .collect()
+    }
+
+    /// Admitted or denied, and the binding limit; None until every limit is judged.
+    #[inline]
+    pub(super) fn outcome(&self) -> Option<Outcome> {
+        if self.judged.count_ones() as usize != self.limits.len() {
+            return None;
+        }
+        let denied = !self.force_admit && self.verdicts.iter().any(|v| !v.admit);
+        let binding = binding_index(&self.verdicts, self.limits, self.cost, denied);
+        Some(Outcome { denied, binding })
+    }
+
+    /// Takes the cost in the states of `slots` if the check is admitted; when the binding limit's
+    /// state is among them, its reset time (read after the cost is taken, as the answer says).
+    #[inline]
+    pub(super) fn consume(&self, o: &Outcome, slots: &mut Slots<'_>) -> Option<i64> {
+        if !o.denied && self.cost > 0 {
+            for (l, s) in self.limits.iter().zip(slots.iter_mut()) {
+                if let Some(s) = s {
+                    window::add_pending(l.kind, &mut s.buckets, self.now, self.cost);
+                }
+            }
+        }
+        let (l, s) = (self.limits[o.binding], slots[o.binding].as_deref()?);
+        Some(window::reset_after(l.kind, &s.buckets, s.carry(), self.now))
+    }
+
+    /// The answer, given the binding limit's reset time from [`Judging::consume`].
+    #[inline]
+    pub(super) fn decision(&self, policy: &Policy, o: &Outcome, reset_after_ms: i64) -> Decision {
+        let (l, v) = (self.limits[o.binding], self.verdicts[o.binding]);
+        let binding = Binding {
+            limit_id: l.id.clone(),
+            limit: l.max,
+            remaining: remaining(l.max, v.est, if o.denied { 0 } else { self.cost }),
+            reset_after_ms,
+        };
+        let dry_run = policy.mode == Mode::DryRun;
+        Decision {
+            allowed: !o.denied || dry_run,
+            dry_run_denied: o.denied && dry_run,
+            binding: Some(binding),
+            retry_after_ms: if o.denied && !dry_run {
+                v.retry
+            } else {
+                Some(0)
+            },
+            store_failure: None,
+        }
     }
 }

@@ -63,9 +63,8 @@ use crate::history::{Answer, Recorder};
 use crate::metrics::Metrics;
 use crate::store::{CounterRange, DynCounterStore, StoreError};
 use caps::{Cap, TenantClients};
-use decision::decide;
-use share::Fleet;
-use state::{buckets_from, lock, AnsweredHour, Entry, LimitState, Shard};
+use decision::{Judging, Slots};
+use state::{buckets_from, lock, Answered, AnsweredHour, Entry, Shard};
 use tokens::Carry;
 use window::Bucket;
 
@@ -133,6 +132,34 @@ static UNBOUND: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| Arc:
 /// Most limits one check can touch without a heap allocation.
 type Applicable<'p> = SmallVec<[&'p Limit; 16]>;
 
+/// Puts the states `e` holds for the limits of `scope` in `slots`, by the limit's index, and
+/// returns its tally for the usage history; marks the entry used. (Filled in place: the slots
+/// are a few hundred bytes, which returning them would copy on every check.)
+fn fill<'e>(
+    slots: &mut Slots<'e>,
+    e: Option<&'e mut Entry>,
+    limits: &[&Limit],
+    scope: Scope,
+    now: i64,
+) -> Option<&'e mut Answered> {
+    slots.extend(limits.iter().map(|_| None));
+    let Entry {
+        states,
+        last_used,
+        touched,
+        answered,
+        ..
+    } = e?;
+    *last_used = now;
+    *touched = true;
+    for s in states.iter_mut() {
+        if let Some(i) = limits.iter().position(|l| l.scope == scope && s.is(l)) {
+            slots[i] = Some(s);
+        }
+    }
+    Some(answered)
+}
+
 /// The limits of `policy` that a check on any of `resources` meets.
 fn applicable<'p>(policy: &'p Policy, resources: &[Option<&str>]) -> Applicable<'p> {
     policy
@@ -140,17 +167,6 @@ fn applicable<'p>(policy: &'p Policy, resources: &[Option<&str>]) -> Applicable<
         .iter()
         .filter(|l| resources.iter().any(|r| l.applies_to(*r)))
         .collect()
-}
-
-/// How a check is decided under the locks.
-#[derive(Clone, Copy)]
-struct How {
-    now: i64,
-    cost: u64,
-    /// Admit whatever the counts say (a store failure under `on_store_failure: allow`).
-    force_admit: bool,
-    /// Sum an admitted check in the client's entry for the usage history.
-    tally: bool,
 }
 
 /// Whether a check's answer was summed in its client's entry for the usage history.
@@ -400,11 +416,14 @@ impl Limiter {
     /// Locks the entries the limits need and decides, or says which states are missing. When
     /// `tally`, an admitted check is summed in the client's entry for the usage history.
     ///
-    /// With both entries, the client's shard is locked first, and its entry found, before the
-    /// tenant's shard: every check of the tenant waits on that one, so the cache misses of
-    /// reaching a client entry are not paid while holding it. No deadlock: tenant entries
-    /// live in shards of their own, and no one holds a tenant shard while taking a client
-    /// shard, nor two shards of one set.
+    /// With both entries, the client's shard is locked first, its entry found and its limits
+    /// judged, and only then the tenant's shard, held while the tenant's limits are judged and
+    /// consumed: every check of the tenant waits on that one, so neither the cache misses of
+    /// reaching a client entry nor the client's arithmetic is paid while holding it. The client's
+    /// shard stays locked to the end, so the check is still one step on each counter: a denial
+    /// consumes nothing anywhere, and two racing checks never both take the last unit. No
+    /// deadlock: tenant entries live in shards of their own, and no one holds a tenant shard
+    /// while taking a client shard, nor two shards of one set.
     fn locked(
         &self,
         policy: &Policy,
@@ -415,77 +434,42 @@ impl Limiter {
         tally: bool,
     ) -> Locked {
         let tenant = input.tenant.as_str();
-        let client = input.client.as_str();
-        let kc = self.key_ref(tenant, client);
+        let kc = self.key_ref(tenant, input.client.as_str());
         let kt = self.key_ref(tenant, TENANT_SUBJECT);
         let need_c = limits.iter().any(|l| l.scope == Scope::Client);
         let need_t = limits.iter().any(|l| l.scope == Scope::Tenant);
-        let fleet = self.fleet(policy);
-        let decide = |t: Option<&mut Entry>, c: Option<&mut Entry>| {
-            let how = How {
-                now,
-                cost: input.cost,
-                force_admit,
-                tally,
-            };
-            Self::decide_in(fleet, policy, limits, t, c, how)
-        };
-        match (need_t, need_c) {
-            (true, true) => {
-                let mut gc = lock(self.shard_of(kc));
-                let c = gc.get_mut(&kc);
-                let mut gt = lock(self.shard_of(kt));
-                decide(gt.get_mut(&kt), c)
-            }
-            (true, false) => decide(lock(self.shard_of(kt)).get_mut(&kt), None),
-            _ => decide(None, lock(self.shard_of(kc)).get_mut(&kc)),
-        }
-    }
-
-    /// Under the locks: marks the entries used, finds each limit's state in them, and decides
-    /// if every limit has one.
-    fn decide_in(
-        fleet: Fleet,
-        policy: &Policy,
-        limits: &[&Limit],
-        t: Option<&mut Entry>,
-        mut c: Option<&mut Entry>,
-        how: How,
-    ) -> Locked {
-        let How {
+        let mut j = Judging::new(limits, now, input.cost, force_admit, self.fleet(policy));
+        let mut gc = need_c.then(|| lock(self.shard_of(kc)));
+        let mut cs = Slots::new();
+        let answered = fill(
+            &mut cs,
+            gc.as_mut().and_then(|g| g.get_mut(&kc)),
+            limits,
+            Scope::Client,
             now,
-            cost,
-            force_admit,
-            tally,
-        } = how;
-        let mut slots: SmallVec<[Option<&mut LimitState>; 16]> =
-            (0..limits.len()).map(|_| None).collect();
-        for (entry, scope) in [(t, Scope::Tenant), (c.as_deref_mut(), Scope::Client)] {
-            if let Some(e) = entry {
-                e.last_used = now;
-                e.touched = true;
-                for s in e.states.iter_mut() {
-                    if let Some(i) = limits.iter().position(|l| l.scope == scope && s.is(l)) {
-                        slots[i] = Some(s);
-                    }
-                }
-            }
-        }
-        if slots.iter().any(Option::is_none) {
-            return Locked::Missing(
-                slots
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, s)| s.is_none())
-                    .map(|(i, _)| i)
-                    .collect(),
+        );
+        j.judge(&mut cs);
+        let (outcome, reset) = {
+            let mut gt = need_t.then(|| lock(self.shard_of(kt)));
+            let mut ts = Slots::new();
+            fill(
+                &mut ts,
+                gt.as_mut().and_then(|g| g.get_mut(&kt)),
+                limits,
+                Scope::Tenant,
+                now,
             );
-        }
-        let mut states: SmallVec<[&mut LimitState; 16]> = slots.into_iter().flatten().collect();
-        let d = decide(policy, limits, &mut states, now, cost, force_admit, fleet);
-        drop(states);
-        let tallied = match c {
-            Some(e) if tally && d.allowed => match e.answered.add(now, cost) {
+            j.judge(&mut ts);
+            let Some(outcome) = j.outcome() else {
+                return Locked::Missing(j.unjudged());
+            };
+            let reset = j.consume(&outcome, &mut ts);
+            (outcome, reset)
+        };
+        let reset = reset.or(j.consume(&outcome, &mut cs));
+        let d = j.decision(policy, &outcome, reset.unwrap_or_default());
+        let tallied = match answered {
+            Some(a) if tally && d.allowed => match a.add(now, input.cost) {
                 Ok(None) => Tallied::Yes,
                 Ok(Some(h)) => Tallied::HandedOver(h),
                 Err(()) => Tallied::No,

@@ -93,6 +93,54 @@ async fn a_denial_consumes_nothing_from_any_tier() {
 }
 
 #[tokio::test]
+async fn a_denial_by_either_entry_consumes_nothing_in_the_other() {
+    // The client's limits are judged before the tenant's entry is locked, and the tenant's
+    // consumed before the client's: a denial on either side still takes nothing anywhere, and
+    // the binding limit (and its reset) may come from either entry.
+    let r = rig();
+    let p = policy(serde_json::json!({"limits": [
+        {"id": "c", "max": 2, "period": "hour"},
+        {"id": "t", "max": 4, "window": "1m", "scope": "tenant"}]}));
+    let (t, k1) = ids("acme", "k1");
+    assert!(check(&r, &p, &t, &k1, 1).await.allowed);
+    assert!(check(&r, &p, &t, &k1, 1).await.allowed);
+    let d = check(&r, &p, &t, &k1, 1).await;
+    assert!(!d.allowed);
+    assert_eq!(d.binding.unwrap().limit_id.as_str(), "c");
+    let u = r.limiter.usage(&p, &t, &k1, None).await.unwrap();
+    assert_eq!(
+        (u[0].count, u[1].count),
+        (2, 2),
+        "the client's denial took nothing from the tenant"
+    );
+    let (_, k2) = ids("acme", "k2");
+    let d = check(&r, &p, &t, &k2, 1).await;
+    assert!(d.allowed);
+    let b = d.binding.unwrap();
+    // c has 1 left, t has 1 left: the first in policy order binds.
+    assert_eq!((b.limit_id.as_str(), b.remaining), ("c", 1));
+    let d = check(&r, &p, &t, &k2, 1).await;
+    assert!(d.allowed);
+    let b = d.binding.unwrap();
+    assert_eq!((b.limit_id.as_str(), b.remaining), ("c", 0));
+    let (_, k3) = ids("acme", "k3");
+    let d = check(&r, &p, &t, &k3, 1).await;
+    assert!(!d.allowed);
+    let b = d.binding.unwrap();
+    assert_eq!((b.limit_id.as_str(), b.remaining), ("t", 0));
+    assert!(
+        b.reset_after_ms > 0,
+        "the tenant's window resets when its hits leave it"
+    );
+    let u = r.limiter.usage(&p, &t, &k3, None).await.unwrap();
+    assert_eq!(
+        (u[0].count, u[1].count),
+        (0, 4),
+        "the tenant's denial took nothing from k3"
+    );
+}
+
+#[tokio::test]
 async fn binding_limit_is_the_least_remaining_or_the_longest_wait() {
     let r = rig();
     let p = policy(serde_json::json!({"limits": [

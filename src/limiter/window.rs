@@ -82,12 +82,18 @@ pub fn estimate_by(
         } => {
             let s = now - window_ms;
             let oldest = s - s.rem_euclid(grain_ms);
-            let evenly = follows_traffic(buckets, oldest, grain_ms);
+            // One pass, oldest first: the bucket before the straddling one (which says how to
+            // weigh it, see `follows_traffic`) comes before it.
+            let mut evenly = false;
             let mut total: i64 = 0;
             for b in buckets {
-                if b.start > oldest || (b.start == oldest && !evenly) {
+                if b.start < oldest {
+                    if b.start == oldest - grain_ms {
+                        evenly = b.count() > 0;
+                    }
+                } else if b.start > oldest || !evenly {
                     total = total.saturating_add(count(b));
-                } else if b.start == oldest {
+                } else {
                     // The part of the bucket still inside, in (0, g]. Rounded towards zero:
                     // hits down, credits down. In i64 unless the product overflows it (a
                     // 128-bit division costs several times more).
@@ -108,8 +114,8 @@ pub fn estimate_by(
 /// through `start` and the bucket's hits are taken as spread evenly; if not, it began inside it.
 fn follows_traffic(buckets: &[Bucket], start: i64, grain_ms: i64) -> bool {
     buckets
-        .iter()
-        .any(|b| b.start == start - grain_ms && b.count() > 0)
+        .binary_search_by_key(&(start - grain_ms), |b| b.start)
+        .is_ok_and(|i| buckets[i].count() > 0)
 }
 
 /// Milliseconds from `now` until the estimate is at most `target`, assuming no new hits.

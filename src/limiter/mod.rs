@@ -7,10 +7,11 @@
 //! and other instances' hits count from the next sync.
 //!
 //! Invariants:
-//! - A check sees and updates every counter it touches in one step: the client's entry and, when
-//!   a tenant-scoped limit applies, the tenant's entry are locked together (the client's shard,
-//!   then the tenant's, from a separate set), so two racing checks can never both take the last
-//!   unit, and a denial consumes nothing anywhere.
+//! - A check sees and updates every counter it touches in one step: the client's entry is locked
+//!   from the check's first look to its last write and, when a tenant-scoped limit applies, the
+//!   tenant's entry (in a shard of a separate set) inside it, while the tenant's limits are
+//!   judged and consumed. So two racing checks can never both take the last unit, and a denial
+//!   consumes nothing anywhere.
 //! - Locks are `std::sync::Mutex` over a sharded map, held only for in-memory arithmetic: no
 //!   `.await` ever happens under one.
 //! - A counter not in memory is read from the store before its first decision; it is never

@@ -162,7 +162,7 @@ pub(super) fn decide(
 
 /// A limit's state by the limit's index among a check's limits; None where the caller has not
 /// got it (another entry's limit, or one not in memory).
-pub(super) type Slots<'s> = SmallVec<[Option<&'s mut LimitState>; 16]>;
+pub(super) type Slots<'s> = SmallVec<[Option<&'s mut LimitState>; MAX_LIMITS]>;
 
 /// A decision taken in steps over groups of states, so that a caller can hold each group's lock
 /// only as long as the group is needed: the client's entry from the first step to the last, the
@@ -229,7 +229,7 @@ impl<'l> Judging<'l> {
 
     /// The limits no group has judged: their states are not in memory.
     pub(super) fn unjudged(&self) -> SmallVec<[usize; 16]> {
-        (0..self.verdicts.len())
+        (0..self.limits.len())
             .filter(|&i| self.judged & (1 << i) == 0)
             .collect()
     }

@@ -467,7 +467,9 @@ impl Limiter {
             let reset = j.consume(&outcome, &mut ts);
             (outcome, reset)
         };
-        let reset = reset.or(j.consume(&outcome, &mut cs));
+        // The client's states take the cost whatever the tenant's reset said.
+        let client_reset = j.consume(&outcome, &mut cs);
+        let reset = reset.or(client_reset);
         let d = j.decision(policy, &outcome, reset.unwrap_or_default());
         let tallied = match answered {
             Some(a) if tally && d.allowed => match a.add(now, input.cost) {

@@ -275,12 +275,6 @@ impl Increments {
     }
 }
 
-/// Applies increments: one read and one write per counter touched.
-#[cfg(test)]
-pub(super) fn apply_deltas(tx: &WriteTransaction, deltas: &[Delta]) -> StoreResult<()> {
-    Increments::of(deltas).apply(tx)
-}
-
 pub(super) fn read_ranges<T: ReadableTable<&'static [u8], &'static [u8]>>(
     rows: &T,
     ranges: &[CounterRange],
@@ -547,14 +541,12 @@ mod tests {
             let db = redb::Database::create(dir.path().join(super::super::DB_FILE)).unwrap();
             let tx = db.begin_write().unwrap();
             create_tables(&tx).unwrap();
-            apply_deltas(
-                &tx,
-                &[Delta {
-                    key: a.clone(),
-                    start: t0 + 1_000,
-                    delta: 10,
-                }],
-            )
+            Increments::of(&[Delta {
+                key: a.clone(),
+                start: t0 + 1_000,
+                delta: 10,
+            }])
+            .apply(&tx)
             .unwrap();
             tx.commit().unwrap();
         }
@@ -598,12 +590,12 @@ mod tests {
         };
         let tx = db.begin_write().unwrap();
         create_tables(&tx).unwrap();
-        apply_deltas(&tx, &[delta(&idle, 0)]).unwrap();
+        Increments::of(&[delta(&idle, 0)]).apply(&tx).unwrap();
         // Ten minutes of a bucket every 100 ms, in rounds of three.
         let starts: Vec<i64> = (0..6_000).map(|i| i * 100).collect();
         for round in starts.chunks(3) {
             let ds: Vec<Delta> = round.iter().map(|&s| delta(&busy, s)).collect();
-            apply_deltas(&tx, &ds).unwrap();
+            Increments::of(&ds).apply(&tx).unwrap();
         }
         let rows = tx.open_table(COUNTER_ROWS).unwrap();
         let mut b = Vec::new();

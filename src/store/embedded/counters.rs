@@ -24,7 +24,7 @@ use redb::{ReadableTable, Table, TableDefinition, TableHandle, WriteTransaction}
 
 use super::{dec_i64, enc_i64, err};
 use crate::domain::Grain;
-use crate::store::{BucketTotal, CounterKey, CounterRange, Delta, StoreError, StoreResult};
+use crate::store::{CounterKey, Delta, StoreError, StoreResult};
 
 pub(super) const COUNTER_ROWS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("counter_rows");
 pub(super) const COUNTER_EXPIRY: TableDefinition<&[u8], ()> =
@@ -69,7 +69,7 @@ fn row_grain(key: &[u8]) -> Option<Grain> {
 }
 
 /// Appends `v` as a LEB128 varint.
-fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+pub(super) fn put_varint(out: &mut Vec<u8>, mut v: u64) {
     while v >= 0x80 {
         out.push(v as u8 | 0x80);
         v >>= 7;
@@ -77,7 +77,7 @@ fn put_varint(out: &mut Vec<u8>, mut v: u64) {
     out.push(v as u8);
 }
 
-fn get_varint(bytes: &[u8], at: &mut usize) -> StoreResult<u64> {
+pub(super) fn get_varint(bytes: &[u8], at: &mut usize) -> StoreResult<u64> {
     let mut v = 0u64;
     for shift in (0..64).step_by(7) {
         let b = *bytes
@@ -92,6 +92,15 @@ fn get_varint(bytes: &[u8], at: &mut usize) -> StoreResult<u64> {
     Err(StoreError::Internal("corrupt counter row".into()))
 }
 
+/// A signed integer as an unsigned one that is small when it is near 0 either way.
+pub(super) fn zigzag(v: i64) -> u64 {
+    ((v << 1) ^ (v >> 63)) as u64
+}
+
+pub(super) fn unzigzag(z: u64) -> i64 {
+    (z >> 1) as i64 ^ -((z & 1) as i64)
+}
+
 /// A row's value: the first bucket's start (8 bytes, little-endian), then per bucket the gap
 /// from the previous start (varint; 0 for the first) and the count (zigzag varint). A busy
 /// 1 s window's row (34 buckets of 100 ms) takes 76 to 110 bytes, not 544.
@@ -104,7 +113,7 @@ fn encode(buckets: &[(i64, i64)], out: &mut Vec<u8>) {
     let mut prev = first;
     for &(start, count) in buckets {
         put_varint(out, start.wrapping_sub(prev) as u64);
-        put_varint(out, ((count << 1) ^ (count >> 63)) as u64);
+        put_varint(out, zigzag(count));
         prev = start;
     }
 }
@@ -122,8 +131,7 @@ fn decode(bytes: &[u8], out: &mut Vec<(i64, i64)>) -> StoreResult<()> {
     let mut at = 8;
     while at < bytes.len() {
         start = start.wrapping_add(get_varint(bytes, &mut at)? as i64);
-        let z = get_varint(bytes, &mut at)?;
-        out.push((start, (z >> 1) as i64 ^ -((z & 1) as i64)));
+        out.push((start, unzigzag(get_varint(bytes, &mut at)?)));
     }
     Ok(())
 }
@@ -251,10 +259,91 @@ impl Increments {
             inc.adds.extend(run.iter().map(|d| (d.start, d.delta)));
             inc.runs.push((k..inc.keys.len(), a..inc.adds.len()));
         }
-        let keys = &inc.keys;
-        inc.runs
-            .sort_unstable_by(|x, y| keys[x.0.clone()].cmp(&keys[y.0.clone()]));
+        inc.sort();
         inc
+    }
+
+    /// Puts the runs in key order.
+    pub(super) fn sort(&mut self) {
+        let keys = &self.keys;
+        self.runs
+            .sort_unstable_by(|x, y| keys[x.0.clone()].cmp(&keys[y.0.clone()]));
+    }
+
+    /// Appends a run (a record of the journal, read back): [`Increments::sort`] them after.
+    pub(super) fn push(&mut self, key: &[u8], adds: &[(i64, i64)]) {
+        let (k, a) = (self.keys.len(), self.adds.len());
+        self.keys.extend_from_slice(key);
+        self.adds.extend_from_slice(adds);
+        self.runs.push((k..self.keys.len(), a..self.adds.len()));
+    }
+
+    /// Each counter's row key and adds, in key order.
+    pub(super) fn runs(&self) -> impl Iterator<Item = (&[u8], &[(i64, i64)])> {
+        self.runs
+            .iter()
+            .map(|(k, a)| (&self.keys[k.clone()], &self.adds[a.clone()]))
+    }
+
+    /// The adds of the counter at `key`, in every run naming it.
+    pub(super) fn adds_of<'a>(&'a self, key: &'a [u8]) -> impl Iterator<Item = &'a (i64, i64)> {
+        let first = self
+            .runs
+            .partition_point(|(k, _)| &self.keys[k.clone()] < key);
+        self.runs[first..]
+            .iter()
+            .take_while(move |(k, _)| &self.keys[k.clone()] == key)
+            .flat_map(|(_, a)| &self.adds[a.clone()])
+    }
+
+    /// `self` and `other` together, with one run per counter, its adds summed per bucket start
+    /// and sorted by it: a linear merge of the two (each sorted by key).
+    pub(super) fn merged(&self, other: &Increments) -> Increments {
+        let mut out = Increments {
+            keys: Vec::with_capacity(self.keys.len() + other.keys.len()),
+            adds: Vec::with_capacity(self.adds.len() + other.adds.len()),
+            runs: Vec::with_capacity(self.runs.len() + other.runs.len()),
+        };
+        let (mut a, mut b) = (self.runs().peekable(), other.runs().peekable());
+        loop {
+            let key = match (a.peek(), b.peek()) {
+                (None, None) => break,
+                (Some(x), None) => x.0,
+                (None, Some(y)) => y.0,
+                (Some(x), Some(y)) => x.0.min(y.0),
+            };
+            let (k, at) = (out.keys.len(), out.adds.len());
+            out.keys.extend_from_slice(key);
+            for runs in [&mut a, &mut b] {
+                while let Some((_, adds)) = runs.next_if(|r| r.0 == key) {
+                    out.adds.extend_from_slice(adds);
+                }
+            }
+            let mine = &mut out.adds[at..];
+            mine.sort_unstable_by_key(|x| x.0);
+            let mut n = 0;
+            for i in 0..mine.len() {
+                if n > 0 && mine[n - 1].0 == mine[i].0 {
+                    mine[n - 1].1 = mine[n - 1].1.saturating_add(mine[i].1);
+                } else {
+                    mine[n] = mine[i];
+                    n += 1;
+                }
+            }
+            out.adds.truncate(at + n);
+            out.runs.push((k..out.keys.len(), at..out.adds.len()));
+        }
+        out
+    }
+
+    /// How many adds, over every counter.
+    pub(super) fn adds_len(&self) -> usize {
+        self.adds.len()
+    }
+
+    /// The bytes of every row key.
+    pub(super) fn keys_len(&self) -> usize {
+        self.keys.len()
     }
 
     /// Adds every run to its row.
@@ -262,42 +351,32 @@ impl Increments {
         let mut rows = tx.open_table(COUNTER_ROWS).map_err(err)?;
         let mut expiry = tx.open_table(COUNTER_EXPIRY).map_err(err)?;
         let mut scratch = Scratch::default();
-        for (key, adds) in &self.runs {
-            add_to_row(
-                &mut rows,
-                &mut expiry,
-                &self.keys[key.clone()],
-                &self.adds[adds.clone()],
-                &mut scratch,
-            )?;
+        for (key, adds) in self.runs() {
+            add_to_row(&mut rows, &mut expiry, key, adds, &mut scratch)?;
         }
         Ok(())
     }
 }
 
-pub(super) fn read_ranges<T: ReadableTable<&'static [u8], &'static [u8]>>(
+/// The buckets of the rows at `keys` (none for a row that does not exist), all of them.
+pub(super) fn read_rows<T: ReadableTable<&'static [u8], &'static [u8]>>(
     rows: &T,
-    ranges: &[CounterRange],
-) -> StoreResult<Vec<Vec<BucketTotal>>> {
-    let mut out = Vec::with_capacity(ranges.len());
-    let mut buckets = Vec::new();
-    for r in ranges {
-        let mut found = Vec::new();
-        if let Some(v) = rows.get(row_key(&r.key).as_slice()).map_err(err)? {
+    keys: &[Vec<u8>],
+) -> StoreResult<Vec<Vec<(i64, i64)>>> {
+    let mut out = Vec::with_capacity(keys.len());
+    for key in keys {
+        let mut buckets = Vec::new();
+        if let Some(v) = rows.get(key.as_slice()).map_err(err)? {
             if decode(v.value(), &mut buckets).is_err() {
                 // Read as empty; the next write replaces it (see `add_to_row`).
-                tracing::error!(counter = ?r.key, "embedded store: an unreadable counter row");
+                tracing::error!(
+                    key = %String::from_utf8_lossy(key),
+                    "embedded store: an unreadable counter row"
+                );
                 buckets.clear();
             }
-            found.extend(buckets.iter().filter(|b| r.from <= b.0 && b.0 <= r.to).map(
-                |&(start, total)| BucketTotal {
-                    start,
-                    total,
-                    mine: total,
-                },
-            ));
         }
-        out.push(found);
+        out.push(buckets);
     }
     Ok(out)
 }
@@ -418,6 +497,7 @@ pub(super) fn upgrade(tx: &WriteTransaction) -> StoreResult<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::{BucketTotal, CounterRange};
     use redb::ReadableTableMetadata;
     use std::sync::Arc;
 
@@ -452,6 +532,42 @@ mod tests {
         // Once the clock is back past it, the old buckets go as usual.
         merge(&mut b, &[(10_000 + g.retention_ms(), 1)], g);
         assert_eq!(b, vec![(10_000 + g.retention_ms(), 1)]);
+    }
+
+    #[test]
+    fn merged_increments_have_a_run_per_counter_in_key_order_summed_per_bucket() {
+        let g = Grain::Fixed(100);
+        let d = |limit: &str, start, delta| Delta {
+            key: key(limit, g),
+            start,
+            delta,
+        };
+        let a = Increments::of(&[d("b", 200, 1), d("b", 100, 2), d("d", 0, 5)]);
+        // "b" twice in one round (not what a round sends), and in both sides.
+        let b = Increments::of(&[d("c", 0, 1), d("b", 100, 3), d("a", 7, 1), d("b", 300, 4)]);
+        let m = a.merged(&b);
+        type Runs = Vec<(Vec<u8>, Vec<(i64, i64)>)>;
+        let runs: Runs = m.runs().map(|(k, a)| (k.to_vec(), a.to_vec())).collect();
+        let want = [
+            ("a", vec![(7, 1)]),
+            ("b", vec![(100, 5), (200, 1), (300, 4)]),
+            ("c", vec![(0, 1)]),
+            ("d", vec![(0, 5)]),
+        ];
+        let want: Runs = want
+            .into_iter()
+            .map(|(l, a)| (row_key(&key(l, g)), a))
+            .collect();
+        assert_eq!(runs, want);
+        assert_eq!(m.adds_of(&row_key(&key("b", g))).count(), 3);
+        assert_eq!(m.adds_of(&row_key(&key("e", g))).count(), 0);
+        // Merging with nothing changes nothing but the order.
+        let again: Vec<_> = Increments::default()
+            .merged(&m)
+            .runs()
+            .map(|(k, a)| (k.to_vec(), a.to_vec()))
+            .collect();
+        assert_eq!(again, want);
     }
 
     #[test]

@@ -10,6 +10,8 @@
 //! - `counter_rows` / `counter_expiry`: a row per counter holding its live buckets, and the
 //!   index the janitor deletes unused rows by ([`counters`]). Ids cannot contain \0, and
 //!   integers in keys are big-endian with the sign bit flipped, so byte order is numeric order.
+//! - `counter_journal`: sync rounds' increments not yet added to the rows, a record a round,
+//!   folded into them every few rounds; reads add them ([`journal`]).
 //! - `tenant_policies` / `client_policies` (tenant \0 client): JSON of the record.
 //! - `meta`: the policies generation.
 //! - `members` / `shards_used`: leases on write shards ([`lease`]). One process writes this
@@ -21,10 +23,11 @@
 mod counters;
 mod history;
 mod idempotency;
+mod journal;
 mod lease;
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -47,6 +50,8 @@ pub const DB_FILE: &str = "quotad.redb";
 
 pub struct EmbeddedStore {
     db: Arc<Database>,
+    /// What the counter journal holds, in memory ([`journal`]).
+    journal: Arc<Mutex<journal::Journal>>,
     path: PathBuf,
 }
 
@@ -128,6 +133,7 @@ impl EmbeddedStore {
         let tx = db.begin_write().map_err(err)?;
         {
             counters::create_tables(&tx)?;
+            journal::create_tables(&tx)?;
             tx.open_table(TENANT_POLICIES).map_err(err)?;
             tx.open_table(CLIENT_POLICIES).map_err(err)?;
             tx.open_table(META).map_err(err)?;
@@ -136,6 +142,7 @@ impl EmbeddedStore {
             idempotency::create_tables(&tx)?;
         }
         let moved = counters::upgrade(&tx)?;
+        let recovered = journal::recover(&tx)?;
         tx.commit().map_err(err)?;
         if moved > 0 {
             tracing::info!(
@@ -143,8 +150,15 @@ impl EmbeddedStore {
                 "embedded store: counters moved to one row per counter"
             );
         }
+        if recovered > 0 {
+            tracing::info!(
+                rounds = recovered,
+                "embedded store: counter increments of the journal added to the rows"
+            );
+        }
         Ok(Self {
             db: Arc::new(db),
+            journal: Arc::default(),
             path,
         })
     }
@@ -184,22 +198,16 @@ impl CounterStore for EmbeddedStore {
             return Ok(());
         }
         let increments = counters::Increments::of(deltas);
-        self.blocking(move |db| {
-            let tx = db.begin_write().map_err(err)?;
-            increments.apply(&tx)?;
-            tx.commit().map_err(err)
-        })
-        .await
+        let j = self.journal.clone();
+        self.blocking(move |db| journal::write(db, &j, &increments))
+            .await
     }
 
     async fn read(&self, ranges: &[CounterRange]) -> StoreResult<Vec<Vec<BucketTotal>>> {
         let ranges = ranges.to_vec();
-        self.blocking(move |db| {
-            let tx = db.begin_read().map_err(err)?;
-            let rows = tx.open_table(counters::COUNTER_ROWS).map_err(err)?;
-            counters::read_ranges(&rows, &ranges)
-        })
-        .await
+        let j = self.journal.clone();
+        self.blocking(move |db| journal::read(db, &j, &ranges))
+            .await
     }
 
     /// One write transaction: redb has a single writer, so no other increment can land between
@@ -211,27 +219,22 @@ impl CounterStore for EmbeddedStore {
     ) -> StoreResult<Vec<Vec<BucketTotal>>> {
         let increments = counters::Increments::of(deltas);
         let ranges = ranges.to_vec();
-        self.blocking(move |db| {
-            let tx = db.begin_write().map_err(err)?;
-            increments.apply(&tx)?;
-            let out = {
-                let rows = tx.open_table(counters::COUNTER_ROWS).map_err(err)?;
-                counters::read_ranges(&rows, &ranges)?
-            };
-            tx.commit().map_err(err)?;
-            Ok(out)
-        })
-        .await
+        let j = self.journal.clone();
+        self.blocking(move |db| journal::increment_and_read(db, &j, &increments, &ranges))
+            .await
     }
 
     async fn delete_expired(&self, now_ms: i64, budget: usize) -> StoreResult<u64> {
-        self.blocking(move |db| {
-            let tx = db.begin_write().map_err(err)?;
-            let removed = counters::delete_expired(&tx, now_ms, budget)?;
-            tx.commit().map_err(err)?;
-            Ok(removed)
-        })
-        .await
+        let j = self.journal.clone();
+        self.blocking(move |db| journal::delete_expired(db, &j, now_ms, budget))
+            .await
+    }
+
+    /// Folds the counter journal into the rows: a store closed cleanly holds none, and an
+    /// earlier release (which knows no journal) reads every count.
+    async fn flush(&self) -> StoreResult<()> {
+        let j = self.journal.clone();
+        self.blocking(move |db| journal::fold_all(db, &j)).await
     }
 
     async fn ping(&self) -> StoreResult<()> {

@@ -159,7 +159,7 @@ pub(super) async fn decide(state: &AppState, p: &Parsed<'_>) -> Option<Decision>
     let policy = state
         .policies
         .resolve(p.tenant.as_str(), p.client.as_str())?;
-    let d = limit(state, &policy, p).await;
+    let d = limit(state, &policy, p, state.limiter.clock().now_ms()).await;
     state.metrics.check_decided(
         p.tenant.as_str(),
         DecisionLabel::of(&d),
@@ -168,16 +168,17 @@ pub(super) async fn decide(state: &AppState, p: &Parsed<'_>) -> Option<Decision>
     Some(d)
 }
 
-/// The limiter's decision on one parsed check under `policy`: decided in memory when it can
-/// be, and only otherwise through the (larger) future that may wait for the store.
-async fn limit(state: &AppState, policy: &Policy, p: &Parsed<'_>) -> Decision {
+/// The limiter's decision on one parsed check under `policy`, at `now` when memory decides
+/// it: decided in memory when it can be, and only otherwise through the (larger) future that
+/// may wait for the store (which reads the clock itself).
+async fn limit(state: &AppState, policy: &Policy, p: &Parsed<'_>, now: i64) -> Decision {
     let input = CheckInput {
         tenant: &p.tenant,
         client: &p.client,
         resource: p.resource.as_deref(),
         cost: p.cost,
     };
-    match state.limiter.check_now(policy, input) {
+    match state.limiter.check_now_at(policy, input, now) {
         Some(d) => d,
         None => Box::pin(state.limiter.check(policy, input)).await,
     }
@@ -333,7 +334,10 @@ pub async fn batch(
     let policies = state.policies.view();
     let mut metrics = state.metrics.batch_checks();
     let mut decisions = Vec::with_capacity(parsed.len());
-    // One clock read per item: an item's duration runs from the end of the one before.
+    // The items are decided at one instant: one read of the system clock for them all. Their
+    // durations take one read of the monotonic clock per item: an item's runs from the end of
+    // the one before.
+    let now = state.limiter.clock().now_ms();
     let mut started = Instant::now();
     for p in &parsed {
         if let Some(Err(e)) = who.as_ref().map(|w| w.may_check(p.tenant.as_str())) {
@@ -346,7 +350,7 @@ pub async fn batch(
             started = Instant::now();
             continue;
         };
-        let d = limit(&state, policy, p).await;
+        let d = limit(&state, policy, p, now).await;
         let done = Instant::now();
         metrics.check_decided(
             p.tenant.as_str(),

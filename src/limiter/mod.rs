@@ -273,8 +273,18 @@ impl Limiter {
     /// that awaiting one needs (the future of `check` is large, and moving it costs a check
     /// on the hit path as much as deciding). None: nothing was taken; call `check`.
     pub fn check_now(&self, policy: &Policy, input: CheckInput<'_>) -> Option<Decision> {
+        self.check_now_at(policy, input, self.clock.now_ms())
+    }
+
+    /// [`Limiter::check_now`] at `now` (ms since the epoch, from [`Limiter::clock`]): a batch
+    /// reads the clock once for its checks, which then all happen at that instant.
+    pub fn check_now_at(
+        &self,
+        policy: &Policy,
+        input: CheckInput<'_>,
+        now: i64,
+    ) -> Option<Decision> {
         let limits = applicable(policy, &[input.resource]);
-        let now = self.clock.now_ms();
         let Now::Decided(d, recorded) = self.decide_now(policy, &limits, input, now, true) else {
             return None;
         };

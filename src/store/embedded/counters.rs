@@ -154,15 +154,23 @@ fn expiry_key(row: &[u8], grain: Grain, newest: i64) -> Vec<u8> {
 /// it; a row's newest bucket may be ahead of the clock after the clock stepped back, and counting
 /// from it would drop what is being written now).
 fn merge(buckets: &mut Vec<(i64, i64)>, adds: &[(i64, i64)], grain: Grain) {
+    add_buckets(buckets, adds);
+    if let Some(newest) = adds.iter().map(|a| a.0).max() {
+        let retention = grain.retention_ms();
+        buckets.retain(|b| b.0.saturating_add(retention) > newest);
+    }
+}
+
+/// Adds `(start, delta)` pairs (in any order) into buckets sorted by start.
+pub(super) fn add_buckets<'a>(
+    buckets: &mut Vec<(i64, i64)>,
+    adds: impl IntoIterator<Item = &'a (i64, i64)>,
+) {
     for &(start, delta) in adds {
         match buckets.binary_search_by_key(&start, |b| b.0) {
             Ok(i) => buckets[i].1 = buckets[i].1.saturating_add(delta),
             Err(i) => buckets.insert(i, (start, delta)),
         }
-    }
-    if let Some(newest) = adds.iter().map(|a| a.0).max() {
-        let retention = grain.retention_ms();
-        buckets.retain(|b| b.0.saturating_add(retention) > newest);
     }
 }
 
@@ -319,6 +327,8 @@ impl Increments {
                     out.adds.extend_from_slice(adds);
                 }
             }
+            // Sorted by start, and one add a start: summed into the first of equal ones, in
+            // place (a scratch run through `Vec::dedup_by` made store_rounds 30 % slower).
             let mine = &mut out.adds[at..];
             mine.sort_unstable_by_key(|x| x.0);
             let mut n = 0;

@@ -72,16 +72,6 @@ fn lock(j: &Mutex<Journal>) -> MutexGuard<'_, Journal> {
     j.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Adds what waits for `key` to its row's buckets.
-fn add_waiting(waiting: &Increments, key: &[u8], buckets: &mut Vec<(i64, i64)>) {
-    for &(start, sum) in waiting.adds_of(key) {
-        match buckets.binary_search_by_key(&start, |b| b.0) {
-            Ok(i) => buckets[i].1 = buckets[i].1.saturating_add(sum),
-            Err(i) => buckets.insert(i, (start, sum)),
-        }
-    }
-}
-
 /// Writes a sync round's increments: appended to the journal, or, when a fold is due, added
 /// to the rows with everything the journal holds.
 pub(super) fn write(db: &Database, j: &Mutex<Journal>, inc: &Increments) -> StoreResult<()> {
@@ -252,7 +242,7 @@ pub(super) fn read(
         let waiting = g.waiting.clone();
         drop(g);
         for (key, buckets) in keys.iter().zip(&mut found) {
-            add_waiting(&waiting, key, buckets);
+            counters::add_buckets(buckets, waiting.adds_of(key));
         }
         return Ok(in_ranges(ranges, found));
     }
@@ -276,7 +266,7 @@ pub(super) fn increment_and_read(
     // The journal cannot change while this transaction is open (one writer at a time).
     let waiting = lock(j).waiting.clone();
     for (key, buckets) in keys.iter().zip(&mut found) {
-        add_waiting(&waiting, key, buckets);
+        counters::add_buckets(buckets, waiting.adds_of(key));
     }
     tx.commit().map_err(err)?;
     Ok(in_ranges(ranges, found))

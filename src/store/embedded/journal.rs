@@ -27,8 +27,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
 
-use super::counters::{self, Increments};
+use super::counters;
 use super::err;
+use super::increments::Increments;
 use crate::store::{BucketTotal, CounterRange, StoreError, StoreResult};
 
 const JOURNAL: TableDefinition<u64, &[u8]> = TableDefinition::new("counter_journal");
@@ -45,9 +46,9 @@ const FOLD_AT: usize = 1 << 18;
 pub(super) struct Journal {
     /// Every record's increments, summed: a run per counter, in key order.
     waiting: Arc<Increments>,
-    /// Records in the table, all summed in `waiting`.
+    /// Records in the table, all summed in `waiting`; also the next record's key (the table
+    /// is emptied whenever this goes back to 0).
     records: u64,
-    next_seq: u64,
     /// Folds committed: a read whose snapshot of the rows is older than the last fold must not
     /// add what waits now (the fold moved it into rows it cannot see).
     folds: u64,
@@ -95,18 +96,17 @@ fn write_or_fold(
     // One writer at a time (redb's): nothing else changes the journal until this commits, and
     // the work before the commit needs no lock.
     let tx = db.begin_write().map_err(err)?;
-    let (waiting, records, seq) = {
+    let (waiting, records) = {
         let g = lock(j);
-        (g.waiting.clone(), g.records, g.next_seq)
+        (g.waiting.clone(), g.records)
     };
     let sum = waiting.merged(inc);
     if !(fold_now || records + 1 >= FOLD_EVERY || sum.adds_len() >= FOLD_AT) {
-        append(&tx, seq, inc)?;
+        append(&tx, records, inc)?;
         let mut g = lock(j);
         tx.commit().map_err(err)?;
         g.waiting = Arc::new(sum);
         g.records += 1;
-        g.next_seq += 1;
         return Ok(());
     }
     fold(&tx, &sum)?;
@@ -191,7 +191,7 @@ fn fold(tx: &WriteTransaction, sum: &Increments) -> StoreResult<()> {
 }
 
 /// At opening: folds the records a crash left, and empties the table (the journal in memory
-/// starts empty, its sequence at 0). Returns how many records were folded.
+/// starts empty, and so do its record keys). Returns how many records were folded.
 pub(super) fn recover(tx: &WriteTransaction) -> StoreResult<u64> {
     let mut sum = Increments::default();
     let mut records = 0;

@@ -23,6 +23,7 @@
 mod counters;
 mod history;
 mod idempotency;
+mod increments;
 mod journal;
 mod lease;
 
@@ -197,7 +198,7 @@ impl CounterStore for EmbeddedStore {
         if deltas.is_empty() {
             return Ok(());
         }
-        let increments = counters::Increments::of(deltas);
+        let increments = increments::Increments::of(deltas);
         let j = self.journal.clone();
         self.blocking(move |db| journal::write(db, &j, &increments))
             .await
@@ -217,7 +218,7 @@ impl CounterStore for EmbeddedStore {
         deltas: &[Delta],
         ranges: &[CounterRange],
     ) -> StoreResult<Vec<Vec<BucketTotal>>> {
-        let increments = counters::Increments::of(deltas);
+        let increments = increments::Increments::of(deltas);
         let ranges = ranges.to_vec();
         let j = self.journal.clone();
         self.blocking(move |db| journal::increment_and_read(db, &j, &increments, &ranges))

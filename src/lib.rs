@@ -17,6 +17,7 @@ pub mod history;
 pub mod limiter;
 pub mod metrics;
 pub mod migrate;
+pub mod pace;
 pub mod policy;
 pub mod retention;
 pub mod startup;

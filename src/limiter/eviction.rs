@@ -12,6 +12,7 @@ use std::sync::Arc;
 use super::caps::{is_client, IdleRule};
 use super::state::{lock, AnsweredHour, LimitState, Shard, TOKEN_SETTLE_ROUNDS};
 use super::Limiter;
+use crate::pace::Pacer;
 
 /// What one eviction pass kept, and which tenants' client entries it dropped.
 #[derive(Default)]
@@ -33,6 +34,7 @@ impl Limiter {
     pub fn evict(&self, now: i64) -> (usize, u64) {
         let rule = self.idle_rule();
         let mut tally = Tally::default();
+        let mut pace = Pacer::new();
         for shard in self.all_shards() {
             let settle = TOKEN_SETTLE_ROUNDS * self.cfg.sync_interval_ms;
             let dropped = evict_shard(&mut lock(shard), now, settle, &rule, &mut tally);
@@ -42,6 +44,7 @@ impl Limiter {
                     .add_admitted(&tenant, &client, h.hour_ms, h.admitted, h.cost);
             }
             self.counters.fetch_sub(dropped, Ordering::Relaxed);
+            pace.step();
         }
         self.release_clients(tally.left);
         self.metrics.set_active_counters(tally.counters);

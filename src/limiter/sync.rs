@@ -9,6 +9,8 @@
 use super::key::newest_readable;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::pace::Pacer;
+
 use super::state::{lock, AnsweredHour, LimitState, Shard};
 use super::{window, Limiter};
 use crate::store::history::{Counts, UsageDelta};
@@ -55,6 +57,7 @@ impl Limiter {
         let mut batch = SyncBatch::default();
         // Strings are copied after the lock is let go.
         let mut taken: Vec<(Arc<str>, Arc<str>, AnsweredHour)> = Vec::new();
+        let mut pace = Pacer::new();
         for shard in self.all_shards() {
             let mut g = lock(shard);
             for (k, e) in g.iter_mut() {
@@ -100,6 +103,7 @@ impl Limiter {
             }
             drop(g);
             batch.answers.extend(taken.drain(..).map(usage_delta));
+            pace.step();
         }
         batch
     }
@@ -176,13 +180,16 @@ impl Limiter {
         mut f: impl FnMut(&mut LimitState, &[T]),
     ) {
         let mut held: Option<(&Mutex<Shard>, MutexGuard<'_, Shard>)> = None;
+        let mut pace = Pacer::new();
         for entry_run in items.chunk_by(|a, b| key(a).same_subject(key(b))) {
             let k = key(&entry_run[0]);
             let r = self.key_ref(&k.tenant, &k.subject);
             let shard = self.shard_of(r);
             if !held.as_ref().is_some_and(|(m, _)| std::ptr::eq(*m, shard)) {
                 // One shard at a time: let go of the last before taking the next.
-                drop(held.take());
+                if held.take().is_some() {
+                    pace.step();
+                }
             }
             let (_, g) = held.get_or_insert_with(|| (shard, lock(shard)));
             let Some(e) = g.get_mut(&r) else {

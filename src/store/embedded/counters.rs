@@ -24,6 +24,7 @@ use redb::{ReadableTable, Table, TableDefinition, TableHandle, WriteTransaction}
 
 use super::{dec_i64, enc_i64, err};
 use crate::domain::Grain;
+use crate::pace::Pacer;
 use crate::store::{CounterKey, StoreError, StoreResult};
 
 pub(super) const COUNTER_ROWS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("counter_rows");
@@ -247,8 +248,10 @@ pub(super) fn add_runs<'a>(
     let mut rows = tx.open_table(COUNTER_ROWS).map_err(err)?;
     let mut expiry = tx.open_table(COUNTER_EXPIRY).map_err(err)?;
     let mut scratch = Scratch::default();
+    let mut pace = Pacer::new();
     for (key, adds) in runs {
         add_to_row(&mut rows, &mut expiry, key, adds, &mut scratch)?;
+        pace.step();
     }
     Ok(())
 }
@@ -259,7 +262,9 @@ pub(super) fn read_rows<T: ReadableTable<&'static [u8], &'static [u8]>>(
     keys: &[Vec<u8>],
 ) -> StoreResult<Vec<Vec<(i64, i64)>>> {
     let mut out = Vec::with_capacity(keys.len());
+    let mut pace = Pacer::new();
     for key in keys {
+        pace.step();
         let mut buckets = Vec::new();
         if let Some(v) = rows.get(key.as_slice()).map_err(err)? {
             if decode(v.value(), &mut buckets).is_err() {
@@ -289,7 +294,9 @@ pub(super) fn delete_expired(
     let mut removed = 0u64;
     let mut buckets = Vec::new();
     let mut bytes = Vec::new();
+    let mut pace = Pacer::new();
     while removed < budget as u64 {
+        pace.step();
         let Some(entry) = expiry
             .range(..=enc_i64(now_ms).as_slice())
             .map_err(err)?

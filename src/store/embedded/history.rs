@@ -17,6 +17,7 @@ use redb::{ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
 
 use super::{dec_i64, enc_i64, err, EmbeddedStore};
 use crate::domain::TENANT_SUBJECT;
+use crate::pace::Pacer;
 use crate::store::audit::{AuditEntry, AuditQuery, AuditStore};
 use crate::store::history::{
     ClientTotal, Counts, HistoryStore, Step, UsageDelta, UsagePoint, DAY_MS,
@@ -110,7 +111,9 @@ fn add_deltas(tx: &WriteTransaction, deltas: &[UsageDelta]) -> StoreResult<()> {
     // A tenant's own points sum its clients': added up here and written once per round, not
     // once per client (a round carries a delta for every client active in it).
     let mut tenants: HashMap<(&str, i64), Counts> = HashMap::new();
+    let mut pace = Pacer::new();
     for d in deltas {
+        pace.step();
         // As on the scylla store, a figure that is 0 is not written, and a delta of zeros
         // makes no point and no line in the index: points exist only where something was
         // added.

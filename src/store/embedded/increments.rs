@@ -4,6 +4,7 @@
 use redb::WriteTransaction;
 
 use super::counters;
+use crate::pace::Pacer;
 use crate::store::{Delta, StoreResult};
 
 /// A round's increments as rows to write: each counter's row key, built once, and its adds,
@@ -80,7 +81,9 @@ impl Increments {
             runs: Vec::with_capacity(self.runs.len() + other.runs.len()),
         };
         let (mut a, mut b) = (self.runs().peekable(), other.runs().peekable());
+        let mut pace = Pacer::every(64);
         loop {
+            pace.step();
             let key = match (a.peek(), b.peek()) {
                 (None, None) => break,
                 (Some(x), None) => x.0,

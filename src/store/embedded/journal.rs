@@ -30,6 +30,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, WriteTran
 use super::counters;
 use super::err;
 use super::increments::Increments;
+use crate::pace::Pacer;
 use crate::store::{BucketTotal, CounterRange, StoreError, StoreResult};
 
 const JOURNAL: TableDefinition<u64, &[u8]> = TableDefinition::new("counter_journal");
@@ -146,7 +147,9 @@ pub(super) fn delete_expired(
 /// number of adds (varint), and each add's start and delta (zigzag varints).
 fn append(tx: &WriteTransaction, seq: u64, inc: &Increments) -> StoreResult<()> {
     let mut v = Vec::with_capacity(inc.keys_len() + 8 * inc.adds_len());
+    let mut pace = Pacer::every(64);
     for (key, adds) in inc.runs() {
+        pace.step();
         counters::put_varint(&mut v, key.len() as u64);
         v.extend_from_slice(key);
         counters::put_varint(&mut v, adds.len() as u64);
@@ -241,8 +244,10 @@ pub(super) fn read(
         }
         let waiting = g.waiting.clone();
         drop(g);
+        let mut pace = Pacer::every(16);
         for (key, buckets) in keys.iter().zip(&mut found) {
             counters::add_buckets(buckets, waiting.adds_of(key));
+            pace.step();
         }
         return Ok(in_ranges(ranges, found));
     }

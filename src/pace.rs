@@ -1,0 +1,95 @@
+//! Background work in short slices, so that it never holds a core for long.
+//!
+//! A sync round's passes over the limiter's entries and the embedded store's batch writes are
+//! tens of milliseconds of CPU each round. Run in one stretch, such a burst keeps the request
+//! threads waiting for a core: on two cores shared with the load generator, a process burning
+//! 26 ms every 250 ms beside the bare actix-web server took that server's p99.9 at half its
+//! rate from 1.2-1.6 ms to 3.7-4.8 ms, and the same 26 ms cut into 0.5 ms slices with a 50 µs
+//! sleep after each left it at 1.4-1.8 ms (`docs/performance.md`, "The shape of a round").
+//! A lower priority for the burst did not help: it is the sleep, which leaves the core idle for
+//! a moment, that lets the scheduler hand it to a waiting thread.
+//!
+//! Work that runs shorter than a slice never sleeps, so a single check's store call is not
+//! slowed. Call [`Pacer::step`] between two steps of the work, never holding one of the
+//! limiter's locks (the embedded store's writer may be held: a strict check waits behind a
+//! sync write either way). The limiter's passes run on a runtime thread, which a pause blocks
+//! for about 0.1 ms; before, the pass itself held it for its whole length.
+
+use std::time::{Duration, Instant};
+
+/// The longest stretch of background work between two pauses.
+pub const SLICE: Duration = Duration::from_micros(500);
+/// How long a pause sleeps (the kernel adds its timer slack, 50 µs by default).
+pub const PAUSE: Duration = Duration::from_micros(50);
+
+/// Measures one piece of background work and pauses it every [`SLICE`].
+#[derive(Debug)]
+pub struct Pacer {
+    since: Instant,
+    /// The clock is read every this many steps (steps of a tight loop cost less than a read).
+    every: u32,
+    steps: u32,
+}
+
+impl Default for Pacer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Pacer {
+    /// A pacer that reads the clock at every step.
+    pub fn new() -> Self {
+        Self::every(1)
+    }
+
+    /// A pacer that reads the clock every `steps` steps, for steps of well under a microsecond.
+    pub fn every(steps: u32) -> Self {
+        Self {
+            since: Instant::now(),
+            every: steps.max(1),
+            steps: 0,
+        }
+    }
+
+    /// Sleeps for [`PAUSE`] if the work has run for [`SLICE`] since the last pause (or since
+    /// the pacer was made); says whether it did.
+    pub fn step(&mut self) -> bool {
+        self.steps += 1;
+        if self.steps < self.every {
+            return false;
+        }
+        self.steps = 0;
+        if self.since.elapsed() < SLICE {
+            return false;
+        }
+        std::thread::sleep(PAUSE);
+        self.since = Instant::now();
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn work_longer_than_a_slice_pauses_and_starts_a_new_slice() {
+        let mut p = Pacer::new();
+        std::thread::sleep(SLICE);
+        let at = Instant::now();
+        assert!(p.step());
+        assert!(at.elapsed() >= PAUSE);
+        // The slice starts again after the pause.
+        assert!(p.since >= at + PAUSE);
+    }
+
+    #[test]
+    fn a_pacer_of_every_n_steps_reads_the_clock_at_the_nth() {
+        let mut p = Pacer::every(3);
+        std::thread::sleep(SLICE);
+        assert!(!p.step());
+        assert!(!p.step());
+        assert!(p.step());
+    }
+}

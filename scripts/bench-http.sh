@@ -17,9 +17,9 @@
 #  4. Sync and strict latency: a strict-consistency policy; sync op durations from /metrics.
 #  5. Memory: VmRSS after 10^6 distinct active counters, bytes per counter.
 #  6. A flood of invented client ids against the default memory caps.
-# Printed last: this run's figures against the speed targets (the /v1/check ratio of the
-# alternating rounds, the batch ratio, p99 at full load against the bare server's, p99.9 at half
-# the rate).
+# Printed last: this run's figures against the speed targets, from the alternating rounds where
+# they ran (the /v1/check ratio, p99 at full load against the bare server's, p99.9 at half the
+# rate), and the batch ratio.
 # Results go to stdout and to $OUT (default: a temp dir), one file per part.
 set -euo pipefail
 
@@ -179,6 +179,22 @@ half_rate() { # NAME URL FULL_RPS TENANT
   run_wrk "$1" "$2" scripts/wrk/check.lua "$conns" "$DUR" -- "$CLIENTS" "$4" 0 "$PACE_MS"
 }
 
+# The 99.9th percentile of quotad's own time to decide a check (quotad_check_duration_seconds,
+# from parsed request to answer) between two scrapes of /metrics: the upper bound of its bucket.
+decision_quantile() { # BEFORE AFTER
+  python3 - "$1" "$2" <<'EOF'
+import re, sys
+def buckets(path):
+    return {float(le): float(v) for le, v in re.findall(
+        r'^quotad_check_duration_seconds_bucket\{le="([^"]+)"\} (\S+)', open(path).read(), re.M)}
+a, b = buckets(sys.argv[1]), buckets(sys.argv[2])
+d = sorted((le, b[le] - a.get(le, 0)) for le in b)
+total = d[-1][1]
+le = next(le for le, n in d if n >= 0.999 * total)
+print(f"  quotad's decision time (its histogram) at p99.9 over that run: <= {le * 1e6:.0f} us ({int(total)} checks)")
+EOF
+}
+
 POLICY3='{"limits": [
   {"id": "per-second", "max": 100000, "window": "1s"},
   {"id": "per-hour", "max": 1000000000, "period": "hour"},
@@ -249,6 +265,12 @@ if want ab; then
     run_wrk "ab-baseline-$i" "http://127.0.0.1:$BPORT/v1/check" scripts/wrk/check.lua "$CONNS" "$DUR" -- "$CLIENTS" bench
     run_wrk "ab-quotad-$i" "http://127.0.0.1:$QPORT/v1/check" scripts/wrk/check.lua "$CONNS" "$DUR" -- "$CLIENTS" bench
     python3 -c "print(f'ratio round $i: {$(rps_of "ab-quotad-$i") / $(rps_of "ab-baseline-$i"):.2f}')" | tee -a "$OUT/summary.txt"
+    # Each server at half its own maximum of this round; quotad's decision times around its run.
+    half_rate "ab-baseline-half-$i" "http://127.0.0.1:$BPORT/v1/check" "$(rps_of "ab-baseline-$i")" bench
+    curl -fsS "http://127.0.0.1:$QPORT/metrics" >"$OUT/metrics-half-$i-before.txt"
+    half_rate "ab-quotad-half-$i" "http://127.0.0.1:$QPORT/v1/check" "$(rps_of "ab-quotad-$i")" bench
+    curl -fsS "http://127.0.0.1:$QPORT/metrics" >"$OUT/metrics-half-$i-after.txt"
+    decision_quantile "$OUT/metrics-half-$i-before.txt" "$OUT/metrics-half-$i-after.txt" | tee -a "$OUT/summary.txt"
   done
   kill "$BPID"; wait "$BPID" 2>/dev/null || true
   stop_quotad
@@ -379,13 +401,32 @@ if rounds:
 q, b = wrk("quotad-batch100"), wrk("baseline-batch100")
 if q and b:
     print(f"  /v1/check/batch vs the bare server: {q[0] / b[0]:.2f} (>= 0.70: {verdict(q[0] / b[0] >= 0.7)})")
+# The tails are judged on the alternating rounds, as the ratio is: a single run of each server
+# is exposed to whatever else the machine did in those seconds (the bare server's own full-load
+# p99 moved from 2.1 to 4.2 ms within one run). The single runs are printed beside them.
+ab = [(wrk(f"ab-quotad-{i}"), wrk(f"ab-baseline-{i}")) for i in range(1, len(rounds) + 1)]
 q, b = wrk("quotad-check"), wrk("baseline-check")
-if q and b:
+single = f"; single runs {q[1]['p99']:.2f} against {b[1]['p99']:.2f} ms" if q and b else ""
+if ab:
+    r = [qq[1]["p99"] / bb[1]["p99"] for qq, bb in ab]
+    mean = sum(r) / len(r)
+    print("  p99 at full load, alternating: " + ", ".join(
+        f"{qq[1]['p99']:.2f} against {bb[1]['p99']:.2f} ms" for qq, bb in ab)
+        + f" ({' '.join(f'{x:.2f}x' for x in r)}), mean {mean:.2f}x{single} (<= 2x: {verdict(mean <= 2)})")
+elif q and b:
     r = q[1]["p99"] / b[1]["p99"]
     print(f"  p99 at full load: {q[1]['p99']:.2f} ms against {b[1]['p99']:.2f} ms, {r:.1f}x "
           f"(<= 2x: {verdict(r <= 2)})")
+half = [(wrk(f"ab-quotad-half-{i}"), wrk(f"ab-baseline-half-{i}")) for i in range(1, len(rounds) + 1)]
+half = [(qq, bb) for qq, bb in half if qq and bb]
 q, b = wrk("quotad-check-half"), wrk("baseline-check-half")
-if q and b:
+single = f"; single runs {q[1]['p99.9']:.2f} (bare {b[1]['p99.9']:.2f}) ms" if q and b else ""
+if half:
+    mean = sum(qq[1]["p99.9"] for qq, _ in half) / len(half)
+    print("  p99.9 at half the rate, alternating: " + ", ".join(
+        f"{qq[1]['p99.9']:.2f} (bare {bb[1]['p99.9']:.2f})" for qq, bb in half)
+        + f" ms, mean {mean:.2f} ms{single} (<= 2 ms: {verdict(mean <= 2)})")
+elif q and b:
     print(f"  p99.9 at half the rate: {q[1]['p99.9']:.2f} ms (the bare server {b[1]['p99.9']:.2f} ms; "
           f"<= 2 ms: {verdict(q[1]['p99.9'] <= 2)})")
 print("  heap per counter at 10^6 keys: from `cargo bench --bench decision` (<= 250 B), not this script")

@@ -17,8 +17,10 @@ pub(super) struct Increments {
     keys: Vec<u8>,
     adds: Vec<(i64, i64)>,
     /// (key bytes, adds) ranges of each counter, sorted by key.
-    runs: Vec<(std::ops::Range<usize>, std::ops::Range<usize>)>,
+    runs: Vec<Run>,
 }
+
+type Run = (std::ops::Range<usize>, std::ops::Range<usize>);
 
 impl Increments {
     /// A round lists a counter's deltas together: each run of one counter's deltas is one read
@@ -40,10 +42,33 @@ impl Increments {
     }
 
     /// Puts the runs in key order.
+    ///
+    /// A round's keys mostly share their first bytes (one tenant, clients named alike), so a
+    /// plain sort compares every pair byte by byte from the start: 1.5-2 ms for a round of
+    /// 10^4 clients, in one stretch no pause can split (`crate::pace`). Instead each run is
+    /// sorted first by the 8 bytes after what every key shares, as a number, and only runs
+    /// equal there (one client's counters) by their whole keys. The order is the same.
     pub(super) fn sort(&mut self) {
         let keys = &self.keys;
-        self.runs
-            .sort_unstable_by(|x, y| keys[x.0.clone()].cmp(&keys[y.0.clone()]));
+        let key = |r: &Run| &keys[r.0.clone()];
+        let Some(first) = self.runs.first().map(key) else {
+            return;
+        };
+        let shared = self.runs.iter().fold(first.len(), |n, r| {
+            let k = key(r);
+            n.min(k.iter().zip(first).take_while(|(a, b)| a == b).count())
+        });
+        let window = |k: &[u8]| {
+            let mut w = [0u8; 8];
+            let tail = &k[shared..];
+            let n = tail.len().min(8);
+            w[..n].copy_from_slice(&tail[..n]);
+            u64::from_be_bytes(w)
+        };
+        let mut sorted: Vec<(u64, Run)> =
+            self.runs.drain(..).map(|r| (window(key(&r)), r)).collect();
+        sorted.sort_unstable_by(|x, y| x.0.cmp(&y.0).then_with(|| key(&x.1).cmp(key(&y.1))));
+        self.runs.extend(sorted.into_iter().map(|(_, r)| r));
     }
 
     /// Appends a run (a record of the journal, read back): [`Increments::sort`] them after.
@@ -182,5 +207,36 @@ mod tests {
             .map(|(k, a)| (k.to_vec(), a.to_vec()))
             .collect();
         assert_eq!(again, want);
+    }
+
+    #[test]
+    fn runs_sort_in_byte_order_whatever_their_keys_share() {
+        // Keys that share a long start, keys that end inside the 8 bytes after it, a key that
+        // is the start of another, and equal windows that differ after them.
+        let mut names: Vec<String> = vec!["".into(), "a".into(), "ab".into(), "abcdefgh".into()];
+        for i in 0..300u32 {
+            let n = i.wrapping_mul(2_654_435_761) % 1000;
+            names.push(format!("client-{n}"));
+            names.push(format!("client-{n:04}-long-name-{i}"));
+            names.push(format!("client-{:x}", n * 7));
+        }
+        let mut inc = Increments::default();
+        for (i, n) in names.iter().enumerate() {
+            inc.push(format!("tenant\0{n}").as_bytes(), &[(i as i64, 1)]);
+        }
+        type Runs = Vec<(Vec<u8>, Vec<(i64, i64)>)>;
+        let pairs = |inc: &Increments| -> Runs {
+            inc.runs().map(|(k, a)| (k.to_vec(), a.to_vec())).collect()
+        };
+        let mut want = pairs(&inc);
+        want.sort();
+        inc.sort();
+        let got = pairs(&inc);
+        // In byte order, and every run with its own adds (equal keys in any order).
+        let keys = |r: &Runs| r.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>();
+        assert_eq!(keys(&got), keys(&want));
+        let mut got = got;
+        got.sort();
+        assert_eq!(got, want);
     }
 }

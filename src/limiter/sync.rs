@@ -9,10 +9,9 @@
 use super::key::newest_readable;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::pace::Pacer;
-
 use super::state::{lock, AnsweredHour, LimitState, Shard};
 use super::{window, Limiter};
+use crate::pace::Pacer;
 use crate::store::history::{Counts, UsageDelta};
 use crate::store::{BucketTotal, CounterKey, CounterRange, Delta};
 

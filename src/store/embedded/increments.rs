@@ -56,7 +56,10 @@ impl Increments {
         };
         let shared = self.runs.iter().fold(first.len(), |n, r| {
             let k = key(r);
-            n.min(k.iter().zip(first).take_while(|(a, b)| a == b).count())
+            k.iter()
+                .zip(&first[..n])
+                .take_while(|(a, b)| a == b)
+                .count()
         });
         let window = |k: &[u8]| {
             let mut w = [0u8; 8];

@@ -237,19 +237,14 @@ pub(super) fn read(
             (db.begin_read().map_err(err)?, g.folds)
         };
         let rows = tx.open_table(counters::COUNTER_ROWS).map_err(err)?;
-        let mut found = counters::read_rows(&rows, &keys)?;
+        let found = counters::read_rows(&rows, &keys)?;
         let g = lock(j);
         if g.folds != folds {
             continue;
         }
         let waiting = g.waiting.clone();
         drop(g);
-        let mut pace = Pacer::every(16);
-        for (key, buckets) in keys.iter().zip(&mut found) {
-            counters::add_buckets(buckets, waiting.adds_of(key));
-            pace.step();
-        }
-        return Ok(in_ranges(ranges, found));
+        return Ok(with_waiting(&waiting, &keys, found, ranges));
     }
 }
 
@@ -264,20 +259,29 @@ pub(super) fn increment_and_read(
     let keys: Vec<Vec<u8>> = ranges.iter().map(|r| counters::row_key(&r.key)).collect();
     let tx = db.begin_write().map_err(err)?;
     inc.apply(&tx)?;
-    let mut found = {
+    let found = {
         let rows = tx.open_table(counters::COUNTER_ROWS).map_err(err)?;
         counters::read_rows(&rows, &keys)?
     };
     // The journal cannot change while this transaction is open (one writer at a time).
     let waiting = lock(j).waiting.clone();
-    for (key, buckets) in keys.iter().zip(&mut found) {
-        counters::add_buckets(buckets, waiting.adds_of(key));
-    }
+    let totals = with_waiting(&waiting, &keys, found, ranges);
     tx.commit().map_err(err)?;
-    Ok(in_ranges(ranges, found))
+    Ok(totals)
 }
 
-fn in_ranges(ranges: &[CounterRange], found: Vec<Vec<(i64, i64)>>) -> Vec<Vec<BucketTotal>> {
+/// The rows' buckets `found` at `keys`, plus what waits for each, as the totals of `ranges`.
+fn with_waiting(
+    waiting: &Increments,
+    keys: &[Vec<u8>],
+    mut found: Vec<Vec<(i64, i64)>>,
+    ranges: &[CounterRange],
+) -> Vec<Vec<BucketTotal>> {
+    let mut pace = Pacer::every(16);
+    for (key, buckets) in keys.iter().zip(&mut found) {
+        counters::add_buckets(buckets, waiting.adds_of(key));
+        pace.step();
+    }
     ranges
         .iter()
         .zip(found)

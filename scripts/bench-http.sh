@@ -10,7 +10,8 @@
 # What it measures (all on 127.0.0.1, every run bounded by DUR):
 #  1. /v1/check and /v1/check/batch (100 checks a request) on quotad (embedded store, cached
 #     consistency, 3-tier policy, 10^4 clients of one tenant) and on examples/bench_baseline
-#     (same actix-web, parses the same JSON, fixed answer): req/s, p50/p99/p99.9, ratio.
+#     (same actix-web, parses the same JSON, fixed answer): req/s, p50/p99/p99.9, ratio, and the
+#     CPU a check of each server against wrk's own CPU a request.
 #  2. p99 at half the maximum rate: wrk2 is not in Debian, so wrk's Lua `delay()` paces each
 #     connection to about half the measured maximum (see half_rate below).
 #  3. Store cost: quotad_store_operations_total before/after runs over 10^3 and 10^5 clients.
@@ -161,7 +162,7 @@ print(ms(open(f"/proc/{pid}/stat").read()), workers)
 EOF
 }
 # Also wrk's CPU a request in that run: at full load on two shared cores, when the server's CPU a
-# request comes near wrk's, its p99 jumps from about 1.5 ms to 5-8 ms (docs/performance.md, "the
+# request comes near wrk's, its p99 jumps from about 1 ms to 3-8 ms (docs/performance.md, "the
 # full-load p99 is a threshold").
 cpu_per_check() { # NAME BEFORE AFTER CHECKS-PER-REQUEST (NAME's wrk run between the two)
   python3 - "$OUT/wrk-$1.txt" "$@" "$OUT/wrk-$1.cpu" <<'EOF' | tee -a "$OUT/summary.txt"

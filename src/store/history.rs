@@ -3,9 +3,10 @@
 //!
 //! The sync task adds one [`UsageDelta`] per (tenant, client, hour) that saw checks since its
 //! last round, in the same rounds that write the counters: no store call per check. A store
-//! adds each delta to four points (the client's hour and day, the tenant's hour and day) and
-//! notes the client in the day's index of clients seen, which answers "top clients" without
-//! reading every client's history.
+//! adds each delta to four points (the client's hour and day, the tenant's hour and day; the
+//! embedded store keeps the client's hours only and sums its days when read) and notes the
+//! client in the day's index of clients seen, which answers "top clients" without reading every
+//! client's history.
 //!
 //! These are increments, like the counters: not idempotent, never resent after an uncertain
 //! outcome (see [`super::StoreError::Uncertain`]).

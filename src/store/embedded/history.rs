@@ -112,6 +112,10 @@ fn take_varint(b: &mut &[u8]) -> StoreResult<u64> {
     for shift in (0..64).step_by(7) {
         let (&byte, rest) = b.split_first().ok_or_else(corrupt)?;
         *b = rest;
+        // The tenth byte holds the 64th bit only: more would not fit a u64.
+        if shift == 63 && byte > 1 {
+            return Err(corrupt());
+        }
         v |= u64::from(byte & 0x7f) << shift;
         if byte & 0x80 == 0 {
             return Ok(v);
@@ -561,11 +565,23 @@ mod tests {
             counts(3, 4, 1, &[("x", 1)])
         );
         assert!(decode_counts(&[2, 0, 0, 0, 0]).is_err());
-        // A varint longer than 64 bits.
-        assert!(
-            decode_counts(&[1, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f])
-                .is_err()
-        );
+        // A varint of more than 64 bits, by its length or by its tenth byte, is refused; one
+        // of 64 reads whole.
+        let zeros = [0u8; 3];
+        for (tenth, ok) in [(0x01, true), (0x02, false), (0x81, false)] {
+            let mut row = vec![1u8];
+            row.extend([0xff; 9]);
+            row.push(tenth);
+            row.extend(if tenth == 0x81 {
+                &[0x01][..]
+            } else {
+                &zeros[..]
+            });
+            assert_eq!(decode_counts(&row).is_ok(), ok, "tenth byte {tenth:#x}");
+            if ok {
+                assert_eq!(decode_counts(&row).unwrap().admitted, u64::MAX);
+            }
+        }
     }
 
     /// A store an earlier release wrote holds JSON rows and a day point per client: it reads

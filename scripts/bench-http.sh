@@ -410,23 +410,23 @@ def wrk(name):
 def verdict(ok):
     return "met" if ok else "NOT met"
 
+def alternating(part):
+    """quotad's rate over the bare server's in each alternating round of `part` ("" or "batch-")."""
+    ratios, i = [], 1
+    while wrk(f"ab-quotad-{part}{i}") and wrk(f"ab-baseline-{part}{i}"):
+        ratios.append(wrk(f"ab-quotad-{part}{i}")[0] / wrk(f"ab-baseline-{part}{i}")[0])
+        i += 1
+    return ratios
+
 print("against the speed targets (issue 15), from this run:")
-rounds = []
-i = 1
-while wrk(f"ab-quotad-{i}") and wrk(f"ab-baseline-{i}"):
-    rounds.append(wrk(f"ab-quotad-{i}")[0] / wrk(f"ab-baseline-{i}")[0])
-    i += 1
+rounds = alternating("")
 if rounds:
     mean = sum(rounds) / len(rounds)
     print(f"  /v1/check vs the bare server, alternating: {' '.join(f'{r:.2f}' for r in rounds)}, "
           f"mean {mean:.2f} (>= 0.85: {verdict(mean >= 0.85)})")
 q, b = wrk("quotad-batch100"), wrk("baseline-batch100")
 seq = f"; sequential run {q[0] / b[0]:.2f}" if q and b else ""
-batch = []
-i = 1
-while wrk(f"ab-quotad-batch-{i}") and wrk(f"ab-baseline-batch-{i}"):
-    batch.append(wrk(f"ab-quotad-batch-{i}")[0] / wrk(f"ab-baseline-batch-{i}")[0])
-    i += 1
+batch = alternating("batch-")
 if batch:
     mean = sum(batch) / len(batch)
     print(f"  /v1/check/batch vs the bare server, alternating: {' '.join(f'{r:.2f}' for r in batch)}, "

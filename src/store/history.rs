@@ -78,6 +78,17 @@ impl Counts {
     }
 }
 
+/// [`Counts`] from its figures, for the stores' unit tests.
+#[cfg(test)]
+pub(crate) fn counts(admitted: u64, cost: u64, denied: u64, by: &[(&str, u64)]) -> Counts {
+    Counts {
+        admitted,
+        cost,
+        denied,
+        denied_by: by.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+    }
+}
+
 /// What one client of a tenant was answered in one UTC hour, as increments.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct UsageDelta {

@@ -528,17 +528,8 @@ impl AuditStore for EmbeddedStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::history::HOUR_MS;
+    use crate::store::history::{counts, HOUR_MS};
     use redb::ReadableTableMetadata;
-
-    fn counts(admitted: u64, cost: u64, denied: u64, by: &[(&str, u64)]) -> Counts {
-        Counts {
-            admitted,
-            cost,
-            denied,
-            denied_by: by.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
-        }
-    }
 
     #[test]
     fn binary_counts_read_back_as_written_and_reject_damage() {

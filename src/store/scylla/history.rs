@@ -439,6 +439,7 @@ impl HistoryStore for ScyllaStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::history::counts;
 
     fn delta(tenant: &str, client: &str, hour: i64, counts: Counts) -> UsageDelta {
         UsageDelta {
@@ -446,15 +447,6 @@ mod tests {
             client: client.into(),
             hour,
             counts,
-        }
-    }
-
-    fn counts(admitted: u64, cost: u64, denied: u64, by: &[(&str, u64)]) -> Counts {
-        Counts {
-            admitted,
-            cost,
-            denied,
-            denied_by: by.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
         }
     }
 

@@ -7,6 +7,8 @@ use clap::{Parser, Subcommand};
 use quotad::config::Settings;
 use quotad::startup::Application;
 
+mod memory;
+
 #[cfg(feature = "mimalloc")]
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -120,10 +122,16 @@ async fn main() -> ExitCode {
     let config = cli.config;
     match cli.command.unwrap_or(Command::Serve) {
         Command::Serve => {
+            let tuned = memory::tune();
             let settings = match setup(config) {
                 Ok(s) => s,
                 Err(code) => return code,
             };
+            tracing::info!(
+                transparent_huge_pages_off = tuned.huge_pages_off,
+                allocator_purge_delay_ms = tuned.purge_delay_set.then_some(memory::PURGE_DELAY_MS),
+                "memory settings"
+            );
             let app = match Application::build(settings).await {
                 Ok(a) => a,
                 Err(e) => {

@@ -165,6 +165,15 @@ fn the_binary_drains_on_sigterm_and_a_second_run_sees_the_counts() {
         dir.path().join("data").join("quotad.redb").exists(),
         "store under ./data"
     );
+    // The serving process turns transparent huge pages off for itself (src/memory.rs); kernels
+    // since 6.x say so in /proc/<pid>/status.
+    #[cfg(target_os = "linux")]
+    {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap();
+        if let Some(line) = status.lines().find(|l| l.starts_with("THP_enabled:")) {
+            assert_eq!(line.split_whitespace().nth(1), Some("0"), "{line}");
+        }
+    }
     rt.block_on(async {
         let r = http
             .put(format!("{base}/v1/quotas/acme"))

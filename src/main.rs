@@ -116,13 +116,28 @@ fn load(config: Option<PathBuf>) -> Result<Settings, ExitCode> {
     })
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Before the runtime's threads start and touch memory (src/memory.rs).
+    let tuned = matches!(cli.command, None | Some(Command::Serve)).then(memory::tune);
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("quotad: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    rt.block_on(run(cli, tuned))
+}
+
+async fn run(cli: Cli, tuned: Option<memory::Tuned>) -> ExitCode {
     let config = cli.config;
     match cli.command.unwrap_or(Command::Serve) {
         Command::Serve => {
-            let tuned = memory::tune();
+            let tuned = tuned.unwrap_or_else(memory::tune);
             let settings = match setup(config) {
                 Ok(s) => s,
                 Err(code) => return code,

@@ -158,6 +158,7 @@ impl Syncer {
                 }
             }
         }
+        crate::pace::drop_paced(std::mem::take(&mut batch.deltas));
         if history {
             self.write_history(answers).await;
         }

@@ -31,11 +31,14 @@ impl Increments {
             adds: Vec::with_capacity(deltas.len()),
             ..Default::default()
         };
+        // 10^4 clients' rounds take a millisecond or more to build: in slices.
+        let mut pace = Pacer::every(64);
         for run in deltas.chunk_by(|a, b| a.key == b.key) {
             let (k, a) = (inc.keys.len(), inc.adds.len());
             counters::put_row_key(&mut inc.keys, &run[0].key);
             inc.adds.extend(run.iter().map(|d| (d.start, d.delta)));
             inc.runs.push((k..inc.keys.len(), a..inc.adds.len()));
+            pace.step();
         }
         inc.sort();
         inc

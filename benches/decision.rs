@@ -122,12 +122,19 @@ impl Rig {
         let dir = tempfile::tempdir().expect("tempdir");
         let store: DynStore = Arc::new(EmbeddedStore::open(dir.path()).expect("embedded store"));
         let clock = ManualClock::new(T0 + 500);
-        let clients: Vec<ClientId> = (0..keys)
-            .map(|i| ClientId::parse(&format!("client-{i:07}")).expect("valid client id"))
-            .collect();
+        // As in the service, each check parses its own client id: the pre-warm's ids are made
+        // inside the heap's count and dropped before it is read, so what the limiter keeps of
+        // them counts, and the measured checks use ids of their own (an entry that kept a
+        // shared id would be one more allocation, and the check one more cache miss, there).
+        let ids = || -> Vec<ClientId> {
+            (0..keys)
+                .map(|i| ClientId::parse(&format!("client-{i:07}")).expect("valid client id"))
+                .collect()
+        };
         let policy = tiers.policy();
         let tenant = TenantId::parse("acme").expect("valid tenant id");
         let before = LIVE_BYTES.load(Ordering::Relaxed);
+        let clients = ids();
         let limiter = Limiter::new(
             store,
             Arc::new(clock.clone()),
@@ -160,8 +167,10 @@ impl Rig {
                 })
                 .await;
         });
+        drop(clients);
         let counters = keys * tiers.counters_per_client() + matches!(tiers, Tiers::Three) as usize;
         let heap = LIVE_BYTES.load(Ordering::Relaxed) - before;
+        let clients = ids();
         Rig {
             _dir: dir,
             clock,

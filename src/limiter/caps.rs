@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, MutexGuard};
 
-use super::key::{owned_subject, subject_of, EntryKey};
+use super::key::{subject_of, EntryKey, Subject};
 use super::state::{lock, LimitState};
 use super::window::Bucket;
 use super::{CheckInput, Limiter};
@@ -72,7 +72,7 @@ impl IdleRule {
 
 /// A client's entry, as opposed to a tenant's shared one: it counts against the tenant's cap.
 pub(super) fn is_client(k: &EntryKey) -> bool {
-    &*k.subject != TENANT_SUBJECT
+    k.subject.as_bytes() != TENANT_SUBJECT.as_bytes()
 }
 
 impl Limiter {
@@ -146,7 +146,7 @@ impl Limiter {
                 g.insert_new(EntryKey {
                     hash: r.hash,
                     tenant,
-                    subject: owned_subject(l, input.client),
+                    subject: Subject::of(l, input.client),
                 })
             }
         };

@@ -88,7 +88,9 @@ fn evict_shard(
                 *tally.left.entry(k.tenant.clone()).or_default() += 1;
             }
             if let Some(h) = e.answered.take() {
-                tally.answers.push((k.tenant.clone(), k.subject.clone(), h));
+                tally
+                    .answers
+                    .push((k.tenant.clone(), k.subject.to_arc(), h));
             }
         }
         keep

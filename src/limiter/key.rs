@@ -24,8 +24,73 @@ use crate::store::{CounterKey, CounterRange};
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub(super) struct EntryKey {
     pub(super) hash: u64,
+    /// One allocation for all of a tenant's entries (see `Limiter::admit_client`).
     pub(super) tenant: Arc<str>,
-    pub(super) subject: Arc<str>,
+    pub(super) subject: Subject,
+}
+
+/// Longest subject held inside the key.
+pub(super) const SUBJECT_INLINE: usize = 22;
+
+/// An entry's subject: held inside the key when it is at most [`SUBJECT_INLINE`] bytes (most
+/// client ids, and `*`), shared otherwise. Inline, a check's key compare reads no memory beyond
+/// the entry's own: a shared id was one more cache miss a check at 10^4 clients and more, and
+/// one more allocation an entry (`docs/performance.md`).
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub(super) enum Subject {
+    Inline {
+        len: u8,
+        bytes: [u8; SUBJECT_INLINE],
+    },
+    Shared(Arc<str>),
+}
+
+impl Subject {
+    /// `s`, inline when it fits; `shared` gives it otherwise.
+    fn new(s: &str, shared: impl FnOnce() -> Arc<str>) -> Self {
+        if s.len() <= SUBJECT_INLINE {
+            let mut bytes = [0u8; SUBJECT_INLINE];
+            bytes[..s.len()].copy_from_slice(s.as_bytes());
+            Subject::Inline {
+                len: s.len() as u8,
+                bytes,
+            }
+        } else {
+            Subject::Shared(shared())
+        }
+    }
+
+    /// The subject a limit counts under, for a new entry of `client`.
+    pub(super) fn of(l: &Limit, client: &ClientId) -> Self {
+        match l.scope {
+            Scope::Client => Subject::new(client.as_str(), || client.as_arc().clone()),
+            Scope::Tenant => Subject::new(TENANT_SUBJECT, || Arc::from(TENANT_SUBJECT)),
+        }
+    }
+
+    pub(super) fn as_bytes(&self) -> &[u8] {
+        match self {
+            Subject::Inline { len, bytes } => &bytes[..usize::from(*len)],
+            Subject::Shared(s) => s.as_bytes(),
+        }
+    }
+
+    pub(super) fn as_str(&self) -> &str {
+        match self {
+            // Copied from a `str` whole (`Subject::new`): always UTF-8.
+            Subject::Inline { .. } => std::str::from_utf8(self.as_bytes()).unwrap_or_default(),
+            Subject::Shared(s) => s,
+        }
+    }
+
+    /// The subject as the store's keys and the usage history hold it: an allocation when it is
+    /// inline (the sync task's, once an entry a round, never a check's).
+    pub(super) fn to_arc(&self) -> Arc<str> {
+        match self {
+            Subject::Inline { .. } => Arc::from(self.as_str()),
+            Subject::Shared(s) => s.clone(),
+        }
+    }
 }
 
 impl Hash for EntryKey {
@@ -61,7 +126,9 @@ impl Hash for EntryRef<'_> {
 impl Equivalent<EntryKey> for EntryRef<'_> {
     fn equivalent(&self, k: &EntryKey) -> bool {
         // The hash first: a differing key is told apart without reading its strings.
-        k.hash == self.hash && *k.tenant == *self.tenant && *k.subject == *self.subject
+        k.hash == self.hash
+            && *k.tenant == *self.tenant
+            && k.subject.as_bytes() == self.subject.as_bytes()
     }
 }
 
@@ -113,8 +180,8 @@ pub(super) fn subject_of<'a>(l: &Limit, client: &'a str) -> &'a str {
     }
 }
 
-/// [`subject_of`], owned: for keys that outlive the request.
-pub(super) fn owned_subject(l: &Limit, client: &ClientId) -> Arc<str> {
+/// [`subject_of`], owned: for the store's keys.
+fn owned_subject(l: &Limit, client: &ClientId) -> Arc<str> {
     match l.scope {
         Scope::Client => client.as_arc().clone(),
         Scope::Tenant => Arc::from(TENANT_SUBJECT),
@@ -158,6 +225,84 @@ impl Limiter {
             key: Self::counter_key(tenant, client, l),
             from: window::oldest_needed(l.kind, now),
             to: newest_readable(l.kind, now),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{Policy, PolicyDoc};
+
+    fn limits() -> Policy {
+        let doc: PolicyDoc = serde_json::from_value(serde_json::json!({"limits": [
+            {"id": "c", "max": 10, "window": "1s"},
+            {"id": "t", "max": 10, "window": "1s", "scope": "tenant"}]}))
+        .unwrap();
+        Policy::from_doc(&doc, false).unwrap()
+    }
+
+    /// The key stays 48 bytes: an inline subject costs 8 bytes more than a pointer to a shared
+    /// one, and saves that one's allocation.
+    #[test]
+    fn a_subject_is_three_words() {
+        assert_eq!(std::mem::size_of::<Subject>(), 24);
+    }
+
+    #[test]
+    fn ids_that_fit_are_inline_and_longer_ones_shared() {
+        let p = limits();
+        let (client, tenant) = (&p.limits[0], &p.limits[1]);
+        for n in [1, 21, 22, 23, 64, 128] {
+            let id = ClientId::parse(&"x".repeat(n)).unwrap();
+            let s = Subject::of(client, &id);
+            assert_eq!(
+                matches!(s, Subject::Inline { .. }),
+                n <= SUBJECT_INLINE,
+                "{n}"
+            );
+            if let Subject::Shared(a) = &s {
+                assert!(
+                    Arc::ptr_eq(a, id.as_arc()),
+                    "the client's own id, not a copy"
+                );
+            }
+            assert_eq!(s.as_str(), id.as_str());
+            assert_eq!(s.as_bytes(), id.as_str().as_bytes());
+            assert_eq!(&*s.to_arc(), id.as_str());
+            assert_eq!(Subject::of(tenant, &id).as_str(), TENANT_SUBJECT);
+        }
+    }
+
+    #[test]
+    fn a_borrowed_key_finds_only_its_own_entry() {
+        let p = limits();
+        let hasher = DefaultHashBuilder::default();
+        let tenant: Arc<str> = Arc::from("acme");
+        let key = |c: &str| EntryKey {
+            hash: EntryRef::new(&hasher, "acme", c).hash,
+            tenant: tenant.clone(),
+            subject: Subject::of(&p.limits[0], &ClientId::parse(c).unwrap()),
+        };
+        let long = "y".repeat(40);
+        for c in ["k", "k1", long.as_str()] {
+            let k = key(c);
+            assert!(EntryRef::new(&hasher, "acme", c).equivalent(&k));
+            // Same hash forced, other subject: still told apart by the bytes.
+            for other in ["k", "k1", "k\0", long.as_str(), &long[..39]] {
+                let r = EntryRef {
+                    hash: k.hash,
+                    tenant: "acme",
+                    subject: other,
+                };
+                assert_eq!(r.equivalent(&k), other == c, "{other:?} against {c:?}");
+            }
+            let t = EntryRef {
+                hash: k.hash,
+                tenant: "acme2",
+                subject: c,
+            };
+            assert!(!t.equivalent(&k));
         }
     }
 }

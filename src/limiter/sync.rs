@@ -60,9 +60,12 @@ impl Limiter {
         for shard in self.all_shards() {
             let mut g = lock(shard);
             for (k, e) in g.iter_mut() {
+                // The subject as the store names it: made once for the entry, if it is needed.
+                let mut subject = None;
                 if answers {
                     if let Some(h) = e.answered.take() {
-                        taken.push((k.tenant.clone(), k.subject.clone(), h));
+                        let s = subject.get_or_insert_with(|| k.subject.to_arc());
+                        taken.push((k.tenant.clone(), s.clone(), h));
                     }
                 }
                 // Others' hits reach an entry by reading it back: every round once used, while
@@ -72,9 +75,9 @@ impl Limiter {
                 let refresh = (e.touched && self.cfg.fleet.members() > 1)
                     || e.stale_rounds >= REFRESH_IDLE_EVERY;
                 for s in &e.states {
-                    let key = || CounterKey {
+                    let mut key = || CounterKey {
                         tenant: k.tenant.clone(),
-                        subject: k.subject.clone(),
+                        subject: subject.get_or_insert_with(|| k.subject.to_arc()).clone(),
                         limit: s.id.clone(),
                         grain: s.kind.grain(),
                     };
@@ -114,7 +117,7 @@ impl Limiter {
         for shard in self.all_shards() {
             for (k, e) in lock(shard).iter_mut() {
                 if let Some(h) = e.answered.take() {
-                    taken.push((k.tenant.clone(), k.subject.clone(), h));
+                    taken.push((k.tenant.clone(), k.subject.to_arc(), h));
                 }
             }
         }

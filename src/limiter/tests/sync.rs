@@ -26,6 +26,36 @@ async fn sync_writes_every_admitted_hit_exactly_once() {
     assert_eq!(d.binding.unwrap().remaining, 986);
 }
 
+/// Client ids of up to 22 bytes are held inside their entry's key, longer ones shared
+/// (`key::Subject`): both are counted, written under their own name and told apart, also when
+/// one is a prefix of the other.
+#[tokio::test]
+async fn short_and_long_client_ids_are_written_under_their_own_names() {
+    let r = rig();
+    let p = policy(serde_json::json!({"limits": [{"id": "d", "max": 1000, "period": "day"}]}));
+    let short = "a".repeat(22);
+    let long = "a".repeat(23);
+    let longer = format!("{long}-and-then-some-more");
+    for (n, c) in [(3, &short), (4, &long), (5, &longer)] {
+        let (t, c) = ids("acme", c);
+        for _ in 0..n {
+            assert!(check(&r, &p, &t, &c, 1).await.allowed);
+        }
+    }
+    let round = r.syncer.round().await.unwrap();
+    assert_eq!(round.written_hits, 12);
+    let day = p.limits[0].kind.grain();
+    assert_eq!(stored(&r, "acme", &short, "d", day).await, 3);
+    assert_eq!(stored(&r, "acme", &long, "d", day).await, 4);
+    assert_eq!(stored(&r, "acme", &longer, "d", day).await, 5);
+    // Memory still tells them apart: each has its own count left.
+    for (n, c) in [(3, &short), (4, &long), (5, &longer)] {
+        let (t, c) = ids("acme", c);
+        let d = check(&r, &p, &t, &c, 0).await;
+        assert_eq!(d.binding.unwrap().remaining, 1000 - n, "{c:?}");
+    }
+}
+
 #[tokio::test]
 async fn hits_admitted_while_a_sync_is_in_flight_stay_pending() {
     let r = rig();

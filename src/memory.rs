@@ -14,7 +14,8 @@
 //!   10 s still hands back what a burst left. A `MIMALLOC_PURGE_DELAY` set in the environment
 //!   is kept.
 //!
-//! Neither is needed for correctness: where one cannot be set, the service runs and logs why.
+//! Neither is needed for correctness: where one cannot be set, the service runs all the same,
+//! and its `memory settings` line at start says which were set.
 
 /// mimalloc's `mi_option_purge_delay`: its index in mimalloc 3's `mi_option_e`, which
 /// `libmimalloc-sys` (0.1.49) does not name.

@@ -137,16 +137,17 @@ async fn run(cli: Cli, tuned: Option<memory::Tuned>) -> ExitCode {
     let config = cli.config;
     match cli.command.unwrap_or(Command::Serve) {
         Command::Serve => {
-            let tuned = tuned.unwrap_or_else(memory::tune);
             let settings = match setup(config) {
                 Ok(s) => s,
                 Err(code) => return code,
             };
-            tracing::info!(
-                transparent_huge_pages_off = tuned.huge_pages_off,
-                allocator_purge_delay_ms = tuned.purge_delay_set.then_some(memory::PURGE_DELAY_MS),
-                "memory settings"
-            );
+            if let Some(t) = tuned {
+                tracing::info!(
+                    transparent_huge_pages_off = t.huge_pages_off,
+                    allocator_purge_delay_ms = t.purge_delay_set.then_some(memory::PURGE_DELAY_MS),
+                    "memory settings"
+                );
+            }
             let app = match Application::build(settings).await {
                 Ok(a) => a,
                 Err(e) => {

@@ -268,23 +268,18 @@ pub(super) fn rate_headers(res: &mut actix_web::HttpResponseBuilder, d: &Decisio
 /// count for the six headers, where a value of its own was two allocations each (its bytes,
 /// and the count its second name shared).
 fn rate_values(limit: u64, remaining: u64, reset: i64) -> (HeaderValue, HeaderValue, HeaderValue) {
-    let mut fmt = (
-        itoa::Buffer::new(),
-        itoa::Buffer::new(),
-        itoa::Buffer::new(),
-    );
-    let parts = [
-        fmt.0.format(limit).as_bytes(),
-        fmt.1.format(remaining).as_bytes(),
-        fmt.2.format(reset).as_bytes(),
-    ];
-    let mut digits = Vec::with_capacity(parts.iter().map(|p| p.len()).sum());
-    let mut ranges = [0..0, 0..0, 0..0];
-    for (r, p) in ranges.iter_mut().zip(parts) {
+    let mut digits = Vec::with_capacity(3 * 20);
+    let mut put = |n: &str| {
         let at = digits.len();
-        digits.extend_from_slice(p);
-        *r = at..digits.len();
-    }
+        digits.extend_from_slice(n.as_bytes());
+        at..digits.len()
+    };
+    let mut n = itoa::Buffer::new();
+    let ranges = [
+        put(n.format(limit)),
+        put(n.format(remaining)),
+        put(n.format(reset)),
+    ];
     let digits = web::Bytes::from(digits);
     let value = |r: std::ops::Range<usize>| HeaderValue::from_maybe_shared(digits.slice(r));
     let [l, m, r] = ranges;

@@ -30,7 +30,7 @@ pub(super) struct EntryKey {
 }
 
 /// Longest subject held inside the key.
-pub(super) const SUBJECT_INLINE: usize = 22;
+const SUBJECT_INLINE: usize = 22;
 
 /// An entry's subject: held inside the key when it is at most [`SUBJECT_INLINE`] bytes (most
 /// client ids, and `*`), shared otherwise. Inline, a check's key compare reads no memory beyond
@@ -60,12 +60,9 @@ impl Subject {
         }
     }
 
-    /// The subject a limit counts under, for a new entry of `client`.
+    /// The subject a limit counts under ([`subject_of`]), for a new entry of `client`.
     pub(super) fn of(l: &Limit, client: &ClientId) -> Self {
-        match l.scope {
-            Scope::Client => Subject::new(client.as_str(), || client.as_arc().clone()),
-            Scope::Tenant => Subject::new(TENANT_SUBJECT, || Arc::from(TENANT_SUBJECT)),
-        }
+        Subject::new(subject_of(l, client.as_str()), || owned_subject(l, client))
     }
 
     pub(super) fn as_bytes(&self) -> &[u8] {

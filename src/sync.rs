@@ -1,10 +1,11 @@
 //! The sync task: writes admitted hits to the store and reads fresh totals back.
 //!
-//! Every `sync.interval`: take a snapshot of the pending hits (as increments, one per bucket),
-//! write them in one batch, then move exactly the snapshot from pending to stored (hits admitted
-//! meanwhile stay pending), then read back the totals of every counter used since the last sync
-//! (they include other instances' hits). Store write load therefore follows the number of
-//! active counters per interval, not the request rate.
+//! Every `sync.interval`: in one pass over the limiter's entries, evict what no longer counts
+//! and take a snapshot of the pending hits (as increments, one per bucket), moving exactly the
+//! snapshot from pending to stored (hits admitted meanwhile stay pending); write them in one
+//! batch (a refused write moves them back to pending); then read back the totals of every
+//! counter used since the last sync (they include other instances' hits). Store write load
+//! therefore follows the number of active counters per interval, not the request rate.
 //!
 //! Rounds are aligned on wall-clock multiples of the interval (UTC, like buckets), and the read
 //! back waits a short settle time after the write: every instance of a fleet then writes at the
@@ -108,12 +109,12 @@ impl Syncer {
     pub async fn round(&self) -> Result<Round, StoreError> {
         let (ranges, mut round) = self.write().await?;
         self.read_back(&ranges).await;
-        round.pending_after = self.limiter.evict(self.limiter.clock().now_ms()).1;
+        round.pending_after = self.limiter.pending_hits();
         Ok(round)
     }
 
-    /// A round's first half: writes the pending hits and the usage history; returns the
-    /// counters to read back.
+    /// A round's first half: evicts what no longer counts, writes the pending hits and the
+    /// usage history; returns the counters to read back.
     pub async fn write(&self) -> Result<(Vec<CounterRange>, Round), StoreError> {
         self.write_round(true).await
     }
@@ -121,28 +122,23 @@ impl Syncer {
     /// [`Syncer::write`], with the usage history only when `history` (it is due).
     async fn write_round(&self, history: bool) -> Result<(Vec<CounterRange>, Round), StoreError> {
         let store = self.limiter.store();
-        let now = self.limiter.clock().now_ms();
-        let mut batch = self.limiter.collect(now, history);
+        let mut batch = self.limiter.collect(self.limiter.clock().now_ms(), history);
         let answers = std::mem::take(&mut batch.answers);
         let hits = batch.hits();
         if !batch.deltas.is_empty() {
             let started = std::time::Instant::now();
             let res = tokio::time::timeout(self.cfg.timeout, store.increment(&batch.deltas)).await;
             let secs = started.elapsed().as_secs_f64();
+            // The snapshot counts as written already (`Limiter::collect`), unless refused.
             match res {
-                Ok(Ok(())) => {
-                    self.metrics.store_op("increment", "ok", secs);
-                    self.limiter.written(&batch.deltas);
-                }
+                Ok(Ok(())) => self.metrics.store_op("increment", "ok", secs),
                 Ok(Err(StoreError::Uncertain(e))) => {
                     self.metrics.store_op("increment", "uncertain", secs);
                     self.uncertain(hits, &e);
-                    self.limiter.written(&batch.deltas);
                 }
                 Err(_) => {
                     self.metrics.store_op("increment", "timeout", secs);
                     self.uncertain(hits, "timed out");
-                    self.limiter.written(&batch.deltas);
                 }
                 Ok(Err(e)) => {
                     let outcome = if e.is_transient() {
@@ -151,13 +147,19 @@ impl Syncer {
                         "error"
                     };
                     self.metrics.store_op("increment", outcome, secs);
-                    self.limiter.evict(now);
+                    self.limiter.unwritten(&batch.deltas);
+                    crate::pace::drop_paced(std::mem::take(&mut batch.deltas));
+                    // Every hit of the snapshot is still pending.
+                    self.metrics.set_pending(batch.pending);
                     // The usage history waits for the next round too.
                     self.limiter.history().restore(answers);
                     return Err(e);
                 }
             }
         }
+        // What stays pending of the snapshot: the hits it could not take (none, unless a
+        // bucket held more than an increment carries).
+        self.metrics.set_pending(batch.pending.saturating_sub(hits));
         crate::pace::drop_paced(std::mem::take(&mut batch.deltas));
         if history {
             self.write_history(answers).await;
@@ -355,7 +357,6 @@ impl Syncer {
                         _ = shutdown.wait_for(|stop| *stop) => {}
                     }
                     self.read_back(&ranges).await;
-                    self.limiter.evict(self.limiter.clock().now_ms());
                 }
                 Err(e) => {
                     failures += 1;

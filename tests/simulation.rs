@@ -405,7 +405,6 @@ async fn simulate_fleet(
             for (i, ranges) in fleet.iter().zip(&pending_reads) {
                 if let (true, Some(ranges)) = (i.alive, ranges) {
                     i.syncer.read_back(ranges).await;
-                    i.limiter.evict(now);
                 }
             }
         }

@@ -10,19 +10,31 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::caps::{is_client, IdleRule};
-use super::state::{lock, AnsweredHour, LimitState, Shard, TOKEN_SETTLE_ROUNDS};
+use super::key::EntryKey;
+use super::state::{lock, AnsweredHour, Entry, LimitState, TOKEN_SETTLE_ROUNDS};
 use super::Limiter;
 use crate::pace::Pacer;
 
 /// What one eviction pass kept, and which tenants' client entries it dropped.
 #[derive(Default)]
-struct Tally {
-    counters: usize,
-    pending: u64,
+pub(super) struct Tally {
+    pub(super) counters: usize,
+    /// Hits pending in the entries kept (before a sync round's snapshot takes them).
+    pub(super) pending: u64,
     /// Client entries dropped, per tenant.
     left: HashMap<Arc<str>, usize>,
     /// What dropped entries had summed for the usage history.
     answers: Vec<(Arc<str>, Arc<str>, AnsweredHour)>,
+    /// Counters (limit states) dropped in the shard being walked.
+    dropped: usize,
+}
+
+/// How one pass over the entries evicts: made once per pass.
+pub(super) struct Evicting {
+    now: i64,
+    /// How long a token bucket's ended buckets wait to be folded (see `LimitState::prune`).
+    settle_ms: i64,
+    rule: IdleRule,
 }
 
 impl Limiter {
@@ -31,21 +43,43 @@ impl Limiter {
     /// sync intervals, for all entries or for the crowded tenant's clients: written counters
     /// leave first, and a counter holding unwritten hits never leaves.
     /// Returns (counters in memory, pending hits).
+    ///
+    /// A sync round evicts in the pass of its snapshot ([`Limiter::collect`]); this is the same
+    /// on its own.
     pub fn evict(&self, now: i64) -> (usize, u64) {
-        let rule = self.idle_rule();
+        let ev = self.evicting(now);
         let mut tally = Tally::default();
         let mut pace = Pacer::new();
         for shard in self.all_shards() {
-            let settle = TOKEN_SETTLE_ROUNDS * self.cfg.sync_interval_ms;
-            let dropped = evict_shard(&mut lock(shard), now, settle, &rule, &mut tally);
-            // Admitted checks summed in the dropped entries go to the history's rows.
-            for (tenant, client, h) in tally.answers.drain(..) {
-                self.history
-                    .add_admitted(&tenant, &client, h.hour_ms, h.admitted, h.cost);
-            }
-            self.counters.fetch_sub(dropped, Ordering::Relaxed);
+            lock(shard).retain(|k, e| ev.keep(k, e, &mut tally));
+            self.shard_evicted(&mut tally);
             pace.step();
         }
+        self.evicted(tally)
+    }
+
+    pub(super) fn evicting(&self, now: i64) -> Evicting {
+        Evicting {
+            now,
+            settle_ms: TOKEN_SETTLE_ROUNDS * self.cfg.sync_interval_ms,
+            rule: self.idle_rule(),
+        }
+    }
+
+    /// After a shard's walk, its lock let go: the dropped entries' admitted checks go to the
+    /// history's rows, and the counters they held leave the count.
+    pub(super) fn shard_evicted(&self, tally: &mut Tally) {
+        for (tenant, client, h) in tally.answers.drain(..) {
+            self.history
+                .add_admitted(&tenant, &client, h.hour_ms, h.admitted, h.cost);
+        }
+        self.counters
+            .fetch_sub(std::mem::take(&mut tally.dropped), Ordering::Relaxed);
+    }
+
+    /// After the whole pass: the tenants' client counts and the gauges. Returns (counters in
+    /// memory, pending hits).
+    pub(super) fn evicted(&self, tally: Tally) -> (usize, u64) {
         self.release_clients(tally.left);
         self.metrics.set_active_counters(tally.counters);
         self.metrics.set_pending(tally.pending);
@@ -53,19 +87,13 @@ impl Limiter {
     }
 }
 
-/// Evicts within one shard; returns how many counters (limit states) it dropped.
-fn evict_shard(
-    g: &mut Shard,
-    now: i64,
-    settle_ms: i64,
-    rule: &IdleRule,
-    tally: &mut Tally,
-) -> usize {
-    let mut dropped = 0usize;
-    g.retain(|k, e| {
+impl Evicting {
+    /// Prunes one entry and says whether it stays, counting it in `tally`.
+    pub(super) fn keep(&self, k: &EntryKey, e: &mut Entry, tally: &mut Tally) -> bool {
+        let (now, rule) = (self.now, &self.rule);
         let before = e.states.len();
         for s in e.states.iter_mut() {
-            s.prune(now, settle_ms);
+            s.prune(now, self.settle_ms);
         }
         // A state whose window emptied stays while its entry is in use: dropping it would
         // send the next check of a client slower than its window to the store.
@@ -81,9 +109,9 @@ fn evict_shard(
         if keep {
             tally.counters += e.states.len();
             tally.pending += p;
-            dropped += before - e.states.len();
+            tally.dropped += before - e.states.len();
         } else {
-            dropped += before;
+            tally.dropped += before;
             if is_client(k) {
                 *tally.left.entry(k.tenant.clone()).or_default() += 1;
             }
@@ -94,6 +122,5 @@ fn evict_shard(
             }
         }
         keep
-    });
-    dropped
+    }
 }

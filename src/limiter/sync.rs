@@ -1,14 +1,17 @@
 //! The limiter's side of the sync task (`crate::sync`): what it hands over to write and read
 //! back, and how the results come back into memory.
 //!
-//! A round is: [`Limiter::collect`] a snapshot of the pending hits and the counters to read
-//! back; write the snapshot; [`Limiter::written`] moves exactly the snapshot from pending to
-//! stored (hits admitted meanwhile stay pending); read back; [`Limiter::refreshed`] installs the
-//! totals, which include every instance's hits, and this instance's new share.
+//! A round is: [`Limiter::collect`], one pass over the entries that evicts what no longer
+//! counts and takes a snapshot of the pending hits (moving exactly them from pending to stored;
+//! hits admitted meanwhile stay pending) and the counters to read back; write the snapshot
+//! ([`Limiter::unwritten`] gives it back if the store refused it); read back;
+//! [`Limiter::refreshed`] installs the totals, which include every instance's hits, and this
+//! instance's new share.
 
 use super::key::newest_readable;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use super::eviction::Tally;
 use super::state::{lock, AnsweredHour, LimitState, Shard};
 use super::{window, Limiter};
 use crate::pace::Pacer;
@@ -22,6 +25,9 @@ pub struct SyncBatch {
     pub ranges: Vec<CounterRange>,
     /// The admitted checks the client entries summed for the usage history, when taken.
     pub answers: Vec<UsageDelta>,
+    /// Hits pending in memory when the snapshot was taken: those of `deltas`, and any the
+    /// snapshot could not take.
+    pub pending: u64,
 }
 
 impl SyncBatch {
@@ -49,17 +55,32 @@ fn usage_delta((tenant, client, h): (Arc<str>, Arc<str>, AnsweredHour)) -> Usage
 const REFRESH_IDLE_EVERY: u8 = 8;
 
 impl Limiter {
-    /// Takes a snapshot of every pending hit (as increments) and lists the counters used since
-    /// the last sync (to read back). Clears the "used" marks. With `answers`, also takes what
-    /// the client entries summed for the usage history.
+    /// A sync round's one pass over the entries: evicts what no longer counts (as
+    /// [`Limiter::evict`]), takes a snapshot of every pending hit (as increments) and lists the
+    /// counters used since the last sync (to read back). Clears the "used" marks. With
+    /// `answers`, also takes what the client entries summed for the usage history.
+    ///
+    /// The hits taken count as written from here on (moved from pending to stored, which a
+    /// second pass once did after the write returned): a write that reaches the store, or
+    /// whose outcome is unknown, then needs no more passes over the entries. A write refused
+    /// with nothing written gives them back with [`Limiter::unwritten`] before the next pass.
+    /// An entry whose hits are taken is not evicted in the same pass, so the next pass finds
+    /// them pending again when they were given back: a counter holding unwritten hits still
+    /// never leaves memory.
     pub fn collect(&self, now: i64, answers: bool) -> SyncBatch {
         let mut batch = SyncBatch::default();
+        let evicting = self.evicting(now);
+        let mut tally = Tally::default();
+        let fleet = self.cfg.fleet.members() > 1;
         // Strings are copied after the lock is let go.
         let mut taken: Vec<(Arc<str>, Arc<str>, AnsweredHour)> = Vec::new();
         let mut pace = Pacer::new();
         for shard in self.all_shards() {
             let mut g = lock(shard);
-            for (k, e) in g.iter_mut() {
+            g.retain(|k, e| {
+                if !evicting.keep(k, e, &mut tally) {
+                    return false;
+                }
                 // The subject as the store names it: made once for the entry, if it is needed.
                 let mut subject = None;
                 if answers {
@@ -72,22 +93,27 @@ impl Limiter {
                 // other instances count too; otherwise (and alone, where this instance's own
                 // writes already keep it exact) every few rounds, which also picks up hits the
                 // store counted directly (strict checks, checks beyond a memory cap).
-                let refresh = (e.touched && self.cfg.fleet.members() > 1)
-                    || e.stale_rounds >= REFRESH_IDLE_EVERY;
-                for s in &e.states {
+                let refresh = (e.touched && fleet) || e.stale_rounds >= REFRESH_IDLE_EVERY;
+                for s in e.states.iter_mut() {
                     let mut key = || CounterKey {
                         tenant: k.tenant.clone(),
                         subject: subject.get_or_insert_with(|| k.subject.to_arc()).clone(),
                         limit: s.id.clone(),
                         grain: s.kind.grain(),
                     };
-                    for b in s.buckets.iter().filter(|b| b.pending > 0) {
+                    let mut moved = 0;
+                    for b in s.buckets.iter_mut().filter(|b| b.pending > 0) {
+                        let n = b.pending.min(i64::MAX as u64);
                         batch.deltas.push(Delta {
                             key: key(),
                             start: b.start,
-                            delta: b.pending.min(i64::MAX as u64) as i64,
+                            delta: n as i64,
                         });
+                        b.pending -= n;
+                        b.stored = b.stored.saturating_add(n as i64);
+                        moved += n;
                     }
+                    s.settling = s.settling.saturating_add(moved);
                     if refresh {
                         batch.ranges.push(CounterRange {
                             key: key(),
@@ -102,11 +128,14 @@ impl Limiter {
                     e.stale_rounds = e.stale_rounds.saturating_add(1);
                 }
                 e.touched = false;
-            }
+                true
+            });
             drop(g);
+            self.shard_evicted(&mut tally);
             batch.answers.extend(taken.drain(..).map(usage_delta));
             pace.step();
         }
+        batch.pending = self.evicted(tally).1;
         batch
     }
 
@@ -124,21 +153,20 @@ impl Limiter {
         taken.into_iter().map(usage_delta).collect()
     }
 
-    /// The snapshot's increments reached the store: move them from pending to stored. Hits
-    /// admitted since the snapshot stay pending.
-    pub fn written(&self, deltas: &[Delta]) {
+    /// The snapshot's increments were refused with nothing written: they are pending again
+    /// (hits admitted since the snapshot are pending already), to be taken by the next round.
+    /// What was reset meanwhile is dropped as unwritten hits are (see `reset`).
+    pub fn unwritten(&self, deltas: &[Delta]) {
         self.each_state(
             deltas,
             |d| &d.key,
             |s, run| {
                 for d in run {
-                    if let Ok(i) = s.buckets.binary_search_by_key(&d.start, |b| b.start) {
-                        let b = &mut s.buckets[i];
-                        let n = (d.delta.max(0) as u64).min(b.pending);
-                        b.pending -= n;
-                        b.stored += n as i64;
-                        s.settling += n;
-                    }
+                    let n = d.delta.max(0);
+                    let b = window::bucket_at(&mut s.buckets, d.start);
+                    b.stored = b.stored.saturating_sub(n);
+                    b.pending = b.pending.saturating_add(n as u64);
+                    s.settling = s.settling.saturating_sub(n as u64);
                 }
             },
         );

@@ -65,7 +65,6 @@ async fn hits_admitted_while_a_sync_is_in_flight_stay_pending() {
     let batch = r.limiter.collect(r.clock.now_ms(), true);
     check(&r, &p, &t, &c, 4).await; // admitted between snapshot and write
     r.store.increment(&batch.deltas).await.unwrap();
-    r.limiter.written(&batch.deltas);
     assert_eq!(r.limiter.pending_hits(), 4);
     r.syncer.round().await.unwrap();
     assert_eq!(r.limiter.pending_hits(), 0);
@@ -94,6 +93,42 @@ async fn while_the_store_is_down_hits_wait_and_are_written_when_it_returns() {
         stored(&r, "acme", "k1", "d", p.limits[0].kind.grain()).await,
         6
     );
+}
+
+/// A round's pass takes the pending hits as written before the write returns
+/// (`Limiter::collect`): a refused write must give them back whole, leave the estimate as it
+/// was, and keep their entry in memory however idle, round after round.
+#[tokio::test]
+async fn a_refused_write_gives_the_hits_back_and_keeps_their_entry() {
+    let r = rig();
+    let p = policy(serde_json::json!({"limits": [{"id": "d", "max": 10, "period": "day"}]}));
+    let (t, c) = ids("acme", "k1");
+    for _ in 0..3 {
+        assert!(check(&r, &p, &t, &c, 1).await.allowed);
+    }
+    r.faulty.set(Fault::Failing);
+    for _ in 0..3 {
+        // Idle far past `idle_ms`: only its unwritten hits keep the entry.
+        r.clock.advance(120_000);
+        assert!(r.syncer.round().await.is_err());
+        assert_eq!(r.limiter.pending_hits(), 3);
+        assert_eq!(metric(&r, "quotad_sync_pending_hits"), 3.0);
+        assert_eq!(r.limiter.evict(r.clock.now_ms()), (1, 3));
+    }
+    // Decided in memory still, with the 3 hits counted once: 7 left, not 4 or 10.
+    r.faulty.set(Fault::Healthy);
+    let d = check(&r, &p, &t, &c, 0).await;
+    assert_eq!(d.binding.unwrap().remaining, 7);
+    let round = r.syncer.round().await.unwrap();
+    assert_eq!((round.written_hits, round.pending_after), (3, 0));
+    assert_eq!(metric(&r, "quotad_sync_pending_hits"), 0.0);
+    let day = p.limits[0].kind.grain();
+    assert_eq!(stored(&r, "acme", "k1", "d", day).await, 3);
+    assert_eq!(check(&r, &p, &t, &c, 0).await.binding.unwrap().remaining, 7);
+    // Written and idle: the next round's pass lets it go.
+    r.clock.advance(120_000);
+    r.syncer.round().await.unwrap();
+    assert_eq!(r.limiter.evict(r.clock.now_ms()), (0, 0));
 }
 
 #[tokio::test]
@@ -255,7 +290,6 @@ async fn admitted_checks_summed_in_entries_reach_the_history_with_the_denials() 
     // Hits written, idle past idle_ms: evicted, with one admitted check not yet taken.
     let b = r.limiter.collect(r.clock.now_ms(), false);
     r.store.increment(&b.deltas).await.unwrap();
-    r.limiter.written(&b.deltas);
     r.limiter.evict(r.clock.now_ms());
     assert_eq!(r.limiter.answers_waiting(), 0);
     assert_eq!(r.limiter.history().rows(), 1, "handed over on eviction");

@@ -18,9 +18,9 @@ use crate::pace::Pacer;
 /// What one eviction pass kept, and which tenants' client entries it dropped.
 #[derive(Default)]
 pub(super) struct Tally {
-    pub(super) counters: usize,
+    counters: usize,
     /// Hits pending in the entries kept (before a sync round's snapshot takes them).
-    pub(super) pending: u64,
+    pending: u64,
     /// Client entries dropped, per tenant.
     left: HashMap<Arc<str>, usize>,
     /// What dropped entries had summed for the usage history.

@@ -45,7 +45,8 @@ impl Limiter {
     /// Returns (counters in memory, pending hits).
     ///
     /// A sync round evicts in the pass of its snapshot ([`Limiter::collect`]); this is the same
-    /// on its own.
+    /// on its own, for between rounds: while a round's write is in flight its hits count as
+    /// written already, and only the round's own pass may follow them.
     pub fn evict(&self, now: i64) -> (usize, u64) {
         let ev = self.evicting(now);
         let mut tally = Tally::default();

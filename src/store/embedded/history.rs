@@ -305,7 +305,7 @@ impl HistoryStore for EmbeddedStore {
         self.blocking(move |db| {
             // In the order of the tables' keys: a round's rows come in the limiter's hash
             // order, and walking the b-trees in key order keeps their pages in the CPU's
-            // caches (a write of 10^4 clients' rows took 15-20 % less, docs/performance.md).
+            // caches (a write of 10^4 clients' rows took about a fifth less, docs/performance.md).
             deltas.sort_unstable_by(|a, b| {
                 (a.tenant.as_str(), a.client.as_str(), a.hour).cmp(&(
                     b.tenant.as_str(),

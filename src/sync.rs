@@ -125,6 +125,7 @@ impl Syncer {
         let mut batch = self.limiter.collect(self.limiter.clock().now_ms(), history);
         let answers = std::mem::take(&mut batch.answers);
         let hits = batch.hits();
+        let mut refused = None;
         if !batch.deltas.is_empty() {
             let started = std::time::Instant::now();
             let res = tokio::time::timeout(self.cfg.timeout, store.increment(&batch.deltas)).await;
@@ -148,19 +149,21 @@ impl Syncer {
                     };
                     self.metrics.store_op("increment", outcome, secs);
                     self.limiter.unwritten(&batch.deltas);
-                    crate::pace::drop_paced(std::mem::take(&mut batch.deltas));
-                    // Every hit of the snapshot is still pending.
-                    self.metrics.set_pending(batch.pending);
-                    // The usage history waits for the next round too.
-                    self.limiter.history().restore(answers);
-                    return Err(e);
+                    refused = Some(e);
                 }
             }
         }
-        // What stays pending of the snapshot: the hits it could not take (none, unless a
-        // bucket held more than an increment carries).
-        self.metrics.set_pending(batch.pending.saturating_sub(hits));
+        // What stays pending of the snapshot: all of it when refused, else the hits it could
+        // not take (none, unless a bucket held more than an increment carries).
+        let written = if refused.is_some() { 0 } else { hits };
+        self.metrics
+            .set_pending(batch.pending.saturating_sub(written));
         crate::pace::drop_paced(std::mem::take(&mut batch.deltas));
+        if let Some(e) = refused {
+            // The usage history waits for the next round too.
+            self.limiter.history().restore(answers);
+            return Err(e);
+        }
         if history {
             self.write_history(answers).await;
         }

@@ -3,7 +3,13 @@
 //!
 //! Tenant and client ids never become labels unless `metrics.tenant_labels` is on: label
 //! cardinality would otherwise grow with every id a caller invents.
+//!
+//! The two metrics every check writes are kept per thread (`per_thread`), so that the actix
+//! workers do not share their cache lines.
 
+mod per_thread;
+
+use per_thread::PerThread;
 use prometheus::core::Collector;
 use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
@@ -39,10 +45,12 @@ fn histogram(name: &str, help: &str, buckets: Vec<f64>) -> Histogram {
 
 pub struct Metrics {
     registry: Registry,
-    /// `quotad_checks_total` by `DecisionLabel`, resolved once: a check hashes no label.
-    decided: [IntCounter; 4],
+    /// `quotad_checks_total` by `DecisionLabel`, one vector per thread slot (`checks`, for
+    /// the registry) with its children resolved once (`decided`): a check hashes no label.
+    checks: PerThread<IntCounterVec>,
+    decided: Box<[[IntCounter; 4]]>,
     tenant_checks: Option<IntCounterVec>,
-    check_duration: Histogram,
+    check_duration: PerThread<Histogram>,
     store_ops: IntCounterVec,
     store_duration: HistogramVec,
     sync_pending: IntGauge,
@@ -133,7 +141,7 @@ impl BatchChecks<'_> {
 
 impl Drop for BatchChecks<'_> {
     fn drop(&mut self) {
-        for (counter, n) in self.metrics.decided.iter().zip(self.decided) {
+        for (counter, n) in self.metrics.decided_here().iter().zip(self.decided) {
             if n > 0 {
                 counter.inc_by(n);
             }
@@ -185,11 +193,13 @@ impl DecisionLabel {
 impl Metrics {
     pub fn new(tenant_labels: bool) -> Self {
         let registry = Registry::new();
-        let checks = counter_vec(
-            "quotad_checks_total",
-            "Checks decided, by decision.",
-            &["decision"],
-        );
+        let checks = PerThread::new(|| {
+            counter_vec(
+                "quotad_checks_total",
+                "Checks decided, by decision.",
+                &["decision"],
+            )
+        });
         let tenant_checks = tenant_labels.then(|| {
             counter_vec(
                 "quotad_tenant_checks_total",
@@ -198,13 +208,19 @@ impl Metrics {
             )
         });
         let m = Self {
-            decided: DecisionLabel::ALL.map(|d| checks.with_label_values(&[d.as_str()])),
+            decided: checks
+                .all()
+                .map(|c| DecisionLabel::ALL.map(|d| c.with_label_values(&[d.as_str()])))
+                .collect(),
+            checks,
             tenant_checks,
-            check_duration: histogram(
-                "quotad_check_duration_seconds",
-                "Time to decide one check, from parsed request to answer.",
-                CHECK_SECONDS.to_vec(),
-            ),
+            check_duration: PerThread::new(|| {
+                histogram(
+                    "quotad_check_duration_seconds",
+                    "Time to decide one check, from parsed request to answer.",
+                    CHECK_SECONDS.to_vec(),
+                )
+            }),
             store_ops: counter_vec(
                 "quotad_store_operations_total",
                 "Store operations, by operation and outcome (ok, unavailable, uncertain, error, timeout).",
@@ -277,14 +293,14 @@ impl Metrics {
         for rule in ["local", "allow", "deny"] {
             m.store_failure_decisions.with_label_values(&[rule]);
         }
-        m.register(checks);
+        m.register();
         m
     }
 
-    /// Registers every metric (`checks` is held only through its resolved children).
-    fn register(&self, checks: IntCounterVec) {
+    /// Registers every metric.
+    fn register(&self) {
         let mut all: Vec<Box<dyn Collector>> = vec![
-            Box::new(checks),
+            Box::new(self.checks.clone()),
             Box::new(self.check_duration.clone()),
             Box::new(self.store_ops.clone()),
             Box::new(self.store_duration.clone()),
@@ -305,6 +321,11 @@ impl Metrics {
         for c in all {
             self.registry.register(c).expect("unique metric");
         }
+    }
+
+    /// This thread's copies of `quotad_checks_total`'s series.
+    fn decided_here(&self) -> &[IntCounter; 4] {
+        &self.decided[self.checks.slot()]
     }
 
     /// The fleet as this instance sees it after a heartbeat.
@@ -329,16 +350,16 @@ impl Metrics {
         BatchChecks {
             metrics: self,
             decided: [0; 4],
-            duration: self.check_duration.local(),
+            duration: self.check_duration.mine().local(),
         }
     }
 
     pub fn check_decided(&self, tenant: &str, decision: DecisionLabel, seconds: f64) {
-        self.decided[decision as usize].inc();
+        self.decided_here()[decision as usize].inc();
         if let Some(t) = &self.tenant_checks {
             t.with_label_values(&[tenant, decision.as_str()]).inc();
         }
-        self.check_duration.observe(seconds);
+        self.check_duration.mine().observe(seconds);
     }
 
     pub fn store_op(&self, op: &str, outcome: &str, seconds: f64) {

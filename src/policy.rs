@@ -105,6 +105,18 @@ impl PolicyCache {
         lookup(&self.snapshot.load(), &self.default, tenant, client).cloned()
     }
 
+    /// `f` on the policy for one client of a tenant, lent from the snapshot for as long as
+    /// `f` runs: no reference count is written, where a clone wrote one that every worker
+    /// shares. None when the tenant has no quota.
+    pub fn with<R>(
+        &self,
+        tenant: &str,
+        client: &str,
+        f: impl FnOnce(&Arc<Policy>) -> R,
+    ) -> Option<R> {
+        lookup(&self.snapshot.load(), &self.default, tenant, client).map(f)
+    }
+
     /// The policies as they are now, for many lookups (a batch's items): one snapshot load,
     /// and each policy lent rather than cloned (no shared reference count written per item).
     pub fn view(&self) -> PolicyView<'_> {

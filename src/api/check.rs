@@ -156,10 +156,22 @@ impl<'a> Answer<'a> {
 /// Decides one parsed check; None when the tenant has no quota.
 pub(super) async fn decide(state: &AppState, p: &Parsed<'_>) -> Option<Decision> {
     let started = Instant::now();
-    let policy = state
+    let now = state.limiter.clock().now_ms();
+    let input = input_of(p);
+    // Decided in memory under the lent policy when it can be; only a check that must wait for
+    // the store holds a policy of its own.
+    let in_memory = state
         .policies
-        .resolve(p.tenant.as_str(), p.client.as_str())?;
-    let d = limit(state, &policy, p, state.limiter.clock().now_ms()).await;
+        .with(p.tenant.as_str(), p.client.as_str(), |policy| {
+            state
+                .limiter
+                .check_now_at(policy, input, now)
+                .ok_or_else(|| policy.clone())
+        })?;
+    let d = match in_memory {
+        Ok(d) => d,
+        Err(policy) => Box::pin(state.limiter.check(&policy, input)).await,
+    };
     state.metrics.check_decided(
         p.tenant.as_str(),
         DecisionLabel::of(&d),
@@ -172,15 +184,20 @@ pub(super) async fn decide(state: &AppState, p: &Parsed<'_>) -> Option<Decision>
 /// it: decided in memory when it can be, and only otherwise through the (larger) future that
 /// may wait for the store (which reads the clock itself).
 async fn limit(state: &AppState, policy: &Policy, p: &Parsed<'_>, now: i64) -> Decision {
-    let input = CheckInput {
+    let input = input_of(p);
+    match state.limiter.check_now_at(policy, input, now) {
+        Some(d) => d,
+        None => Box::pin(state.limiter.check(policy, input)).await,
+    }
+}
+
+/// A parsed check as the limiter takes it.
+fn input_of<'a>(p: &'a Parsed<'_>) -> CheckInput<'a> {
+    CheckInput {
         tenant: &p.tenant,
         client: &p.client,
         resource: p.resource.as_deref(),
         cost: p.cost,
-    };
-    match state.limiter.check_now_at(policy, input, now) {
-        Some(d) => d,
-        None => Box::pin(state.limiter.check(policy, input)).await,
     }
 }
 
@@ -219,11 +236,8 @@ pub(crate) fn ceil_secs(ms: i64) -> i64 {
     ),
     security((), ("bearer" = [])),
 )]
-pub async fn check(
-    req: HttpRequest,
-    payload: web::Payload,
-    state: web::Data<AppState>,
-) -> Result<HttpResponse, ApiError> {
+pub async fn check(req: HttpRequest, payload: web::Payload) -> Result<HttpResponse, ApiError> {
+    let state = AppState::of(&req)?;
     let who = state.auth.checker(&req)?;
     let body = json_body(&req, payload).await?;
     let dto: CheckDto = parse_json(&body)?;
@@ -231,7 +245,7 @@ pub async fn check(
     if let Some(w) = &who {
         w.may_check(p.tenant.as_str())?;
     }
-    let d = decide(&state, &p)
+    let d = decide(state, &p)
         .await
         .ok_or_else(|| ApiError::no_quota(&p.tenant))?;
     let status = if d.allowed {
@@ -331,11 +345,8 @@ struct BatchAnswer<'a> {
     ),
     security((), ("bearer" = [])),
 )]
-pub async fn batch(
-    req: HttpRequest,
-    payload: web::Payload,
-    state: web::Data<AppState>,
-) -> Result<HttpResponse, ApiError> {
+pub async fn batch(req: HttpRequest, payload: web::Payload) -> Result<HttpResponse, ApiError> {
+    let state = AppState::of(&req)?;
     let who = state.auth.checker(&req)?;
     let body = json_body(&req, payload).await?;
     let dto: BatchDto = parse_json(&body)?;
@@ -372,7 +383,7 @@ pub async fn batch(
             started = Instant::now();
             continue;
         };
-        let d = limit(&state, policy, p, now).await;
+        let d = limit(state, policy, p, now).await;
         let done = Instant::now();
         metrics.check_decided(
             p.tenant.as_str(),

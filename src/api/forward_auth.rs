@@ -10,7 +10,7 @@ use std::borrow::Cow;
 
 use actix_web::http::header::HeaderName;
 use actix_web::http::StatusCode;
-use actix_web::{web, HttpRequest, HttpResponse};
+use actix_web::{HttpRequest, HttpResponse};
 
 use super::check::{decide, rate_headers, Parsed};
 use super::error::{ApiError, ErrorBody};
@@ -118,10 +118,8 @@ fn resource(req: &HttpRequest) -> Result<Option<String>, ApiError> {
     ),
     security((), ("bearer" = [])),
 )]
-pub async fn forward_auth(
-    req: HttpRequest,
-    state: web::Data<AppState>,
-) -> Result<HttpResponse, ApiError> {
+pub async fn forward_auth(req: HttpRequest) -> Result<HttpResponse, ApiError> {
+    let state = AppState::of(&req)?;
     let fa = &state.forward_auth;
     let who = state.auth.checker_in(&req, &fa.token)?;
     let tenant = TenantId::parse_field(required(&req, &fa.tenant)?, fa.tenant.as_str())?;
@@ -149,7 +147,7 @@ pub async fn forward_auth(
         resource: resource.map(Cow::Owned),
         cost,
     };
-    let Some(d) = decide(&state, &p).await else {
+    let Some(d) = decide(state, &p).await else {
         return Ok(HttpResponse::Ok().finish());
     };
     let mut res = HttpResponse::build(if d.allowed { StatusCode::OK } else { fa.deny });

@@ -25,3 +25,14 @@ pub struct AppState {
     /// Where `/v1/forward-auth` finds its inputs, and what it answers a denial with.
     pub forward_auth: Arc<ForwardAuth>,
 }
+
+impl AppState {
+    /// The state, lent by the request, for the check routes: the `web::Data` extractor clones
+    /// an `Arc` whose count every worker writes, twice a request, on a cache line that then
+    /// moves between the cores.
+    pub(super) fn of(req: &actix_web::HttpRequest) -> Result<&AppState, super::error::ApiError> {
+        req.app_data::<actix_web::web::Data<AppState>>()
+            .map(|d| d.get_ref())
+            .ok_or_else(|| super::error::ApiError::Internal("the app state is not set".into()))
+    }
+}

@@ -21,7 +21,9 @@ use crate::store::{CounterKey, CounterRange};
 
 /// The owned key of an entry, with the hash of its strings computed once: a check hashes each
 /// key once, for the shard and for the map.
+/// `repr(C)`: the hash first, where a probe's compare reads it (see `state::Node`).
 #[derive(Clone, PartialEq, Eq, Debug)]
+#[repr(C)]
 pub(super) struct EntryKey {
     pub(super) hash: u64,
     /// One allocation for all of a tenant's entries (see `Limiter::admit_client`).

@@ -164,10 +164,14 @@ impl LimitState {
     }
 }
 
+/// Laid out in this order (`repr(C)`, after the key in [`Node`]): what every check writes
+/// comes first, the states last. So a check of a client with two or more limits, whose states
+/// live on the heap, reads the node's first two cache lines only: the key and the marks in the
+/// first, the tally and the states' pointer in the second. (In the order the compiler chose,
+/// the key came last, and a check read all three lines of the node.)
 #[derive(Debug, Default)]
+#[repr(C)]
 pub(super) struct Entry {
-    /// One state inline (a one-limit policy, a tenant's entry); more spill to the heap.
-    pub(super) states: SmallVec<[LimitState; 1]>,
     pub(super) last_used: i64,
     /// Used since the last sync: its totals are read back then.
     pub(super) touched: bool,
@@ -175,6 +179,8 @@ pub(super) struct Entry {
     pub(super) stale_rounds: u8,
     /// A client entry: the checks admitted on it since the usage history last took them.
     pub(super) answered: Answered,
+    /// One state inline (a one-limit policy, a tenant's entry); more spill to the heap.
+    pub(super) states: SmallVec<[LimitState; 1]>,
 }
 
 /// A client's admitted checks for the usage history, summed where the check holds the lock
@@ -245,6 +251,8 @@ pub(super) struct Shard {
     table: HashTable<Box<Node>>,
 }
 
+/// The key first (its hash first of all: the probe's compare reads it), then the entry.
+#[repr(C)]
 struct Node {
     key: EntryKey,
     entry: Entry,
@@ -288,12 +296,60 @@ impl Shard {
         self.table.iter().map(|n| &n.entry)
     }
 
+    /// Keeps the entries `keep` says to, visiting every entry (a sync round's pass).
     pub(super) fn retain(&mut self, mut keep: impl FnMut(&EntryKey, &mut Entry) -> bool) {
+        self.warm();
         self.table.retain(|n| {
             let n = &mut **n;
             keep(&n.key, &mut n.entry)
         });
     }
+}
+
+impl Shard {
+    /// Brings the shard's entries into the cache before a pass over all of them. An entry is
+    /// three allocations deep (the node, its states, each state's buckets), so a pass that
+    /// walks them in turn waits for three cache misses an entry, one after the other: at 10^4
+    /// active clients, two thirds of the pass's time. Asked for level by level over the whole
+    /// shard (a few hundred entries, well within the core's cache), the misses of one level
+    /// overlap each other instead.
+    fn warm(&self) {
+        for n in self.table.iter() {
+            prefetch(std::slice::from_ref(&**n));
+        }
+        for n in self.table.iter() {
+            if n.entry.states.spilled() {
+                prefetch(&n.entry.states);
+            }
+        }
+        for n in self.table.iter() {
+            for s in &n.entry.states {
+                prefetch(&s.buckets);
+            }
+        }
+    }
+}
+
+/// Most cache lines [`prefetch`] asks for at once (a 1 s window of 100 ms buckets takes five).
+const PREFETCH_LINES: usize = 8;
+
+/// Asks the CPU to start loading `items` (their first [`PREFETCH_LINES`] cache lines) and goes
+/// on without waiting for them.
+#[inline]
+fn prefetch<T>(items: &[T]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        let p = items.as_ptr().cast::<i8>();
+        let bytes = std::mem::size_of_val(items).min(PREFETCH_LINES * 64);
+        for off in (0..bytes).step_by(64) {
+            // SAFETY: `off` is inside the slice; a prefetch reads nothing into the program
+            // and cannot fault.
+            unsafe { _mm_prefetch(p.add(off), _MM_HINT_T0) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = items;
 }
 
 pub(super) fn lock(m: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
@@ -373,6 +429,46 @@ mod tests {
         let full = a.add(7 * HOUR_MS, 1).unwrap().unwrap();
         assert_eq!((full.admitted, full.cost), (u64::from(u32::MAX), u64::MAX));
         assert_eq!(a.take().map(|t| (t.admitted, t.cost)), Some((1, 1)));
+    }
+
+    /// A check of a multi-limit client reads the node's first two cache lines only: the hash,
+    /// the key and the marks, then the tally and the states' pointer. And the node is no
+    /// larger for the order.
+    #[test]
+    fn what_a_check_reads_of_a_node_sits_in_its_first_two_lines() {
+        use super::{Entry, LimitState, Node, SmallVec};
+        use std::mem::{offset_of, size_of};
+        assert_eq!(offset_of!(Node, key), 0);
+        assert_eq!(offset_of!(super::EntryKey, hash), 0);
+        let entry = offset_of!(Node, entry);
+        assert!(entry + offset_of!(Entry, stale_rounds) < 64);
+        // Where a spilled SmallVec keeps its pointer: found in one of a stand-in element of
+        // a state's size and alignment (the layout depends on nothing else).
+        type Stand = [u64; size_of::<LimitState>() / 8];
+        assert_eq!(
+            size_of::<SmallVec<[Stand; 1]>>(),
+            size_of::<SmallVec<[LimitState; 1]>>()
+        );
+        let spilled: SmallVec<[Stand; 1]> =
+            SmallVec::from_vec(vec![[0; size_of::<LimitState>() / 8]; 2]);
+        let words: &[usize] = unsafe {
+            // SAFETY: reads the SmallVec's own initialised bytes as words; it is 8-aligned and
+            // its size a multiple of 8.
+            std::slice::from_raw_parts(
+                &spilled as *const _ as *const usize,
+                size_of::<SmallVec<[Stand; 1]>>() / 8,
+            )
+        };
+        let at = words
+            .iter()
+            .position(|&w| w == spilled.as_ptr() as usize)
+            .unwrap()
+            * 8;
+        assert!(
+            entry + offset_of!(Entry, states) + at + 8 <= 128,
+            "pointer at {at}"
+        );
+        assert!(size_of::<Node>() <= 184, "{}", size_of::<Node>());
     }
 
     /// Every counter in memory holds one: what a token bucket alone needs lives behind a

@@ -5,7 +5,15 @@
 #   DUR=5s scripts/bench-http.sh     # shorter runs
 #   ONLY=memory scripts/bench-http.sh   # one part: throughput | ab | store | strict | memory | flood
 #   SYSTEM_ALLOC=1 scripts/bench-http.sh   # quotad with the system allocator (mimalloc is the default)
-#   CARGO_PROFILE_RELEASE_LTO=fat CARGO_PROFILE_RELEASE_CODEGEN_UNITS=1 scripts/bench-http.sh
+#   PGO=0 scripts/bench-http.sh      # the plain `cargo build --release` instead of the PGO build
+#   BUILT_DIR=target/pgo/x86_64-unknown-linux-gnu/release scripts/bench-http.sh   # no build:
+#                                    # the quotad and examples/bench_baseline found there
+#   PGO=0 CARGO_PROFILE_RELEASE_LTO=fat CARGO_PROFILE_RELEASE_CODEGEN_UNITS=1 scripts/bench-http.sh
+#
+# Both servers are built with profile-guided optimisation by default (scripts/build-pgo.sh:
+# about 5 minutes more than the plain build on 2 cores; the build the speed figures are of),
+# each trained on this script's load; PGO=0 (or SYSTEM_ALLOC=1) measures the plain release
+# build of both.
 #
 # What it measures (all on 127.0.0.1, every run bounded by DUR):
 #  1. /v1/check and /v1/check/batch (100 checks a request) on quotad (embedded store, cached
@@ -57,15 +65,31 @@ if ! command -v wrk >/dev/null; then
   log "installing wrk (apt)"
   apt-get update -qq && apt-get install -y -qq wrk
 fi
-log "building (release) into $TARGET${SYSTEM_ALLOC:+ with the system allocator}"
-cargo build --release --bin quotad --example bench_baseline ${SYSTEM_ALLOC:+--no-default-features}
-QUOTAD=$TARGET/release/quotad
-BASELINE=$TARGET/release/examples/bench_baseline
+PGO=${PGO:-1}
+[ -z "${SYSTEM_ALLOC:-}" ] || PGO=0
+if [ -n "${BUILT_DIR:-}" ]; then
+  # Binaries built already (e.g. by scripts/build-pgo.sh): measured as they are.
+  BUILT=$BUILT_DIR
+  BUILD_KIND="as found in $BUILT_DIR"
+elif [ "$PGO" = 1 ]; then
+  log "building both servers with profile-guided optimisation (scripts/build-pgo.sh)"
+  scripts/build-pgo.sh
+  BUILT=$TARGET/pgo/$(rustc -vV | sed -n 's/^host: //p')/release
+  BUILD_KIND="release, profile-guided (scripts/build-pgo.sh)"
+else
+  log "building (release) into $TARGET${SYSTEM_ALLOC:+ with the system allocator}"
+  cargo build --release --bin quotad --example bench_baseline ${SYSTEM_ALLOC:+--no-default-features}
+  BUILT=$TARGET/release
+  BUILD_KIND="release (plain cargo build)${SYSTEM_ALLOC:+, system allocator}"
+fi
+QUOTAD=$BUILT/quotad
+BASELINE=$BUILT/examples/bench_baseline
 
 {
   echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
   echo "kernel: $(uname -r); wrk: $(wrk --version 2>&1 | head -1)"
   echo "rustc: $(rustc --version)"
+  echo "build: $BUILD_KIND"
 } | tee "$OUT/machine.txt"
 
 # ---- Helpers ---------------------------------------------------------------------------------

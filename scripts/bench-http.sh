@@ -34,6 +34,7 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
+. scripts/common.sh
 DUR=${DUR:-10s}
 CONNS=${CONNS:-64}
 THREADS=${THREADS:-2}
@@ -63,7 +64,7 @@ log() { printf '\n== %s\n' "$*"; }
 # ---- Tools and build -------------------------------------------------------------------------
 if ! command -v wrk >/dev/null; then
   log "installing wrk (apt)"
-  apt-get update -qq && apt-get install -y -qq wrk
+  apt_install wrk
 fi
 PGO=${PGO:-1}
 [ -z "${SYSTEM_ALLOC:-}" ] || PGO=0
@@ -93,14 +94,6 @@ BASELINE=$BUILT/examples/bench_baseline
 } | tee "$OUT/machine.txt"
 
 # ---- Helpers ---------------------------------------------------------------------------------
-wait_up() { # URL
-  for _ in $(seq 1 100); do
-    curl -fsS -o /dev/null "$1" 2>/dev/null && return 0
-    sleep 0.1
-  done
-  echo "server at $1 did not come up" >&2
-  return 1
-}
 
 # Starts quotad on $QPORT with a fresh embedded store; extra env as arguments (K=V ...).
 QPID=""

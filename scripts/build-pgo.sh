@@ -28,6 +28,7 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
+. scripts/common.sh
 TRAIN=${TRAIN:-10s}
 QPORT=${PGO_QPORT:-18098}
 BPORT=${PGO_BPORT:-18099}
@@ -35,7 +36,12 @@ BASE=${CARGO_TARGET_DIR:-$ROOT/target}
 HOST=$(rustc -vV | sed -n 's/^host: //p')
 MAJOR=$(rustc -vV | sed -n 's/^LLVM version: \([0-9]*\).*/\1/p')
 WORK=$(mktemp -d /tmp/quotad-pgo.XXXXXX)
-DATA=$WORK/profiles
+# The profiles and the merged profile keep fixed paths, so that the instrumented build's flags
+# stay the same from one run to the next and a second run reuses it (the optimised build is
+# made again whenever the profile changes: rustc tracks the file).
+DATA=$BASE/pgo-gen/profiles
+MERGED=$BASE/pgo-gen/merged.profdata
+rm -rf "$DATA"
 PIDS=()
 cleanup() {
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
@@ -43,13 +49,6 @@ cleanup() {
 }
 trap cleanup EXIT
 log() { printf '\n== %s\n' "$*"; }
-
-apt_install() {
-  local sudo=""
-  [ "$(id -u)" = 0 ] || sudo=sudo
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "$@" >/dev/null
-}
 
 PROFDATA=$(ls "$(rustc --print sysroot)"/lib/rustlib/*/bin/llvm-profdata 2>/dev/null | head -1 || true)
 if [ -z "$PROFDATA" ]; then
@@ -66,14 +65,6 @@ build() { # TARGET-DIR RUSTFLAGS
     cargo build --release --target "$HOST" --bin quotad --example bench_baseline
 }
 
-wait_up() {
-  for _ in $(seq 1 100); do
-    curl -fsS -o /dev/null "$1" 2>/dev/null && return 0
-    sleep 0.1
-  done
-  echo "server at $1 did not come up" >&2
-  return 1
-}
 
 log "1/3 instrumented build into $BASE/pgo-gen"
 build "$BASE/pgo-gen" "-Cprofile-generate=$DATA"
@@ -110,8 +101,8 @@ wait_up "http://127.0.0.1:$BPORT/healthz"
 train "$BPORT"
 kill -TERM "$BPID"
 wait "$BPID" || true
-"$PROFDATA" merge -o "$WORK/merged.profdata" "$DATA"/quotad-*.profraw "$DATA"/baseline-*.profraw
+"$PROFDATA" merge -o "$MERGED" "$DATA"/quotad-*.profraw "$DATA"/baseline-*.profraw
 
 log "3/3 optimised build into $BASE/pgo"
-build "$BASE/pgo" "-Cprofile-use=$WORK/merged.profdata"
+build "$BASE/pgo" "-Cprofile-use=$MERGED"
 log "built: $BASE/pgo/$HOST/release/quotad and $BASE/pgo/$HOST/release/examples/bench_baseline"

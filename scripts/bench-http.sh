@@ -223,10 +223,6 @@ print(f"  quotad's decision time (its histogram) at p99.9 over that run: <= {le 
 EOF
 }
 
-POLICY3='{"limits": [
-  {"id": "per-second", "max": 100000, "window": "1s"},
-  {"id": "per-hour", "max": 1000000000, "period": "hour"},
-  {"id": "tenant-per-minute", "max": 1000000000000, "window": "1m", "scope": "tenant"}]}'
 POLICY3_STRICT='{"limits": [
   {"id": "per-second", "max": 100000, "window": "1s"},
   {"id": "per-hour", "max": 1000000000, "period": "hour"},

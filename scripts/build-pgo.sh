@@ -84,11 +84,7 @@ QPID=$!
 PIDS+=("$QPID")
 wait_up "http://127.0.0.1:$QPORT/healthz"
 curl -fsS -o /dev/null -X PUT -H 'Authorization: Bearer pgo-admin' -H 'Content-Type: application/json' \
-  --data '{"limits": [
-    {"id": "per-second", "max": 100000, "window": "1s"},
-    {"id": "per-hour", "max": 1000000000, "period": "hour"},
-    {"id": "tenant-per-minute", "max": 1000000000000, "window": "1m", "scope": "tenant"}]}' \
-  "http://127.0.0.1:$QPORT/v1/quotas/bench"
+  --data "$POLICY3" "http://127.0.0.1:$QPORT/v1/quotas/bench"
 sleep 1.2 # quotas.refresh_ms
 train "$QPORT"
 kill -TERM "$QPID"

@@ -1,4 +1,11 @@
-# Shell functions the benchmark and build scripts share (sourced, not run).
+# Shell functions and the policy the benchmark and build scripts share (sourced, not run).
+
+# The benchmark's policy: 3 tiers, maxes high enough that every check is admitted, so the
+# steady state is measured (scripts/bench-http.sh; scripts/build-pgo.sh trains on it).
+POLICY3='{"limits": [
+  {"id": "per-second", "max": 100000, "window": "1s"},
+  {"id": "per-hour", "max": 1000000000, "period": "hour"},
+  {"id": "tenant-per-minute", "max": 1000000000000, "window": "1m", "scope": "tenant"}]}'
 
 # Waits until URL answers (at most 10 s).
 wait_up() { # URL

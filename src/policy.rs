@@ -102,7 +102,7 @@ impl PolicyCache {
 
     /// The policy for one client of a tenant, or None when the tenant has no quota.
     pub fn resolve(&self, tenant: &str, client: &str) -> Option<Arc<Policy>> {
-        lookup(&self.snapshot.load(), &self.default, tenant, client).cloned()
+        self.with(tenant, client, Arc::clone)
     }
 
     /// `f` on the policy for one client of a tenant, lent from the snapshot for as long as

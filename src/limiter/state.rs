@@ -304,9 +304,7 @@ impl Shard {
             keep(&n.key, &mut n.entry)
         });
     }
-}
 
-impl Shard {
     /// Brings the shard's entries into the cache before a pass over all of them. An entry is
     /// three allocations deep (the node, its states, each state's buckets), so a pass that
     /// walks them in turn waits for three cache misses an entry, one after the other: at 10^4

@@ -46,9 +46,10 @@ fn histogram(name: &str, help: &str, buckets: Vec<f64>) -> Histogram {
 pub struct Metrics {
     registry: Registry,
     /// `quotad_checks_total` by `DecisionLabel`, one vector per thread slot (`checks`, for
-    /// the registry) with its children resolved once (`decided`): a check hashes no label.
+    /// the registry) with each copy's children resolved once (`decided`): a check hashes no
+    /// label.
     checks: PerThread<IntCounterVec>,
-    decided: Box<[[IntCounter; 4]]>,
+    decided: PerThread<[IntCounter; 4]>,
     tenant_checks: Option<IntCounterVec>,
     check_duration: PerThread<Histogram>,
     store_ops: IntCounterVec,
@@ -141,7 +142,7 @@ impl BatchChecks<'_> {
 
 impl Drop for BatchChecks<'_> {
     fn drop(&mut self) {
-        for (counter, n) in self.metrics.decided_here().iter().zip(self.decided) {
+        for (counter, n) in self.metrics.decided.mine().iter().zip(self.decided) {
             if n > 0 {
                 counter.inc_by(n);
             }
@@ -208,10 +209,7 @@ impl Metrics {
             )
         });
         let m = Self {
-            decided: checks
-                .all()
-                .map(|c| DecisionLabel::ALL.map(|d| c.with_label_values(&[d.as_str()])))
-                .collect(),
+            decided: checks.map(|c| DecisionLabel::ALL.map(|d| c.with_label_values(&[d.as_str()]))),
             checks,
             tenant_checks,
             check_duration: PerThread::new(|| {
@@ -323,11 +321,6 @@ impl Metrics {
         }
     }
 
-    /// This thread's copies of `quotad_checks_total`'s series.
-    fn decided_here(&self) -> &[IntCounter; 4] {
-        &self.decided[self.checks.slot()]
-    }
-
     /// The fleet as this instance sees it after a heartbeat.
     pub fn fleet(&self, members: u32, shard: Option<i16>) {
         self.fleet.members.set(members as i64);
@@ -355,7 +348,7 @@ impl Metrics {
     }
 
     pub fn check_decided(&self, tenant: &str, decision: DecisionLabel, seconds: f64) {
-        self.decided_here()[decision as usize].inc();
+        self.decided.mine()[decision as usize].inc();
         if let Some(t) = &self.tenant_checks {
             t.with_label_values(&[tenant, decision.as_str()]).inc();
         }

@@ -30,8 +30,9 @@ pub(super) struct PerThread<M> {
     copies: Box<[M]>,
 }
 
-impl<M: Collector> PerThread<M> {
-    /// `make` builds one copy; every copy must have the same name, help and labels.
+impl<M> PerThread<M> {
+    /// `make` builds one copy; every copy of a metric must have the same name, help and
+    /// labels.
     pub(super) fn new(make: impl Fn() -> M) -> Self {
         Self {
             copies: (0..SLOTS).map(|_| make()).collect(),
@@ -40,17 +41,15 @@ impl<M: Collector> PerThread<M> {
 
     /// The copy this thread writes.
     pub(super) fn mine(&self) -> &M {
-        &self.copies[self.slot()]
+        &self.copies[SLOT.with(|s| *s)]
     }
 
-    /// This thread's slot: the index of its copy (also of anything kept beside the copies).
-    pub(super) fn slot(&self) -> usize {
-        SLOT.with(|s| *s)
-    }
-
-    /// Every copy, to set up each the same way.
-    pub(super) fn all(&self) -> impl Iterator<Item = &M> {
-        self.copies.iter()
+    /// What `f` makes of each copy, kept per thread the same way (a vector's resolved
+    /// children, say).
+    pub(super) fn map<U>(&self, f: impl Fn(&M) -> U) -> PerThread<U> {
+        PerThread {
+            copies: self.copies.iter().map(f).collect(),
+        }
     }
 }
 

@@ -20,6 +20,7 @@ pub mod migrate;
 pub mod pace;
 pub mod policy;
 pub mod retention;
+pub mod sched;
 pub mod startup;
 pub mod store;
 pub mod sync;

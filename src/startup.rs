@@ -277,6 +277,24 @@ fn admin_token(settings: &Settings) -> String {
     token
 }
 
+/// Asks for the HTTP worker's time slice (`server.worker_slice_us`, `crate::sched`) on the
+/// calling thread; the first worker logs what came of it.
+fn worker_slice(us: u64) {
+    static LOGGED: std::sync::Once = std::sync::Once::new();
+    if us == 0 {
+        return;
+    }
+    let got = crate::sched::shorten(std::time::Duration::from_micros(us));
+    LOGGED.call_once(|| match got {
+        crate::sched::Slice::Set => tracing::info!(slice_us = us, "HTTP workers' time slice set"),
+        other => tracing::info!(
+            slice_us = us,
+            outcome = ?other,
+            "HTTP workers keep the kernel's time slice (a slice of their own needs Linux 6.12+ and the normal policy)"
+        ),
+    });
+}
+
 /// Binds the listener (port 0 picks a free one) and starts the HTTP server on it.
 fn http_server(settings: &Settings, state: AppState) -> Result<(Server, u16), StartError> {
     let listener = TcpListener::bind(&settings.server.bind)
@@ -287,7 +305,10 @@ fn http_server(settings: &Settings, state: AppState) -> Result<(Server, u16), St
         .port();
     let data = web::Data::new(state);
     let max_header_bytes = settings.server.max_header_bytes;
+    let slice = settings.server.worker_slice_us;
     let mut server = HttpServer::new(move || {
+        // actix-web builds the app once on each worker thread, at its start.
+        worker_slice(slice);
         App::new()
             .wrap(middleware::from_fn(move |req, next| {
                 api::limit_header_bytes(max_header_bytes, req, next)

@@ -30,6 +30,9 @@ pub struct ServerSettings {
     pub max_header_bytes: usize,
     /// Where Envoy's rate limit service (gRPC) listens; unset: not served.
     pub grpc_bind: Option<String>,
+    /// The time slice each HTTP worker asks of the scheduler, in µs (Linux 6.12 and later,
+    /// `crate::sched`); 0: the kernel's own.
+    pub worker_slice_us: u64,
 }
 
 /// The most `server.max_header_bytes` may be: actix-http refuses a request head (request line and
@@ -47,6 +50,7 @@ impl Default for ServerSettings {
             shutdown_timeout_ms: DurationMs(10_000),
             max_header_bytes: 16 * 1024,
             grpc_bind: None,
+            worker_slice_us: 100,
         }
     }
 }

@@ -73,6 +73,10 @@ fn unknown_keys_and_bad_values_are_named() {
             "server.max_header_bytes",
         ),
         (
+            ("QUOTAD__SERVER__WORKER_SLICE_US", "50"),
+            "server.worker_slice_us",
+        ),
+        (
             ("QUOTAD__SERVER__MAX_HEADER_BYTES", "1MiB"),
             "max_header_bytes",
         ),

@@ -49,6 +49,13 @@ impl Settings {
                 format!("must be 1024..={HEADER_BYTES_CEILING}"),
             );
         }
+        let slice = self.server.worker_slice_us;
+        if slice != 0 && !(100..=100_000).contains(&slice) {
+            return bad(
+                "server.worker_slice_us",
+                "must be 0 (the kernel's slice) or 100..=100000 (µs)".into(),
+            );
+        }
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
             return bad("log.level", e.to_string());
         }

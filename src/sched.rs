@@ -9,9 +9,10 @@
 //! of at the end of that thread's slice. Its weight, and so its share of the CPU, is unchanged:
 //! nothing is starved, the worker only runs sooner, in shorter turns.
 //!
-//! On two cores shared with the load generator, a 0.1 ms slice took quotad's p99.9 at half its
-//! maximum rate from 2.24 to 1.88 ms and its p99 at full load from 2.78 to 2.34 ms (means of 8
-//! runs each, in ABBA order; `docs/performance.md`, "a shorter slice").
+//! On two cores shared with the load generator, quotad's p99.9 at half its maximum rate was
+//! 1.87 ms (median 1.76) with a 0.1 ms slice against 2.13 ms (2.06) without, and its p99 at
+//! full load 2.34 against 2.78 ms (8 runs each, in ABBA order; `docs/performance.md`, "a
+//! shorter slice for the workers").
 //!
 //! Where the kernel does not take it (older kernels, other systems, a policy other than the
 //! normal or batch one, set by the operator with `chrt`), the worker keeps the kernel's

@@ -85,22 +85,22 @@ fn get() -> Option<libc::sched_attr> {
     (r == 0).then_some(attr)
 }
 
-/// The calling thread's slice as the kernel reports it (None where it reports none).
-#[cfg(target_os = "linux")]
-pub fn current() -> Option<Duration> {
-    get()
-        .map(|a| Duration::from_nanos(a.sched_runtime))
-        .filter(|d| !d.is_zero())
-}
-
-#[cfg(not(target_os = "linux"))]
-pub fn current() -> Option<Duration> {
-    None
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The calling thread's slice as the kernel reports it (None where it reports none).
+    #[cfg(target_os = "linux")]
+    fn current() -> Option<Duration> {
+        get()
+            .map(|a| Duration::from_nanos(a.sched_runtime))
+            .filter(|d| !d.is_zero())
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    fn current() -> Option<Duration> {
+        None
+    }
 
     /// On its own thread, so the test runner's threads keep their slice.
     fn on_a_thread<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {

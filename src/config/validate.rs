@@ -49,11 +49,12 @@ impl Settings {
                 format!("must be 1024..={HEADER_BYTES_CEILING}"),
             );
         }
-        let slice = self.server.worker_slice_us;
-        if slice != 0 && !(100..=100_000).contains(&slice) {
+        let slice = self.server.worker_slice_us as u128;
+        let (min, max) = (crate::sched::MIN.as_micros(), crate::sched::MAX.as_micros());
+        if slice != 0 && !(min..=max).contains(&slice) {
             return bad(
                 "server.worker_slice_us",
-                "must be 0 (the kernel's slice) or 100..=100000 (µs)".into(),
+                format!("must be 0 (the kernel's slice) or {min}..={max} (µs)"),
             );
         }
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {

@@ -10,7 +10,6 @@
 //! window needs plus a little ahead, for instances whose clocks run fast.
 
 use std::hash::{BuildHasher, Hash, Hasher};
-use std::ops::Deref;
 use std::sync::{Arc, Mutex};
 
 use hashbrown::{DefaultHashBuilder, Equivalent};
@@ -198,7 +197,7 @@ impl Limiter {
         } else {
             &self.shards
         };
-        set[((k.hash >> 32) % set.len() as u64) as usize].deref()
+        &set[((k.hash >> 32) % set.len() as u64) as usize]
     }
 
     pub(super) fn key_ref<'a>(&self, tenant: &'a str, subject: &'a str) -> EntryRef<'a> {

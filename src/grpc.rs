@@ -150,7 +150,7 @@ fn describe(st: &mut DescriptorStatus, b: &Binding, policy: &Policy) {
     let kind = policy
         .limits
         .iter()
-        .find(|l| l.id == b.limit_id)
+        .find(|l| l.id.as_str() == b.limit_id)
         .map(|l| l.kind);
     st.current_limit = kind.map(|k| current_limit(b.limit_id.as_str(), b.limit, k));
     st.limit_remaining = u32::try_from(b.remaining).unwrap_or(u32::MAX);

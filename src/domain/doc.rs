@@ -6,6 +6,7 @@
 //! Fields are checked in document order and the first error is returned: a 400 names one field.
 
 use serde::{Deserialize, Serialize};
+use smol_str::SmolStr;
 use utoipa::ToSchema;
 
 use super::cost::whole_u64;
@@ -156,8 +157,10 @@ fn parse_limit(
 ) -> Result<Limit, FieldError> {
     let f = |name: &str| format!("{at}.{name}");
     // A struct expression evaluates its fields in the order written: the order errors win in.
+    let id = parse_limit_id(&l.id, &f("id"), earlier)?;
     Ok(Limit {
-        id: parse_limit_id(&l.id, &f("id"), earlier)?,
+        answer_id: SmolStr::new(id.as_str()),
+        id,
         max: parse_size(l, at)?,
         kind: parse_kind(l, at)?,
         scope: parse_scope(l.scope.as_deref(), &f("scope"), is_override)?,

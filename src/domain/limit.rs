@@ -1,6 +1,8 @@
 //! Limits: one bound of a policy, what it counts over, whose count it keeps, and which checks it
 //! applies to.
 
+use smol_str::SmolStr;
+
 use super::wire::wire_enum;
 use super::{Grain, LimitId, Period, ResourceMatch};
 
@@ -52,6 +54,11 @@ wire_enum! {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Limit {
     pub id: LimitId,
+    /// The id again, as a decision names its binding limit: inline when it is 23 bytes or
+    /// shorter, so naming it copies bytes. A clone of `id` writes its reference count, one
+    /// count shared by every check of the limit on every worker: at each decision that cache
+    /// line moved between cores (`docs/performance.md`, "2026-11-26, evening").
+    pub answer_id: SmolStr,
     pub max: u64,
     pub kind: LimitKind,
     pub scope: Scope,

@@ -8,16 +8,18 @@
 //! Everything here is arithmetic on borrowed state: no lock, no store, no allocation.
 
 use smallvec::SmallVec;
+use smol_str::SmolStr;
 
 use super::share::{within_share, Fleet};
 use super::state::{LimitState, TOKEN_SETTLE_ROUNDS};
 use super::window;
-use crate::domain::{Limit, LimitId, Mode, OnStoreFailure, Policy, MAX_LIMITS};
+use crate::domain::{Limit, Mode, OnStoreFailure, Policy, MAX_LIMITS};
 
 /// The limit that binds an answer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Binding {
-    pub limit_id: LimitId,
+    /// The limit's id ([`Limit::answer_id`]).
+    pub limit_id: SmolStr,
     pub limit: u64,
     pub remaining: u64,
     pub reset_after_ms: i64,
@@ -265,7 +267,7 @@ impl<'l> Judging<'l> {
     pub(super) fn decision(&self, policy: &Policy, o: &Outcome, reset_after_ms: i64) -> Decision {
         let (l, v) = (self.limits[o.binding], self.verdicts[o.binding]);
         let binding = Binding {
-            limit_id: l.id.clone(),
+            limit_id: l.answer_id.clone(),
             limit: l.max,
             remaining: remaining(l.max, v.est, if o.denied { 0 } else { self.cost }),
             reset_after_ms,

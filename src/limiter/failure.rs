@@ -98,7 +98,7 @@ impl Limiter {
             allowed,
             dry_run_denied,
             binding: Some(Binding {
-                limit_id: l.id.clone(),
+                limit_id: l.answer_id.clone(),
                 limit: l.max,
                 remaining: 0,
                 reset_after_ms: 1_000,

@@ -274,7 +274,7 @@ impl Limiter {
         let limits = applicable(policy, &[input.resource]);
         let (d, recorded) = self.decide(policy, limits, input, true).await;
         if !recorded {
-            self.record(input, &d);
+            self.record(policy, input, &d);
         }
         d
     }
@@ -299,7 +299,7 @@ impl Limiter {
             return None;
         };
         if !recorded {
-            self.record(input, &d);
+            self.record(policy, input, &d);
         }
         Some(d)
     }
@@ -316,7 +316,7 @@ impl Limiter {
         let limits = applicable(policy, resources);
         let (d, recorded) = self.decide(policy, limits, input, true).await;
         if !recorded {
-            self.record(input, &d);
+            self.record(policy, input, &d);
         }
         d
     }
@@ -332,7 +332,7 @@ impl Limiter {
 
     /// Adds a check's answer to the usage history's rows (one admitted on a client entry in
     /// memory was summed there already).
-    fn record(&self, input: CheckInput<'_>, d: &Decision) {
+    fn record(&self, policy: &Policy, input: CheckInput<'_>, d: &Decision) {
         if self.cfg.max_history_rows == 0 {
             return;
         }
@@ -340,7 +340,12 @@ impl Limiter {
             Answer::Admitted { cost: input.cost }
         } else {
             Answer::Denied {
-                by: d.binding.as_ref().map_or(&UNBOUND, |b| b.limit_id.as_arc()),
+                // The policy's own id, shared: a row keeps it.
+                by: d
+                    .binding
+                    .as_ref()
+                    .and_then(|b| policy.limits.iter().find(|l| l.id.as_str() == b.limit_id))
+                    .map_or(&UNBOUND, |l| l.id.as_arc()),
             }
         };
         self.history.record(

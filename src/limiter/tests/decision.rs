@@ -93,6 +93,33 @@ async fn a_denial_consumes_nothing_from_any_tier() {
 }
 
 #[tokio::test]
+async fn an_answer_names_its_limit_whole_however_long_the_id() {
+    // Answers carry the id inline up to 23 bytes and shared beyond: both must name it whole.
+    for len in [1, 23, 24, 128] {
+        let r = rig();
+        let long = "x".repeat(len);
+        let p = policy(serde_json::json!({"limits": [
+            {"id": "roomy", "max": 100, "period": "hour"},
+            {"id": long, "max": 1, "period": "hour"}]}));
+        let (t, c) = ids("acme", "k1");
+        let d = check(&r, &p, &t, &c, 1).await;
+        assert!(d.allowed);
+        assert_eq!(
+            d.binding.unwrap().limit_id.as_str(),
+            long,
+            "admitted, {len} bytes"
+        );
+        let d = check(&r, &p, &t, &c, 1).await;
+        assert!(!d.allowed);
+        assert_eq!(
+            d.binding.unwrap().limit_id.as_str(),
+            long,
+            "denied, {len} bytes"
+        );
+    }
+}
+
+#[tokio::test]
 async fn a_denial_by_either_entry_consumes_nothing_in_the_other() {
     // The client's limits are judged before the tenant's entry is locked, and the tenant's
     // consumed before the client's: a denial on either side still takes nothing anywhere, and

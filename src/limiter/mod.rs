@@ -28,6 +28,7 @@
 //! deadlines and the `on_store_failure` rules), `caps` (memory caps), `eviction`, `sync` (the
 //! sync task's hooks) and `window` (the window arithmetic over buckets).
 
+mod ahead;
 mod caps;
 mod decision;
 mod eviction;
@@ -49,6 +50,7 @@ use crossbeam_utils::CachePadded;
 use hashbrown::DefaultHashBuilder;
 use smallvec::SmallVec;
 
+pub use ahead::AHEAD;
 pub use decision::{Binding, Decision};
 pub(crate) use key::BuildKeyHash;
 pub use key::CLOCK_SKEW_MS;

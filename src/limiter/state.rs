@@ -305,6 +305,29 @@ impl Shard {
         });
     }
 
+    /// Asks for the node of `r`'s entry without reading it: the first slot whose tag matches
+    /// (a slot of another key now and then, which costs a useless load and nothing else).
+    pub(super) fn prefetch_node(&self, r: &EntryRef<'_>) {
+        self.table.find(r.hash, |n| {
+            prefetch(std::slice::from_ref(&**n));
+            true
+        });
+    }
+
+    /// Asks for what `r`'s entry points to, one level down: its states where they spilled to
+    /// the heap, otherwise its (inline) states' buckets. With `deep`, the buckets of spilled
+    /// states too (which reads the states: ask for them first).
+    pub(super) fn prefetch_states(&self, r: &EntryRef<'_>, deep: bool) {
+        let Some(e) = self.get(r) else { return };
+        if e.states.spilled() && !deep {
+            prefetch(&e.states);
+        } else {
+            for s in &e.states {
+                prefetch(&s.buckets);
+            }
+        }
+    }
+
     /// Brings the shard's entries into the cache before a pass over all of them. An entry is
     /// three allocations deep (the node, its states, each state's buckets), so a pass that
     /// walks them in turn waits for three cache misses an entry, one after the other: at 10^4

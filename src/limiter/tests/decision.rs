@@ -309,3 +309,51 @@ async fn raising_max_keeps_what_was_consumed() {
     assert!(d.allowed);
     assert_eq!(d.binding.unwrap().remaining, 1);
 }
+
+#[tokio::test]
+async fn bringing_in_a_batch_waits_for_no_lock_and_changes_no_count() {
+    // `bring_in` runs between a batch's checks: it must skip a shard another thread holds
+    // (a wait there could deadlock a batch against the sync) and leave every count as it was.
+    let r = rig();
+    let p = policy(serde_json::json!({"limits": [
+        {"id": "a", "max": 5, "period": "hour"},
+        {"id": "b", "max": 9, "window": "1m"},
+        {"id": "t", "max": 50, "window": "1m", "scope": "tenant"}]}));
+    let clients: Vec<_> = (0..crate::limiter::AHEAD + 3)
+        .map(|i| ids("acme", &format!("k{i}")))
+        .collect();
+    for (t, c) in &clients {
+        assert!(check(&r, &p, t, c, 2).await.allowed);
+    }
+    let usage = || async {
+        let mut all = Vec::new();
+        for (t, c) in &clients {
+            let u = r.limiter.usage(&p, t, c, None).await.unwrap();
+            all.push(u.iter().map(|u| u.count).collect::<Vec<_>>());
+        }
+        all
+    };
+    let before = usage().await;
+    let keys: Vec<(&str, &str)> = clients
+        .iter()
+        .map(|(t, c)| (t.as_str(), c.as_str()))
+        .collect();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::scope(|s| {
+        let held: Vec<_> = r.limiter.all_shards().map(|m| m.lock().unwrap()).collect();
+        let keys = &keys;
+        let limiter = &r.limiter;
+        s.spawn(move || {
+            limiter.bring_in(keys.iter().copied());
+            tx.send(()).unwrap();
+        });
+        let returned = rx.recv_timeout(Duration::from_secs(10)).is_ok();
+        drop(held);
+        assert!(returned, "bring_in waited for shards another thread held");
+    });
+    // Unheld, it reads every level; still nothing changes.
+    r.limiter.bring_in(keys.iter().copied());
+    r.limiter.bring_in(keys.iter().copied().take(1));
+    assert_eq!(usage().await, before);
+    assert_eq!(before[0], vec![2, 2, 2 * clients.len() as u64]);
+}

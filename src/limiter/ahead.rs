@@ -37,7 +37,15 @@ impl Limiter {
             }
         };
         each(&|g, r| g.prefetch_node(r));
-        each(&|g, r| g.prefetch_states(r, false));
-        each(&|g, r| g.prefetch_states(r, true));
+        each(&|g, r| {
+            if let Some(e) = g.get(r) {
+                e.prefetch_states()
+            }
+        });
+        each(&|g, r| {
+            if let Some(e) = g.get(r) {
+                e.prefetch_buckets()
+            }
+        });
     }
 }

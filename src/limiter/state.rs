@@ -183,6 +183,23 @@ pub(super) struct Entry {
     pub(super) states: SmallVec<[LimitState; 1]>,
 }
 
+impl Entry {
+    /// Asks for the entry's states where they spilled to the heap (inline ones came with the
+    /// node).
+    pub(super) fn prefetch_states(&self) {
+        if self.states.spilled() {
+            prefetch(&self.states);
+        }
+    }
+
+    /// Asks for each state's buckets (which reads the states: ask for them first).
+    pub(super) fn prefetch_buckets(&self) {
+        for s in &self.states {
+            prefetch(&s.buckets);
+        }
+    }
+}
+
 /// A client's admitted checks for the usage history, summed where the check holds the lock
 /// already (`crate::history` explains the split with the history's own rows). 16 bytes: one
 /// hour at a time, a count that a write interval cannot fill in practice; what does not fit
@@ -314,20 +331,6 @@ impl Shard {
         });
     }
 
-    /// Asks for what `r`'s entry points to, one level down: its states where they spilled to
-    /// the heap, otherwise its (inline) states' buckets. With `deep`, the buckets of spilled
-    /// states too (which reads the states: ask for them first).
-    pub(super) fn prefetch_states(&self, r: &EntryRef<'_>, deep: bool) {
-        let Some(e) = self.get(r) else { return };
-        if e.states.spilled() && !deep {
-            prefetch(&e.states);
-        } else {
-            for s in &e.states {
-                prefetch(&s.buckets);
-            }
-        }
-    }
-
     /// Brings the shard's entries into the cache before a pass over all of them. An entry is
     /// three allocations deep (the node, its states, each state's buckets), so a pass that
     /// walks them in turn waits for three cache misses an entry, one after the other: at 10^4
@@ -339,14 +342,10 @@ impl Shard {
             prefetch(std::slice::from_ref(&**n));
         }
         for n in self.table.iter() {
-            if n.entry.states.spilled() {
-                prefetch(&n.entry.states);
-            }
+            n.entry.prefetch_states();
         }
         for n in self.table.iter() {
-            for s in &n.entry.states {
-                prefetch(&s.buckets);
-            }
+            n.entry.prefetch_buckets();
         }
     }
 }

@@ -32,7 +32,6 @@ use tonic::{Request, Response, Status};
 use crate::api::{ceil_secs, ApiError, AppState};
 use crate::domain::{resource_from_bytes, ClientId, LimitKind, Period, Policy, TenantId, MAX_COST};
 use crate::limiter::{Binding, CheckInput, Decision};
-use crate::metrics::DecisionLabel;
 
 /// The service, over the state the HTTP handlers share.
 pub struct RateLimiter {
@@ -248,7 +247,7 @@ impl RateLimitService for RateLimiter {
                 .await;
             self.state.metrics.check_decided(
                 tenant.as_str(),
-                DecisionLabel::of(&d),
+                d.label(),
                 started.elapsed().as_secs_f64(),
             );
             let denied = !d.allowed;

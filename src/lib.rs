@@ -14,12 +14,15 @@ pub mod domain;
 pub mod fleet;
 pub mod grpc;
 pub mod history;
+pub(crate) mod keyhash;
 pub mod limiter;
 pub mod metrics;
 pub mod migrate;
 pub mod pace;
 pub mod policy;
 pub mod retention;
+#[cfg(test)]
+mod scenarios;
 pub mod sched;
 pub mod startup;
 pub mod store;

@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use quotad::clock::{Clock, ManualClock};
 use quotad::domain::{ClientId, Policy, PolicyDoc, TenantId};
-use quotad::fleet::Membership;
+use quotad::limiter::Membership;
 use quotad::limiter::{CheckInput, Limiter, LimiterConfig};
 use quotad::metrics::Metrics;
 use quotad::store::history::{ClientTotal, HistoryStore, Step, UsageDelta, UsagePoint};

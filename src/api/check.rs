@@ -14,7 +14,6 @@ use super::error::{ApiError, ErrorBody};
 use super::state::AppState;
 use crate::domain::{parse_cost, validate_resource, ClientId, Policy, TenantId};
 use crate::limiter::{CheckInput, Decision, AHEAD};
-use crate::metrics::DecisionLabel;
 
 /// Most checks in one batch.
 pub const MAX_BATCH: usize = 1000;
@@ -174,7 +173,7 @@ pub(super) async fn decide(state: &AppState, p: &Parsed<'_>) -> Option<Decision>
     };
     state.metrics.check_decided(
         p.tenant.as_str(),
-        DecisionLabel::of(&d),
+        d.label(),
         started.elapsed().as_secs_f64(),
     );
     Some(d)
@@ -394,7 +393,7 @@ pub async fn batch(req: HttpRequest, payload: web::Payload) -> Result<HttpRespon
         let done = Instant::now();
         metrics.check_decided(
             p.tenant.as_str(),
-            DecisionLabel::of(&d),
+            d.label(),
             done.duration_since(started).as_secs_f64(),
         );
         started = done;

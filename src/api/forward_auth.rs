@@ -15,35 +15,9 @@ use actix_web::{HttpRequest, HttpResponse};
 use super::check::{decide, rate_headers, Parsed};
 use super::error::{ApiError, ErrorBody};
 use super::state::AppState;
-use crate::config::ForwardAuthSettings;
 use crate::domain::{
     parse_cost, resource_from_bytes, validate_resource, ClientId, TenantId, MAX_RESOURCE_LEN,
 };
-
-/// The forward-auth settings, parsed once.
-#[derive(Clone, Debug)]
-pub struct ForwardAuth {
-    tenant: HeaderName,
-    client: HeaderName,
-    cost: HeaderName,
-    pub token: HeaderName,
-    deny: StatusCode,
-}
-
-impl ForwardAuth {
-    /// From settings that `Settings::validate` has checked.
-    pub fn new(s: &ForwardAuthSettings) -> Self {
-        let name =
-            |n: &str| HeaderName::from_bytes(n.as_bytes()).expect("checked by the configuration");
-        ForwardAuth {
-            tenant: name(&s.tenant_header),
-            client: name(&s.client_header),
-            cost: name(&s.cost_header),
-            token: name(&s.token_header),
-            deny: StatusCode::from_u16(s.deny_status).unwrap_or(StatusCode::TOO_MANY_REQUESTS),
-        }
-    }
-}
 
 const ORIGINAL_METHOD: [&str; 2] = ["x-original-method", "x-forwarded-method"];
 const ORIGINAL_URI: [&str; 2] = ["x-original-uri", "x-forwarded-uri"];

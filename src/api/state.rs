@@ -3,10 +3,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use actix_web::http::header::HeaderName;
+use actix_web::http::StatusCode;
+
 use super::auth::Auth;
-use super::forward_auth::ForwardAuth;
-use crate::fleet::Membership;
-use crate::limiter::Limiter;
+use crate::config::ForwardAuthSettings;
+use crate::limiter::{Limiter, Membership};
 use crate::metrics::Metrics;
 use crate::policy::PolicyCache;
 use crate::store::DynStore;
@@ -34,5 +36,31 @@ impl AppState {
         req.app_data::<actix_web::web::Data<AppState>>()
             .map(|d| d.get_ref())
             .ok_or_else(|| super::error::ApiError::Internal("the app state is not set".into()))
+    }
+}
+
+/// The forward-auth settings, parsed once: where `/v1/forward-auth` finds its inputs, and what
+/// it answers a denial with.
+#[derive(Clone, Debug)]
+pub struct ForwardAuth {
+    pub(super) tenant: HeaderName,
+    pub(super) client: HeaderName,
+    pub(super) cost: HeaderName,
+    pub token: HeaderName,
+    pub(super) deny: StatusCode,
+}
+
+impl ForwardAuth {
+    /// From settings that `Settings::validate` has checked.
+    pub fn new(s: &ForwardAuthSettings) -> Self {
+        let name =
+            |n: &str| HeaderName::from_bytes(n.as_bytes()).expect("checked by the configuration");
+        ForwardAuth {
+            tenant: name(&s.tenant_header),
+            client: name(&s.client_header),
+            cost: name(&s.cost_header),
+            token: name(&s.token_header),
+            deny: StatusCode::from_u16(s.deny_status).unwrap_or(StatusCode::TOO_MANY_REQUESTS),
+        }
     }
 }

@@ -1,19 +1,20 @@
 //! This instance's place in the fleet: it claims a write shard through the store, renews the
 //! lease on a heartbeat, and gives it back after the drain (see `store::lease` for the model).
 //!
-//! [`Membership`] is what the rest of the process reads, lock-free: how many instances hold a
-//! lease now (N in the share formula) and whether this one holds its own. An instance that
+//! It writes what it learns into the limiter's [`Membership`], which the rest of the process
+//! reads lock-free: how many instances hold a lease now (N in the share formula) and whether
+//! this one holds its own. An instance that
 //! cannot renew stops admitting from a share it may no longer hold: once its lease may have
 //! ended, `holds_lease` turns false, the limiter decides as the policy's `on_store_failure`
 //! says, and `/readyz` answers 503 until a lease is held again.
 
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::limiter::Membership;
 use crate::metrics::Metrics;
 use crate::store::lease::{Claim, LeaseStore, Roster};
 
@@ -28,63 +29,6 @@ pub struct FleetConfig {
     pub pin: Option<i16>,
     /// How long one store call of the task may take.
     pub timeout: Duration,
-}
-
-/// What the process knows of the fleet, read on the check path.
-#[derive(Debug)]
-pub struct Membership {
-    members: AtomicU32,
-    /// The shard held, or -1.
-    shard: AtomicI32,
-    held: AtomicBool,
-}
-
-impl Membership {
-    /// A process that is the whole fleet (the embedded store, tests): one member, holding.
-    pub fn alone() -> Self {
-        Self {
-            members: AtomicU32::new(1),
-            shard: AtomicI32::new(0),
-            held: AtomicBool::new(true),
-        }
-    }
-
-    /// A fleet member that holds nothing yet.
-    fn joining() -> Self {
-        Self {
-            members: AtomicU32::new(1),
-            shard: AtomicI32::new(-1),
-            held: AtomicBool::new(false),
-        }
-    }
-
-    /// Instances holding a lease now, this one included; at least 1.
-    #[inline]
-    pub fn members(&self) -> u32 {
-        self.members.load(Ordering::Relaxed)
-    }
-
-    /// Whether this instance may admit from its share: it holds a lease that has not ended.
-    #[inline]
-    pub fn holds_lease(&self) -> bool {
-        self.held.load(Ordering::Relaxed)
-    }
-
-    /// The shard this instance writes, while it holds one.
-    pub fn shard(&self) -> Option<i16> {
-        let s = self.shard.load(Ordering::Relaxed);
-        (s >= 0 && self.holds_lease()).then_some(s as i16)
-    }
-
-    /// For simulations and tests that move N by hand.
-    pub fn set_members(&self, n: u32) {
-        self.members.store(n.max(1), Ordering::Relaxed);
-    }
-
-    /// For simulations and tests that take the lease away by hand.
-    pub fn set_held(&self, held: bool) {
-        self.held.store(held, Ordering::Relaxed);
-    }
 }
 
 /// Why an instance cannot join.
@@ -216,7 +160,7 @@ impl Fleet {
                 tracing::warn!(shard = lease.shard, error = %e, "lease renewal failed");
                 if started >= lease.valid_until {
                     // It may have ended: stop admitting from its share until renewed.
-                    self.view.held.store(false, Ordering::Relaxed);
+                    self.view.set_held(false);
                 }
             }
         }
@@ -252,14 +196,12 @@ impl Fleet {
             valid_until: started + self.cfg.lease_ttl - slack,
         });
         self.last = Some(shard);
-        self.view.shard.store(shard as i32, Ordering::Relaxed);
-        self.view.held.store(true, Ordering::Relaxed);
+        self.view.hold(shard);
     }
 
     fn drop_lease(&mut self) {
         self.lease = None;
-        self.view.shard.store(-1, Ordering::Relaxed);
-        self.view.held.store(false, Ordering::Relaxed);
+        self.view.release();
     }
 
     /// Reads who is live, tells the store where to write and what to sum, and N to the view.
@@ -299,7 +241,7 @@ impl Fleet {
             }
             self.store.adopt(write, &read);
             let n = (r.members.len() as u32).max(1);
-            self.view.members.store(n, Ordering::Relaxed);
+            self.view.set_members(n);
             self.metrics.fleet(n, write);
         } else {
             self.metrics.fleet(self.view.members(), write);

@@ -3,7 +3,7 @@
 //!
 //! Two places hold it. The commonest answer, a check admitted on a counter held in memory, is
 //! summed in the client's limiter entry, under the lock the check holds already (no second
-//! hash, lock or row per client; `crate::limiter`'s `Answered`). Everything else comes here, a
+//! hash, lock or row per client; the limiter's `Answered`). Everything else comes here, a
 //! row per (tenant, client, hour) under one shard's lock: denials (with the limit that bound
 //! them), checks decided through the store (strict mode, beyond a memory cap, store trouble),
 //! and an entry's sum that it cannot keep (its hour ended, or it leaves memory). A check adds to
@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use hashbrown::{DefaultHashBuilder, Equivalent, HashMap};
 
-use crate::limiter::BuildKeyHash;
+use crate::keyhash::BuildKeyHash;
 use crate::store::history::{Counts, UsageDelta, HOUR_MS};
 
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -90,7 +90,7 @@ impl Row {
     }
 }
 
-/// Keys carry their hash: the maps use the limiter's pass-through hasher.
+/// Keys carry their hash: the maps use the pass-through hasher of `keyhash`.
 type Shard = HashMap<RowKey, Row, BuildKeyHash>;
 
 /// What one check was answered, as history counts it.

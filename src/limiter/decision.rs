@@ -14,6 +14,7 @@ use super::share::{within_share, Fleet};
 use super::state::{LimitState, TOKEN_SETTLE_ROUNDS};
 use super::window;
 use crate::domain::{Limit, Mode, OnStoreFailure, Policy, MAX_LIMITS};
+use crate::metrics::DecisionLabel;
 
 /// The limit that binds an answer.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -47,6 +48,19 @@ impl Decision {
             binding: None,
             retry_after_ms: Some(0),
             store_failure: None,
+        }
+    }
+
+    /// What this decision is called in the checks metric.
+    pub fn label(&self) -> DecisionLabel {
+        if self.binding.is_none() {
+            DecisionLabel::NoLimit
+        } else if self.dry_run_denied {
+            DecisionLabel::DryRunDenied
+        } else if self.allowed {
+            DecisionLabel::Allowed
+        } else {
+            DecisionLabel::Denied
         }
     }
 }

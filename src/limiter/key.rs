@@ -10,11 +10,10 @@
 //! window needs plus a little ahead, for instances whose clocks run fast.
 
 use std::hash::{BuildHasher, Hash, Hasher};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use hashbrown::{DefaultHashBuilder, Equivalent};
 
-use super::state::Shard;
 use super::{window, Limiter};
 use crate::domain::{ClientId, Limit, LimitKind, Scope, TenantId, TENANT_SUBJECT};
 use crate::store::{CounterKey, CounterRange};
@@ -131,35 +130,6 @@ impl Equivalent<EntryKey> for EntryRef<'_> {
     }
 }
 
-/// The maps' hasher: keys carry their hash already.
-#[derive(Clone, Copy, Default)]
-pub(crate) struct KeyHash(u64);
-
-impl Hasher for KeyHash {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        // Only `write_u64` is used; anything else still hashes soundly.
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ b as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
-}
-
-#[derive(Clone, Copy, Default)]
-pub(crate) struct BuildKeyHash;
-
-impl BuildHasher for BuildKeyHash {
-    type Hasher = KeyHash;
-    fn build_hasher(&self) -> KeyHash {
-        KeyHash::default()
-    }
-}
-
 /// How far ahead of this instance's clock another instance's clock may run and still have its
 /// buckets counted here.
 pub const CLOCK_SKEW_MS: i64 = 60_000;
@@ -188,18 +158,6 @@ fn owned_subject(l: &Limit, client: &ClientId) -> Arc<str> {
 }
 
 impl Limiter {
-    /// The shard of a key, from bits of its hash the maps do not use for their slots (the low
-    /// bits pick a slot and the top 7 tag it). Tenant entries (subject `*`) have shards of
-    /// their own: a check locks its client's shard, then its tenant's (see `Limiter::locked`).
-    pub(super) fn shard_of(&self, k: EntryRef<'_>) -> &Mutex<Shard> {
-        let set = if k.subject == TENANT_SUBJECT {
-            &self.tenant_shards
-        } else {
-            &self.shards
-        };
-        &set[((k.hash >> 32) % set.len() as u64) as usize]
-    }
-
     pub(super) fn key_ref<'a>(&self, tenant: &'a str, subject: &'a str) -> EntryRef<'a> {
         EntryRef::new(&self.hasher, tenant, subject)
     }

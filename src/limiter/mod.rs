@@ -29,11 +29,13 @@
 //! sync task's hooks) and `window` (the window arithmetic over buckets).
 
 mod ahead;
+mod bucket;
 mod caps;
 mod decision;
 mod eviction;
 mod failure;
 mod key;
+mod membership;
 mod reset;
 mod share;
 mod state;
@@ -52,8 +54,8 @@ use smallvec::SmallVec;
 
 pub use ahead::AHEAD;
 pub use decision::{Binding, Decision};
-pub(crate) use key::BuildKeyHash;
 pub use key::CLOCK_SKEW_MS;
+pub use membership::Membership;
 pub use reset::Granted;
 pub use share::share_of;
 pub use sync::SyncBatch;
@@ -62,7 +64,6 @@ use crate::clock::Clock;
 use crate::domain::{
     ClientId, Consistency, Limit, LimitId, Policy, Scope, TenantId, TENANT_SUBJECT,
 };
-use crate::fleet::Membership;
 use crate::history::{Answer, Recorder};
 use crate::metrics::Metrics;
 use crate::store::{CounterRange, DynCounterStore, StoreError};
@@ -247,6 +248,12 @@ impl Limiter {
             history: Recorder::new(cfg.shards, cfg.max_history_rows),
             cfg,
         }
+    }
+
+    /// Every shard's lock, held: for tests of what must never wait for one.
+    #[cfg(test)]
+    pub(crate) fn lock_every_shard(&self) -> Vec<impl Drop + '_> {
+        self.all_shards().map(|m| m.lock().unwrap()).collect()
     }
 
     /// Every shard, client entries' then tenant entries'.
@@ -586,6 +593,3 @@ impl Limiter {
         Ok(out)
     }
 }
-
-#[cfg(test)]
-mod tests;

@@ -21,7 +21,7 @@ use super::key::{EntryKey, EntryRef};
 use super::tokens::{self, Carry};
 use super::window::{self, Bucket};
 use super::Limiter;
-use crate::domain::{Limit, LimitKind};
+use crate::domain::{Limit, LimitKind, TENANT_SUBJECT};
 use crate::store::history::HOUR_MS;
 use crate::store::{BucketTotal, CounterKey};
 
@@ -391,6 +391,18 @@ pub(super) fn buckets_from(totals: &[BucketTotal]) -> Vec<Bucket> {
 }
 
 impl Limiter {
+    /// The shard of a key, from bits of its hash the maps do not use for their slots (the low
+    /// bits pick a slot and the top 7 tag it). Tenant entries (subject `*`) have shards of
+    /// their own: a check locks its client's shard, then its tenant's (see `Limiter::locked`).
+    pub(super) fn shard_of(&self, k: EntryRef<'_>) -> &Mutex<Shard> {
+        let set = if k.subject == TENANT_SUBJECT {
+            &self.tenant_shards
+        } else {
+            &self.shards
+        };
+        &set[((k.hash >> 32) % set.len() as u64) as usize]
+    }
+
     /// Runs `f` on a counter's state, if it is in memory.
     pub(super) fn with_state<R>(
         &self,

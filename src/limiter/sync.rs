@@ -1,5 +1,5 @@
-//! The limiter's side of the sync task (`crate::sync`): what it hands over to write and read
-//! back, and how the results come back into memory.
+//! The limiter's side of the sync task (the `sync` module drives it): what it hands over to
+//! write and read back, and how the results come back into memory.
 //!
 //! A round is: [`Limiter::collect`], one pass over the entries that evicts what no longer
 //! counts and takes a snapshot of the pending hits (moving exactly them from pending to stored;

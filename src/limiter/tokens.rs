@@ -45,7 +45,7 @@
 //! includes it, so D falls by the credit, down to 0. A bucket never holds more than `burst`
 //! tokens, so a credit beyond the deficit is not kept.
 
-use super::window::Bucket;
+use super::bucket::Bucket;
 use crate::domain::{LimitKind, MAX_BUCKETS_READ};
 
 /// The deficit of a token bucket at instant `at`, in token-milliseconds-per-`per` (tokens x
@@ -176,7 +176,7 @@ pub fn fold(kind: LimitKind, buckets: &[Bucket], carry: &mut Carry, settled: i64
 mod tests {
     use super::*;
     use crate::domain::{fill_ms, token_grain};
-    use crate::limiter::window::add_pending;
+    use crate::limiter::bucket::add_pending;
     use proptest::prelude::*;
 
     fn kind(burst: u64, rate: u64, per_ms: i64) -> LimitKind {
@@ -289,14 +289,14 @@ mod tests {
         // the one refilled.
         let t = now + 10;
         let start = k.grain().bucket_start(t);
-        crate::limiter::window::bucket_at(&mut c.buckets, start).stored -= 4;
+        crate::limiter::bucket::bucket_at(&mut c.buckets, start).stored -= 4;
         assert_eq!((0..10).filter(|_| c.check(t, 1, 1_000)).count(), 4);
         assert_eq!((0..10).filter(|_| c.check(t + 1_000, 1, 1_000)).count(), 1);
         // A credit of the whole level fills it: 10 at once, as long after as before.
         let t = t + 1_000;
         let used = level(k, &c.buckets, c.carry, t, Bucket::count);
         assert_eq!(used, 10);
-        crate::limiter::window::bucket_at(&mut c.buckets, k.grain().bucket_start(t)).stored -= used;
+        crate::limiter::bucket::bucket_at(&mut c.buckets, k.grain().bucket_start(t)).stored -= used;
         assert_eq!((0..30).filter(|_| c.check(t, 1, 1_000)).count(), 10);
         assert_eq!((0..30).filter(|_| c.check(t + 5_000, 1, 1_000)).count(), 5);
     }

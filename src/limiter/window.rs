@@ -30,27 +30,9 @@
 //! a straddling one is weighed like any other, rounded towards zero (the credit errs small). As a credit leaves the
 //! window the estimate grows, which [`time_until_at_most`] takes into account.
 
+pub use super::bucket::{add_pending, bucket_at, Bucket};
 use super::tokens::{self, Carry};
 use crate::domain::LimitKind;
-
-/// One bucket of a counter: what the store said last, and what this instance admitted since.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Bucket {
-    /// Start of the bucket, Unix ms, aligned on the grain.
-    pub start: i64,
-    /// The total the store returned at the last read (all instances, including ours); negative
-    /// when a grant credited more than the bucket's hits.
-    pub stored: i64,
-    /// Hits admitted here and not yet written to the store.
-    pub pending: u64,
-}
-
-impl Bucket {
-    pub fn count(&self) -> i64 {
-        self.stored
-            .saturating_add(self.pending.min(i64::MAX as u64) as i64)
-    }
-}
 
 /// The count of a limit at instant `now`: negative when credits exceed the hits. `buckets` is
 /// sorted by start, ascending; `carry` is what a token bucket folded its older buckets into
@@ -227,35 +209,6 @@ pub fn oldest_needed(kind: LimitKind, now: i64) -> i64 {
             s - s.rem_euclid(grain_ms) - grain_ms
         }
     }
-}
-
-/// The bucket starting at `start`, inserted empty (keeping `buckets` sorted) if missing.
-pub fn bucket_at(buckets: &mut Vec<Bucket>, start: i64) -> &mut Bucket {
-    let i = match buckets.binary_search_by_key(&start, |b| b.start) {
-        Ok(i) => i,
-        Err(i) => {
-            // A counter's first bucket gets room for itself alone (a Vec's first push reserves
-            // four): most counters at a million keys are touched in one bucket, and 72 bytes
-            // each add up. Later pushes grow as usual, and the capacity stays as buckets roll.
-            if buckets.capacity() == 0 {
-                buckets.reserve_exact(1);
-            }
-            buckets.insert(
-                i,
-                Bucket {
-                    start,
-                    ..Bucket::default()
-                },
-            );
-            i
-        }
-    };
-    &mut buckets[i]
-}
-
-/// Adds `cost` to the pending count of the bucket holding `now`, keeping `buckets` sorted.
-pub fn add_pending(kind: LimitKind, buckets: &mut Vec<Bucket>, now: i64, cost: u64) {
-    bucket_at(buckets, kind.grain().bucket_start(now)).pending += cost;
 }
 
 #[cfg(test)]

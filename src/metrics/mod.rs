@@ -67,7 +67,7 @@ pub struct Metrics {
     fleet: FleetMetrics,
 }
 
-/// Fleet membership (`crate::fleet`): N, this instance's shard, and lease trouble.
+/// Fleet membership (the fleet task's lease): N, this instance's shard, and lease trouble.
 struct FleetMetrics {
     members: IntGauge,
     /// One series, `shard` = the shard held or `none`, value 1.
@@ -161,19 +161,6 @@ pub enum DecisionLabel {
 }
 
 impl DecisionLabel {
-    /// The label of a decision.
-    pub fn of(d: &crate::limiter::Decision) -> Self {
-        if d.binding.is_none() {
-            DecisionLabel::NoLimit
-        } else if d.dry_run_denied {
-            DecisionLabel::DryRunDenied
-        } else if d.allowed {
-            DecisionLabel::Allowed
-        } else {
-            DecisionLabel::Denied
-        }
-    }
-
     const ALL: [DecisionLabel; 4] = [
         DecisionLabel::Allowed,
         DecisionLabel::Denied,

@@ -1,6 +1,7 @@
-//! Limiter behaviour tests on a real embedded store with a hand-driven clock: the rig and
-//! helpers here, the tests beside the idea they test (decision, sync, store failure, strict
-//! mode, memory caps).
+//! Behaviour tests of the limiter and the sync task together, on a real embedded store with a
+//! hand-driven clock: the rig and helpers here, the tests beside the idea they test (decision,
+//! sync, store failure, strict mode, memory caps, token buckets). They sit above both, so the
+//! limiter needs nothing of the sync task to be tested with it.
 
 mod caps;
 mod decision;
@@ -12,9 +13,9 @@ mod tokens;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{CheckInput, Decision, Limiter, LimiterConfig};
 use crate::clock::{Clock, ManualClock};
 use crate::domain::{ClientId, OnStoreFailure, Policy, PolicyDoc, TenantId};
+use crate::limiter::{CheckInput, Decision, Limiter, LimiterConfig};
 use crate::metrics::Metrics;
 use crate::store::embedded::EmbeddedStore;
 use crate::store::faulty::{Fault, FaultyStore};

@@ -61,7 +61,7 @@ async fn buckets_are_folded_only_once_other_instances_hits_were_read() {
     let clock = ManualClock::new(T0);
     let m = Arc::new(Metrics::new(false));
     let mk = || {
-        let fleet = Arc::new(crate::fleet::Membership::alone());
+        let fleet = Arc::new(crate::limiter::Membership::alone());
         fleet.set_members(2);
         Arc::new(Limiter::new(
             store.clone(),

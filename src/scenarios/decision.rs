@@ -340,7 +340,7 @@ async fn bringing_in_a_batch_waits_for_no_lock_and_changes_no_count() {
         .collect();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::scope(|s| {
-        let held: Vec<_> = r.limiter.all_shards().map(|m| m.lock().unwrap()).collect();
+        let held = r.limiter.lock_every_shard();
         let keys = &keys;
         let limiter = &r.limiter;
         s.spawn(move || {

@@ -1,4 +1,4 @@
-//! Usage history and the audit log on the embedded store.
+//! Usage history on the embedded store (the audit log is in `audit`).
 //!
 //! Tables (ids cannot contain \0; integers as in the counters, big-endian with the sign flipped):
 //! - `usage`: tenant \0 subject \0 step(1) start(8) -> [`Counts`]; subject `*` is the tenant's
@@ -10,8 +10,6 @@
 //!   the clients seen each day (`top`, and the janitor's list of what to delete).
 //! - `usage_days`: day(8) tenant -> (): which tenants have history on a day, oldest first, so
 //!   the janitor deletes a day at a time without a scan.
-//! - `audit`: scope \0 at(8) id -> JSON [`AuditEntry`], where scope is the entry's tenant, or
-//!   `*` for the log of all tenants: each entry is written under both.
 //!
 //! [`Counts`] rows are binary (see [`encode_counts`]); rows written as JSON by earlier releases
 //! are read as well, and rewritten as binary the next time they are added to.
@@ -24,7 +22,6 @@ use redb::{ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
 use super::{dec_i64, enc_i64, err, EmbeddedStore};
 use crate::domain::TENANT_SUBJECT;
 use crate::pace::Pacer;
-use crate::store::audit::{AuditEntry, AuditQuery, AuditStore};
 use crate::store::history::{
     ClientTotal, Counts, HistoryStore, Step, UsageDelta, UsagePoint, DAY_MS,
 };
@@ -33,15 +30,11 @@ use crate::store::{StoreError, StoreResult};
 const USAGE: TableDefinition<&[u8], &[u8]> = TableDefinition::new("usage");
 const USAGE_CLIENTS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("usage_clients");
 const USAGE_DAYS: TableDefinition<&[u8], ()> = TableDefinition::new("usage_days");
-const AUDIT: TableDefinition<&[u8], &[u8]> = TableDefinition::new("audit");
-/// The scope of the log of every tenant.
-const ALL: &str = "*";
 
 pub(super) fn create_tables(tx: &WriteTransaction) -> StoreResult<()> {
     tx.open_table(USAGE).map_err(err)?;
     tx.open_table(USAGE_CLIENTS).map_err(err)?;
     tx.open_table(USAGE_DAYS).map_err(err)?;
-    tx.open_table(AUDIT).map_err(err)?;
     Ok(())
 }
 
@@ -84,11 +77,11 @@ fn day_row(day: i64, tenant: &str) -> Vec<u8> {
     v
 }
 
-fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> StoreResult<T> {
+pub(super) fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> StoreResult<T> {
     serde_json::from_slice(bytes).map_err(|e| StoreError::Internal(format!("corrupt row: {e}")))
 }
 
-fn encode<T: serde::Serialize>(v: &T) -> StoreResult<Vec<u8>> {
+pub(super) fn encode<T: serde::Serialize>(v: &T) -> StoreResult<Vec<u8>> {
     serde_json::to_vec(v).map_err(|e| StoreError::Internal(e.to_string()))
 }
 
@@ -435,97 +428,6 @@ impl HistoryStore for EmbeddedStore {
                     .map_err(err)?;
                 if removed as usize >= budget {
                     break;
-                }
-            }
-            tx.commit().map_err(err)?;
-            Ok(removed)
-        })
-        .await
-    }
-}
-
-/// scope \0 at(8) id.
-fn audit_key(scope: &str, at_ms: i64, id: &str) -> Vec<u8> {
-    let mut v = Vec::with_capacity(scope.len() + id.len() + 9);
-    v.extend_from_slice(scope.as_bytes());
-    v.push(0);
-    v.extend_from_slice(&enc_i64(at_ms));
-    v.extend_from_slice(id.as_bytes());
-    v
-}
-
-#[async_trait]
-impl AuditStore for EmbeddedStore {
-    async fn append_audit(&self, entry: &AuditEntry) -> StoreResult<()> {
-        let entry = entry.clone();
-        self.blocking(move |db| {
-            let bytes = encode(&entry)?;
-            let at = entry.at.timestamp_millis();
-            let tx = db.begin_write().map_err(err)?;
-            {
-                let mut audit = tx.open_table(AUDIT).map_err(err)?;
-                for scope in [entry.tenant.as_str(), ALL] {
-                    audit
-                        .insert(audit_key(scope, at, &entry.id).as_slice(), bytes.as_slice())
-                        .map_err(err)?;
-                }
-            }
-            tx.commit().map_err(err)
-        })
-        .await
-    }
-
-    async fn audit_page(&self, q: &AuditQuery) -> StoreResult<Vec<AuditEntry>> {
-        let q = q.clone();
-        self.blocking(move |db| {
-            let scope = q.tenant.as_deref().unwrap_or(ALL);
-            let lo = audit_key(scope, q.from, "");
-            let mut hi = audit_key(scope, q.to, "");
-            if let Some(c) = &q.before {
-                hi = hi.min(audit_key(scope, c.at_ms, &c.id));
-            }
-            let tx = db.begin_read().map_err(err)?;
-            let audit = tx.open_table(AUDIT).map_err(err)?;
-            let mut out = Vec::new();
-            if lo >= hi {
-                return Ok(out);
-            }
-            for item in audit
-                .range(lo.as_slice()..hi.as_slice())
-                .map_err(err)?
-                .rev()
-                .take(q.limit)
-            {
-                let (_, v) = item.map_err(err)?;
-                out.push(decode(v.value())?);
-            }
-            Ok(out)
-        })
-        .await
-    }
-
-    async fn delete_audit_before(&self, before: i64, budget: usize) -> StoreResult<u64> {
-        self.blocking(move |db| {
-            let tx = db.begin_write().map_err(err)?;
-            let mut removed = 0;
-            {
-                let mut audit = tx.open_table(AUDIT).map_err(err)?;
-                let lo = audit_key(ALL, i64::MIN, "");
-                let hi = audit_key(ALL, before, "");
-                let old: Vec<AuditEntry> = audit
-                    .range(lo.as_slice()..hi.as_slice())
-                    .map_err(err)?
-                    .take(budget)
-                    .map(|item| item.map_err(err).and_then(|(_, v)| decode(v.value())))
-                    .collect::<StoreResult<_>>()?;
-                for e in old {
-                    let at = e.at.timestamp_millis();
-                    for scope in [e.tenant.as_str(), ALL] {
-                        audit
-                            .remove(audit_key(scope, at, &e.id).as_slice())
-                            .map_err(err)?;
-                    }
-                    removed += 1;
                 }
             }
             tx.commit().map_err(err)?;

@@ -20,12 +20,14 @@
 //! - `usage`, `usage_clients`, `usage_days`, `audit`: usage history and the audit log
 //!   ([`history`]).
 
+mod audit;
 mod counters;
 mod history;
 mod idempotency;
 mod increments;
 mod journal;
 mod lease;
+mod legacy;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -140,9 +142,10 @@ impl EmbeddedStore {
             tx.open_table(META).map_err(err)?;
             lease::create_tables(&tx)?;
             history::create_tables(&tx)?;
+            audit::create_tables(&tx)?;
             idempotency::create_tables(&tx)?;
         }
-        let moved = counters::upgrade(&tx)?;
+        let moved = legacy::upgrade(&tx)?;
         let recovered = journal::recover(&tx)?;
         tx.commit().map_err(err)?;
         if moved > 0 {

@@ -1,0 +1,272 @@
+//! The simulated fleet: real limiters and sync tasks on a virtual clock, and the run.
+
+use super::*;
+
+/// What happens to the fleet during a run, at a simulated millisecond.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Event {
+    /// A new instance starts, claims a free shard and reads the roster.
+    Join,
+    /// Instance `i` is killed (SIGKILL): its unsynced hits are lost and its lease runs out.
+    Kill(usize),
+    /// Instance `i` stops (SIGTERM): it drains its pending hits and releases its lease.
+    Leave(usize),
+}
+
+/// One simulated instance: a real limiter and sync, on its own shard of the shared counters.
+pub(crate) struct Instance {
+    pub(crate) limiter: Arc<Limiter>,
+    pub(crate) syncer: Syncer,
+    pub(crate) membership: Arc<Membership>,
+    /// Serving traffic (a load balancer sends it requests).
+    pub(crate) alive: bool,
+    /// Until when its lease lives in the store, so that it counts in N.
+    pub(crate) lease_until: i64,
+}
+
+pub(crate) fn start_instance(
+    shared: &Arc<Shared>,
+    clock: &ManualClock,
+    shard: usize,
+    shards: usize,
+) -> Instance {
+    let view = Arc::new(ShardView {
+        shared: shared.clone(),
+        shard,
+        shards,
+    });
+    let store: DynCounterStore = view.clone();
+    let metrics = Arc::new(Metrics::new(false));
+    let membership = Arc::new(Membership::alone());
+    let limiter = Arc::new(Limiter::new(
+        store,
+        Arc::new(clock.clone()),
+        metrics.clone(),
+        LimiterConfig {
+            fleet: membership.clone(),
+            sync_interval_ms: SYNC_MS,
+            ..LimiterConfig::default()
+        },
+    ));
+    let syncer = Syncer::new(limiter.clone(), view, metrics, SyncConfig::default());
+    Instance {
+        limiter,
+        syncer,
+        membership,
+        alive: true,
+        lease_until: i64::MAX,
+    }
+}
+
+/// Instances whose lease lives at `now`: N as the store's roster says it.
+pub(crate) fn live_leases(fleet: &[Instance], now: i64) -> u32 {
+    fleet.iter().filter(|i| i.lease_until > now).count() as u32
+}
+
+pub(crate) async fn simulate(n: usize, pattern: Pattern, seed: u64, consistency: &str) -> Outcome {
+    simulate_fleet(n, &[], pattern, seed, consistency, Shape::Window).await
+}
+
+/// Runs `n` instances, then the fleet changes as `events` say. Traffic is spread over the
+/// instances that serve at each moment, as a load balancer would.
+pub(crate) async fn simulate_fleet(
+    n: usize,
+    events: &[(i64, Event)],
+    pattern: Pattern,
+    seed: u64,
+    consistency: &str,
+    shape: Shape,
+) -> Outcome {
+    let clock = ManualClock::new(T0);
+    let shared = Arc::new(Shared::default());
+    let limit = match shape {
+        Shape::Window => {
+            serde_json::json!({"id": "w", "max": MAX, "window": "10s", "scope": "tenant"})
+        }
+        Shape::Tokens => {
+            serde_json::json!({"id": "w", "burst": BURST, "rate": RATE_PER_S, "per": "1s", "scope": "tenant"})
+        }
+    };
+    let doc: PolicyDoc = serde_json::from_value(serde_json::json!({
+        "limits": [limit],
+        "consistency": consistency
+    }))
+    .unwrap();
+    let policy = Policy::from_doc(&doc, false).unwrap();
+    let shards = n + events
+        .iter()
+        .filter(|(_, e)| matches!(e, Event::Join))
+        .count();
+    let mut fleet: Vec<Instance> = (0..n)
+        .map(|i| start_instance(&shared, &clock, i, shards))
+        .collect();
+    for i in &fleet {
+        i.membership.set_members(n as u32);
+    }
+    let tenant = TenantId::parse("acme").unwrap();
+    let client = ClientId::parse("k").unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut pending_reads: Vec<Option<Vec<CounterRange>>> = Vec::new();
+    let mut log: Vec<i64> = Vec::new();
+    // The reference: a perfect sliding-log limiter on the same arrivals.
+    let mut exact: VecDeque<i64> = VecDeque::new();
+    let mut exact_bucket = ExactBucket {
+        milli_tokens: BURST as i64 * 1_000,
+        at: T0,
+    };
+    let (mut exact_admitted, mut offered) = (0u64, 0u64);
+    for t in 0..DURATION_MS {
+        let now = T0 + t;
+        clock.set(now);
+        for &(_, event) in events.iter().filter(|(at, _)| *at == t) {
+            match event {
+                Event::Join => {
+                    let joined = start_instance(&shared, &clock, fleet.len(), shards);
+                    joined.membership.set_members(live_leases(&fleet, now) + 1);
+                    fleet.push(joined);
+                }
+                Event::Kill(i) => {
+                    fleet[i].alive = false;
+                    fleet[i].lease_until = now + LEASE_TTL_MS;
+                }
+                Event::Leave(i) => {
+                    assert_eq!(
+                        fleet[i].syncer.drain().await,
+                        0,
+                        "a drain writes everything"
+                    );
+                    fleet[i].alive = false;
+                    fleet[i].lease_until = now;
+                }
+            }
+        }
+        if t % HEARTBEAT_MS == 0 {
+            let members = live_leases(&fleet, now);
+            for i in fleet.iter().filter(|i| i.alive) {
+                i.membership.set_members(members);
+            }
+        }
+        // Rounds on wall-clock ticks, as `Syncer::run` does: every instance writes at the tick
+        // and reads back a settle time later.
+        if t % SYNC_MS == 0 {
+            pending_reads.clear();
+            for i in &fleet {
+                pending_reads.push(match i.alive {
+                    true => Some(i.syncer.write().await.unwrap().0),
+                    false => None,
+                });
+            }
+        }
+        if t % SYNC_MS == SETTLE_MS {
+            for (i, ranges) in fleet.iter().zip(&pending_reads) {
+                if let (true, Some(ranges)) = (i.alive, ranges) {
+                    i.syncer.read_back(ranges).await;
+                }
+            }
+        }
+        if std::env::var("SIM_DEBUG").is_ok()
+            && t % SYNC_MS == 0
+            && t < std::env::var("SIM_UNTIL")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(2_000)
+        {
+            let exact_now = log.iter().filter(|&&x| x > now - WINDOW_MS).count();
+            let mut views = Vec::new();
+            for i in fleet.iter().filter(|i| i.alive) {
+                let u = i
+                    .limiter
+                    .usage(&policy, &tenant, &client, None)
+                    .await
+                    .unwrap();
+                views.push(u[0].count);
+            }
+            println!(
+                "t={t} exact={exact_now} views={views:?} pending={:?}",
+                fleet
+                    .iter()
+                    .filter(|i| i.alive)
+                    .map(|i| i.limiter.pending_hits())
+                    .collect::<Vec<_>>()
+            );
+        }
+        let serving: Vec<&Instance> = fleet.iter().filter(|i| i.alive).collect();
+        let arr = arrivals(pattern, t, serving.len(), &mut rng);
+        for (i, count) in arr.iter().enumerate() {
+            for _ in 0..*count {
+                offered += 1;
+                let d = serving[i]
+                    .limiter
+                    .check(
+                        &policy,
+                        CheckInput {
+                            tenant: &tenant,
+                            client: &client,
+                            resource: None,
+                            cost: 1,
+                        },
+                    )
+                    .await;
+                if d.allowed {
+                    log.push(now);
+                }
+                if shape == Shape::Tokens {
+                    exact_admitted += exact_bucket.admit(now) as u64;
+                    continue;
+                }
+                while exact.front().is_some_and(|&x| x <= now - WINDOW_MS) {
+                    exact.pop_front();
+                }
+                if (exact.len() as u64) < MAX {
+                    exact.push_back(now);
+                    exact_admitted += 1;
+                }
+            }
+        }
+    }
+    assert_eq!(clock.now_ms(), T0 + DURATION_MS - 1);
+    // The usage history adds up: what the live instances wrote at their drain, plus what the
+    // killed ones still held unwritten (lost with them, as their unwritten hits are), is
+    // exactly what the checks answered.
+    for i in fleet.iter().filter(|i| i.alive) {
+        assert_eq!(i.syncer.drain().await, 0, "a drain writes everything");
+    }
+    let (mut admitted, mut denied) = *shared.history.lock().unwrap();
+    for i in fleet.iter().filter(|i| !i.alive) {
+        for d in i.limiter.history().drain() {
+            admitted += d.counts.admitted;
+            denied += d.counts.denied;
+        }
+    }
+    assert_eq!(
+        (admitted, denied),
+        (log.len() as u64, offered - log.len() as u64),
+        "usage history against the answers"
+    );
+    if shape == Shape::Tokens {
+        let later: Vec<i64> = log.iter().copied().filter(|&t| t >= T0 + 5_000).collect();
+        return Outcome {
+            over_steady: worst_over_bound(&later),
+            over: worst_over_bound(&log),
+            under: 1.0 - log.len() as f64 / exact_admitted as f64,
+            admitted: log.len() as u64,
+            offered,
+        };
+    }
+    let worst = worst_window(&log, WINDOW_MS);
+    // Without the first window's hits, the worst span is the worst window starting at or after
+    // W (a span cut at W lies inside the window that starts at W).
+    let later: Vec<i64> = log
+        .iter()
+        .copied()
+        .filter(|&t| t >= T0 + WINDOW_MS)
+        .collect();
+    let steady = worst_window(&later, WINDOW_MS);
+    Outcome {
+        over_steady: steady as f64 / MAX as f64 - 1.0,
+        over: worst as f64 / MAX as f64 - 1.0,
+        under: 1.0 - log.len() as f64 / exact_admitted as f64,
+        admitted: log.len() as u64,
+        offered,
+    }
+}

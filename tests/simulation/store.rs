@@ -1,0 +1,88 @@
+//! The shared counters: one shard per instance, as the scylla store keeps them.
+
+use super::*;
+
+pub(crate) type Cells = BTreeMap<(CounterKey, i64), Vec<i64>>;
+
+/// The shared counters: per (counter, bucket), one count per shard.
+#[derive(Default)]
+pub(crate) struct Shared {
+    pub(crate) cells: Mutex<Cells>,
+    /// Checks admitted and denied, as the usage history the instances wrote says.
+    pub(crate) history: Mutex<(u64, u64)>,
+}
+
+/// One instance's view of the shared counters: it writes its own shard.
+pub(crate) struct ShardView {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) shard: usize,
+    pub(crate) shards: usize,
+}
+
+/// The usage history, tallied: the simulation holds it equal to what the checks answered.
+#[async_trait]
+impl HistoryStore for ShardView {
+    async fn add_usage(&self, deltas: &[UsageDelta]) -> StoreResult<()> {
+        let mut h = self.shared.history.lock().unwrap();
+        for d in deltas {
+            h.0 += d.counts.admitted;
+            h.1 += d.counts.denied;
+        }
+        Ok(())
+    }
+    async fn usage_points(
+        &self,
+        _: &str,
+        _: Option<&str>,
+        _: Step,
+        _: i64,
+        _: i64,
+    ) -> StoreResult<Vec<UsagePoint>> {
+        unreachable!("the simulation only writes history")
+    }
+    async fn clients_seen(&self, _: &str, _: i64, _: i64) -> StoreResult<Vec<ClientTotal>> {
+        unreachable!("the simulation only writes history")
+    }
+    async fn delete_history_before(&self, _: i64, _: usize) -> StoreResult<u64> {
+        Ok(0)
+    }
+}
+
+#[async_trait]
+impl CounterStore for ShardView {
+    fn kind(&self) -> &'static str {
+        "simulation"
+    }
+    async fn increment(&self, deltas: &[Delta]) -> StoreResult<()> {
+        let mut cells = self.shared.cells.lock().unwrap();
+        for d in deltas {
+            let cell = cells
+                .entry((d.key.clone(), d.start))
+                .or_insert_with(|| vec![0; self.shards]);
+            cell[self.shard] += d.delta;
+        }
+        Ok(())
+    }
+    async fn read(&self, ranges: &[CounterRange]) -> StoreResult<Vec<Vec<BucketTotal>>> {
+        let cells = self.shared.cells.lock().unwrap();
+        Ok(ranges
+            .iter()
+            .map(|r| {
+                cells
+                    .range((r.key.clone(), r.from)..=(r.key.clone(), r.to))
+                    .map(|((_, start), shards)| BucketTotal {
+                        start: *start,
+                        total: shards.iter().sum(),
+                        mine: shards[self.shard],
+                    })
+                    .collect()
+            })
+            .collect())
+    }
+    async fn delete_expired(&self, _now_ms: i64, _budget: usize) -> StoreResult<u64> {
+        Ok(0)
+    }
+    async fn ping(&self) -> StoreResult<()> {
+        Ok(())
+    }
+}

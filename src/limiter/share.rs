@@ -8,7 +8,7 @@
 //! N = 3), a newcomer or a key nobody has counted gets 1/N, and an instance that stops writing
 //! fades out as its hits leave the window. If all instances read the store at the same moment
 //! they could never overshoot together; reads at different moments leave a small overshoot,
-//! measured by the simulation in `tests/simulation.rs` and reported in docs/accuracy.md.
+//! measured by the simulation in `tests/simulation/` and reported in docs/accuracy.md.
 
 use super::state::LimitState;
 use super::{window, Limiter};

@@ -394,6 +394,7 @@ impl Limiter {
     /// The shard of a key, from bits of its hash the maps do not use for their slots (the low
     /// bits pick a slot and the top 7 tag it). Tenant entries (subject `*`) have shards of
     /// their own: a check locks its client's shard, then its tenant's (see `Limiter::locked`).
+    #[inline]
     pub(super) fn shard_of(&self, k: EntryRef<'_>) -> &Mutex<Shard> {
         let set = if k.subject == TENANT_SUBJECT {
             &self.tenant_shards

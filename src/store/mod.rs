@@ -6,7 +6,7 @@
 //! [`audit::AuditStore`] (the log of changes). [`Store`] is all five, and is what a backend implements: `embedded` (redb, one
 //! process) and `scylla` (Cassandra/ScyllaDB
 //! counter tables, many instances). Both run the same contract suite
-//! (`tests/store_contract.rs`). `kind` and `ping` are on [`CounterStore`]: readiness means
+//! (`tests/store_contract/`). `kind` and `ping` are on [`CounterStore`]: readiness means
 //! "counters answer", and the counters are the hot path.
 //!
 //! Counter writes are increments, never sets: Cassandra counters cannot be set, and increments

@@ -153,6 +153,8 @@ impl Syncer {
                 }
             }
         }
+        // The store has answered: the snapshot is written, or back in pending, or uncertain.
+        drop(batch.writing.take());
         // What stays pending of the snapshot: all of it when refused, else the hits it could
         // not take (none, unless a bucket held more than an increment carries).
         let written = if refused.is_some() { 0 } else { hits };

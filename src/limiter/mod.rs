@@ -42,7 +42,9 @@ mod state;
 mod strict;
 mod sync;
 pub mod tokens;
+mod usage;
 pub mod window;
+mod writes;
 
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex};
@@ -59,19 +61,17 @@ pub use membership::Membership;
 pub use reset::Granted;
 pub use share::share_of;
 pub use sync::SyncBatch;
+pub use usage::Usage;
+pub use writes::Writing;
 
 use crate::clock::Clock;
-use crate::domain::{
-    ClientId, Consistency, Limit, LimitId, Policy, Scope, TenantId, TENANT_SUBJECT,
-};
+use crate::domain::{ClientId, Consistency, Limit, Policy, Scope, TenantId, TENANT_SUBJECT};
 use crate::history::{Answer, Recorder};
 use crate::metrics::Metrics;
 use crate::store::{CounterRange, DynCounterStore, StoreError};
 use caps::{Cap, TenantClients};
 use decision::{Judging, Slots};
 use state::{buckets_from, lock, Answered, AnsweredHour, Entry, Shard};
-use tokens::Carry;
-use window::Bucket;
 
 /// Tuning of the in-memory state.
 #[derive(Clone, Debug)]
@@ -119,16 +119,6 @@ pub struct CheckInput<'a> {
     pub client: &'a ClientId,
     pub resource: Option<&'a str>,
     pub cost: u64,
-}
-
-/// One limit's usage, for `/v1/usage`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Usage {
-    pub limit_id: LimitId,
-    pub count: u64,
-    pub limit: u64,
-    pub remaining: u64,
-    pub reset_after_ms: i64,
 }
 
 /// What the usage history names a denial that no limit bound (none is known to happen).
@@ -221,6 +211,8 @@ pub struct Limiter {
     metrics: Arc<Metrics>,
     /// Every answer, summed per (tenant, client, hour) for the usage history.
     history: Recorder,
+    /// The sync task's writes under way, for reads that sum the store and memory.
+    writes: writes::Writes,
     cfg: LimiterConfig,
 }
 
@@ -246,6 +238,7 @@ impl Limiter {
             clock,
             metrics,
             history: Recorder::new(cfg.shards, cfg.max_history_rows),
+            writes: writes::Writes::default(),
             cfg,
         }
     }
@@ -537,59 +530,5 @@ impl Limiter {
             }
         }
         Ok(capped)
-    }
-
-    /// Adds this instance's unwritten hits of `l` to `buckets`, read from the store over `r`;
-    /// returns the carry to read a token bucket with: this instance's when it holds the counter,
-    /// otherwise a full bucket at the start of the read.
-    fn add_local(&self, l: &Limit, r: &CounterRange, buckets: &mut Vec<Bucket>) -> Carry {
-        let mut carry = Carry {
-            at: r.from,
-            deficit: 0,
-        };
-        self.with_state(&r.key, |s| {
-            for b in s.buckets.iter().filter(|b| b.pending > 0) {
-                window::bucket_at(buckets, b.start).pending += b.pending;
-            }
-            if s.kind == l.kind {
-                carry = s.carry();
-            }
-        });
-        carry
-    }
-
-    /// `/v1/usage`: the store's totals plus this instance's unwritten hits. Consumes nothing.
-    pub async fn usage(
-        &self,
-        policy: &Policy,
-        tenant: &TenantId,
-        client: &ClientId,
-        resource: Option<&str>,
-    ) -> Result<Vec<Usage>, StoreError> {
-        let now = self.clock.now_ms();
-        let limits: Vec<&Limit> = policy
-            .limits
-            .iter()
-            .filter(|l| l.applies_to(resource))
-            .collect();
-        let ranges: Vec<CounterRange> = limits
-            .iter()
-            .map(|l| Self::range_of(tenant, client, l, now))
-            .collect();
-        let totals = self.with_deadline(self.store.read(&ranges), false).await?;
-        let mut out = Vec::with_capacity(limits.len());
-        for ((l, r), t) in limits.iter().zip(&ranges).zip(totals) {
-            let mut buckets = buckets_from(&t);
-            let carry = self.add_local(l, r, &mut buckets);
-            let count = window::estimate(l.kind, &buckets, carry, now);
-            out.push(Usage {
-                limit_id: l.id.clone(),
-                count: count.max(0) as u64,
-                limit: l.max,
-                remaining: (l.max as i128 - count as i128).clamp(0, u64::MAX as i128) as u64,
-                reset_after_ms: window::reset_after(l.kind, &buckets, carry, now),
-            });
-        }
-        Ok(out)
     }
 }

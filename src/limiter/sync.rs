@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::eviction::Tally;
 use super::state::{lock, AnsweredHour, LimitState, Shard};
+use super::writes::Writing;
 use super::{window, Limiter};
 use crate::pace::Pacer;
 use crate::store::history::{Counts, UsageDelta};
@@ -28,6 +29,8 @@ pub struct SyncBatch {
     /// Hits pending in memory when the snapshot was taken: those of `deltas`, and any the
     /// snapshot could not take.
     pub pending: u64,
+    /// The write of `deltas`, under way until dropped: drop it once the store has answered.
+    pub writing: Option<Writing>,
 }
 
 impl SyncBatch {
@@ -68,7 +71,10 @@ impl Limiter {
     /// them pending again when they were given back: a counter holding unwritten hits still
     /// never leaves memory.
     pub fn collect(&self, now: i64, answers: bool) -> SyncBatch {
-        let mut batch = SyncBatch::default();
+        let mut batch = SyncBatch {
+            writing: Some(self.writes.begin()),
+            ..SyncBatch::default()
+        };
         let evicting = self.evicting(now);
         let mut tally = Tally::default();
         let fleet = self.cfg.fleet.members() > 1;

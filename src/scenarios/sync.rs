@@ -296,3 +296,30 @@ async fn admitted_checks_summed_in_entries_reach_the_history_with_the_denials() 
     r.syncer.round().await.unwrap();
     assert_eq!(hour_point(&r, Some("k2"), T0 + HOUR_MS).await, (2, 5, 0));
 }
+
+/// A usage read while a round's write is under way counts the hits being written: they have
+/// left pending and are not in the store yet, so the read waits for the write and reads again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_counts_the_hits_a_write_under_way_carries() {
+    let r = rig();
+    let p = policy(serde_json::json!({"limits": [{"id": "h", "max": 5, "period": "hour"}]}));
+    let (t, c) = ids("acme", "k1");
+    for _ in 0..3 {
+        assert!(check(&r, &p, &t, &c, 1).await.allowed);
+    }
+    let batch = r.limiter.collect(r.clock.now_ms(), false);
+    assert_eq!((batch.hits(), r.limiter.pending_hits()), (3, 0));
+    let store = r.store.clone();
+    let writer = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        store.increment(&batch.deltas).await.unwrap();
+        // The write is done: the batch, and its mark of a write under way, go.
+        drop(batch);
+    });
+    let u = r.limiter.usage(&p, &t, &c, None).await.unwrap();
+    assert_eq!((u[0].count, u[0].remaining), (3, 2), "{u:?}");
+    writer.await.unwrap();
+    // Between writes, the same.
+    let u = r.limiter.usage(&p, &t, &c, None).await.unwrap();
+    assert_eq!(u[0].count, 3);
+}

@@ -343,7 +343,13 @@ async fn batch_and_usage_answers(c: &mut Conformance, app: &TestApp) {
     assert_eq!((s, &v["error"]["field"]), (400, &json!("limit_id")), "{v}");
 
     // The clients nearest to a limit (once the sync round has written the day's history).
-    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    eventually("k3 nearest to its limit", || async {
+        let v = app.get_json("/v1/usage/acme/nearest?limit=5").await;
+        (v["clients"][0]["client"] == "k3")
+            .then_some(())
+            .ok_or_else(|| v.to_string())
+    })
+    .await;
     let n = "/v1/usage/{tenant}/nearest";
     let (s, v) = c
         .send(app, "get", n, "/v1/usage/acme/nearest?limit=5", None, a)

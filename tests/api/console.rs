@@ -340,7 +340,7 @@ async fn the_console_in_a_real_chromium() {
     }
     assert_eq!(statuses, [200, 200, 200, 200, 200, 429]);
     // The usage history is written in the sync rounds.
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    app.history_reaches("acme", "k1", 5, 1).await;
 
     // The client's page: a full bar, and the chart's hour holding 5 admitted and 1 denied.
     b.go(&app.url("/console/#/tenants/acme/clients/k1")).await;

@@ -1,7 +1,9 @@
 //! `spawn_app`: a real quotad on port 0 with an embedded store in a temp directory.
 
+use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use quotad::clock::{Clock, SystemClock};
 use quotad::config::{DurationMs, Secret, Settings};
@@ -10,6 +12,32 @@ use quotad::store::DynStore;
 use serde_json::{json, Value};
 
 pub const ADMIN: &str = "test-admin-token";
+
+/// How long [`eventually`] waits: many times what the tests' background tasks take on an idle
+/// machine (sync rounds and history writes every 50 ms, policy polls every 100 ms), for a busy
+/// 2-core machine where a round may wait seconds for a core.
+pub const EVENTUALLY: Duration = Duration::from_secs(20);
+
+/// Waits for what a background task makes true (a sync round's write, a history write, a
+/// policy poll): polls `f` every 25 ms until it gives `Some`, for at most [`EVENTUALLY`], then
+/// fails naming `what` and the last thing `f` saw. A fixed sleep instead fails whenever the
+/// machine is slower than the sleep's guess.
+pub async fn eventually<T, F, Fut>(what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, String>>,
+{
+    let started = Instant::now();
+    loop {
+        match f().await {
+            Ok(v) => return v,
+            Err(last) if started.elapsed() >= EVENTUALLY => {
+                panic!("{what}: not after {EVENTUALLY:?}; last seen: {last}")
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(25)).await,
+        }
+    }
+}
 
 pub struct TestApp {
     pub base: String,
@@ -198,6 +226,37 @@ impl TestApp {
         text.lines()
             .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
             .unwrap_or_else(|| panic!("{series} not in /metrics:\n{text}"))
+    }
+
+    /// Waits until this instance's usage of `client` counts `count` on its first limit: the
+    /// store holds what was admitted (another instance's hits, once written).
+    pub async fn usage_reaches(&self, tenant: &str, client: &str, count: u64) {
+        let path = format!("/v1/usage/{tenant}/{client}");
+        let what = format!("{tenant}/{client} counts {count} in the store");
+        eventually(&what, || async {
+            // A 404 until this instance has polled the tenant's policy.
+            let r = self.admin_get(&path).await;
+            let status = r.status().as_u16();
+            let u: Value = r.json().await.unwrap();
+            (status == 200 && u["limits"][0]["count"] == count)
+                .then_some(())
+                .ok_or_else(|| format!("{status} {u}"))
+        })
+        .await
+    }
+
+    /// Waits until the usage history of `client` holds `admitted` and `denied` checks in the
+    /// last 24 hours (the sync task writes it).
+    pub async fn history_reaches(&self, tenant: &str, client: &str, admitted: u64, denied: u64) {
+        let path = format!("/v1/usage/{tenant}/{client}/history");
+        eventually(&format!("{tenant}/{client}'s history written"), || async {
+            let v = self.get_json(&path).await;
+            let total = &v["total"];
+            (total["admitted"] == admitted && total["denied"] == denied)
+                .then_some(())
+                .ok_or_else(|| v.to_string())
+        })
+        .await
     }
 
     pub async fn usage(&self, tenant: &str, client: &str) -> Value {

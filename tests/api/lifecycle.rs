@@ -64,8 +64,16 @@ async fn health_readiness_and_metrics_answer() {
     .await;
     app.check_json("acme", "secret-client").await;
     app.check_json("acme", "secret-client").await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let text = app.metrics_text().await;
+    // After a sync round: the hits written, the gauges set.
+    let text = eventually("a sync round's metrics", || async {
+        let text = app.metrics_text().await;
+        (text.contains("quotad_sync_pending_hits 0")
+            && text.contains("quotad_active_counters 1")
+            && text.contains("quotad_store_operations_total{op=\"increment\",outcome=\"ok\"}"))
+        .then_some(text.clone())
+        .ok_or(text)
+    })
+    .await;
     for name in [
         "quotad_checks_total{decision=\"allowed\"} 1",
         "quotad_checks_total{decision=\"denied\"} 1",

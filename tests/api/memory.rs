@@ -49,9 +49,14 @@ async fn a_flood_of_client_ids_stays_under_the_caps_and_every_check_still_counts
     assert_eq!(app.check_json("acme", "steady").await.0, 429);
 
     // After a sync round the gauges show what memory holds.
-    tokio::time::sleep(std::time::Duration::from_millis(1_300)).await;
-    let active = app.metric("quotad_active_counters").await;
-    assert!((1.0..=21.0).contains(&active), "active counters {active}");
+    eventually("the gauges after a sync round", || async {
+        let active = app.metric("quotad_active_counters").await;
+        let pending = app.metric("quotad_sync_pending_hits").await;
+        ((1.0..=21.0).contains(&active) && pending == 0.0)
+            .then_some(())
+            .ok_or(format!("active counters {active}, pending hits {pending}"))
+    })
+    .await;
     let capped = app
         .metric("quotad_memory_cap_checks_total{cap=\"tenant_clients\"}")
         .await;

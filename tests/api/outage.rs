@@ -102,13 +102,15 @@ async fn two_instances_ride_out_a_store_outage_and_lose_no_admitted_hit() {
     // A client neither instance has seen: decided on the local view, held until the store returns.
     let (status, _) = a.check_json("acme", "newcomer").await;
     assert_eq!(status, 200);
-    // Let a few sync rounds fail.
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    assert!(
-        a.metric("quotad_sync_pending_hits").await + b.metric("quotad_sync_pending_hits").await
-            > 0.0,
-        "hits wait in memory"
-    );
+    // Sync rounds fail: the hits wait in memory.
+    eventually("hits waiting in memory", || async {
+        let pending =
+            a.metric("quotad_sync_pending_hits").await + b.metric("quotad_sync_pending_hits").await;
+        (pending > 0.0)
+            .then_some(())
+            .ok_or(format!("{pending} pending"))
+    })
+    .await;
 
     faulty.set(Fault::Healthy);
     // After the outage the sync backs off at most 10 s; wait for both to write everything.

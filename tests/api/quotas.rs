@@ -268,8 +268,8 @@ async fn a_change_through_one_instance_is_enforced_by_another_within_refresh_ms(
         json!({"limits": [{"id": "d", "max": 100, "period": "day"}]}),
     )
     .await;
-    // refresh_ms is 100 in tests; give it a few intervals.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    // refresh_ms is 100 in tests: a few intervals, or more on a busy machine.
+    let deadline = std::time::Instant::now() + EVENTUALLY;
     loop {
         if b.check_json("acme", "k").await.0 == 200 {
             break;
@@ -285,11 +285,13 @@ async fn a_change_through_one_instance_is_enforced_by_another_within_refresh_ms(
         json!({"limits": [{"id": "d", "max": 1, "period": "day"}]}),
     )
     .await;
-    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
-    let (s, body) = b.check_json("acme", "k").await;
-    assert_eq!(
-        (s, body["limit"].clone()),
-        (429, json!(1)),
-        "lowered max enforced on counts already consumed"
-    );
+    // Once b has polled the policy (and read a's hit back), the lowered max is enforced on
+    // counts already consumed; a check b admitted before that only adds to them.
+    eventually("the lowered max enforced on b", || async {
+        let (s, body) = b.check_json("acme", "k").await;
+        (s == 429 && body["limit"] == json!(1))
+            .then_some(())
+            .ok_or(format!("{s} {body}"))
+    })
+    .await;
 }

@@ -31,11 +31,11 @@ async fn post(app: &TestApp, path: &str, body: Value, key: Option<&str>) -> (u16
     (r.status().as_u16(), r.json().await.unwrap(), replayed)
 }
 
-/// Checks until one is admitted, for at most 3 s (a few sync rounds): another instance's
+/// Checks until one is admitted, for at most `EVENTUALLY` (a few sync rounds when idle): another instance's
 /// change reaches this one at its next read back.
 async fn admitted_within_a_refresh(app: &TestApp, tenant: &str, client: &str) -> bool {
     let started = Instant::now();
-    while started.elapsed() < Duration::from_secs(3) {
+    while started.elapsed() < EVENTUALLY {
         if app.check_json(tenant, client).await.0 == 200 {
             return true;
         }
@@ -172,7 +172,8 @@ async fn a_grant_and_a_reset_on_one_instance_take_effect_on_another() {
         .await;
     assert_eq!(r.status(), 201);
     // B learns of the policies at its next poll.
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    b.usage_reaches("acme", "k1", 0).await;
+    b.usage_reaches("beta", "k1", 0).await;
 
     // A daily limit used up on A; a grant of 2 on B lets A admit 2 more, no third.
     let mut statuses = Vec::new();
@@ -180,7 +181,7 @@ async fn a_grant_and_a_reset_on_one_instance_take_effect_on_another() {
         statuses.push(a.check_json("acme", "k1").await.0);
     }
     assert_eq!(statuses, [200, 200, 200, 429]);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    b.usage_reaches("acme", "k1", 3).await;
     let grant = json!({"limit_id": "daily", "amount": 2});
     let (s, v, replayed) = post(&b, "/v1/usage/acme/k1/grant", grant.clone(), Some("g-1")).await;
     assert_eq!((s, replayed), (200, false), "{v}");
@@ -236,7 +237,7 @@ async fn a_grant_and_a_reset_on_one_instance_take_effect_on_another() {
         statuses.push(a.check_json("beta", "k1").await.0);
     }
     assert_eq!(statuses, [200, 200, 200, 200, 200, 429]);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    b.usage_reaches("beta", "k1", 5).await;
     let (s, v, _) = post(&b, "/v1/usage/beta/k1/reset", json!({}), Some("r-1")).await;
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["limits"][0]["count"], 0, "{v}");
@@ -245,7 +246,7 @@ async fn a_grant_and_a_reset_on_one_instance_take_effect_on_another() {
         "the reset did not reach A"
     );
     // A's admitted check reaches the store at its next sync round; B reads it from there.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    b.usage_reaches("beta", "k1", 1).await;
     let (s, v, _) = post(
         &b,
         "/v1/usage/beta/k1/grant",

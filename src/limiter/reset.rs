@@ -4,11 +4,12 @@
 //! Counters are increments, never sets, so a reset reads the store's buckets of each of the
 //! client's limits that still count and adds minus each one's total: every bucket ends at
 //! exactly 0, whatever instances wrote it, and the zero ages out of the window as the hits would
-//! have. This instance's unwritten hits are dropped. What no store read can see still counts
-//! afterwards: hits other instances admitted in their last sync round (`sync.interval_ms`)
-//! before the reset and had not written, and this instance's hits of a write in flight at that
-//! moment. Other instances read the new totals back at their next round for a counter in use,
-//! within eight rounds for one they only hold.
+//! have. This instance's unwritten hits are dropped, and a write of its hits under way when the
+//! reset begins is waited for, so that the read sees them. What no store read can see still
+//! counts afterwards: hits other instances admitted in their last sync round
+//! (`sync.interval_ms`) before the reset and had not written. Other instances read the new
+//! totals back at their next round for a counter in use, within eight rounds for one they only
+//! hold.
 //!
 //! A token bucket's level is not a sum of its buckets (see `tokens`): its reset is a grant of
 //! its whole deficit.
@@ -77,6 +78,7 @@ impl Limiter {
         // This instance's view first: what it read from the store, and what it admitted and has
         // not written yet, are gone. (Its unwritten hits are dropped rather than written and
         // then cancelled.)
+        let mark = self.writes.begun();
         for r in &ranges {
             self.with_state(&r.key, |s| {
                 for b in s.buckets.iter_mut() {
@@ -85,6 +87,9 @@ impl Limiter {
                 }
             });
         }
+        // Hits a round took before the reset are on their way to the store: read once they
+        // are there. (A round taken since holds only hits admitted after the reset.)
+        self.writes_done_before(mark).await;
         let read = self.store.read(&ranges).await?;
         let mut deltas = Vec::new();
         for ((l, r), buckets) in limits.iter().zip(&ranges).zip(&read) {
@@ -158,11 +163,17 @@ impl Limiter {
         now: i64,
     ) -> Result<i64, StoreError> {
         let r = Self::range_of(tenant, client, l, now);
-        let totals = self
-            .with_deadline(self.store.read(std::slice::from_ref(&r)), false)
-            .await?;
-        let mut buckets = buckets_from(totals.first().map_or(&[][..], |t| &t[..]));
-        let carry = self.add_local(l, &r, &mut buckets);
-        Ok(window::estimate(l.kind, &buckets, carry, now))
+        // Read between two sync writes, as `usage` does.
+        loop {
+            let mark = self.between_writes().await;
+            let totals = self
+                .with_deadline(self.store.read(std::slice::from_ref(&r)), false)
+                .await?;
+            let mut buckets = buckets_from(totals.first().map_or(&[][..], |t| &t[..]));
+            let carry = self.add_local(l, &r, &mut buckets);
+            if mark.is_none_or(|m| self.writes.none_since(m)) {
+                return Ok(window::estimate(l.kind, &buckets, carry, now));
+            }
+        }
     }
 }

@@ -60,18 +60,37 @@ impl Limiter {
         client: &ClientId,
         resource: Option<&str>,
     ) -> Result<Vec<Usage>, StoreError> {
-        let give_up = tokio::time::Instant::now() + WAIT_FOR_WRITES;
         loop {
-            let mark = self.writes.quiet();
-            let late = tokio::time::Instant::now() >= give_up;
-            if mark.is_none() && !late {
-                tokio::time::sleep(Duration::from_millis(1)).await;
-                continue;
-            }
+            let mark = self.between_writes().await;
             let out = self.usage_now(policy, tenant, client, resource).await?;
-            if mark.is_some_and(|m| self.writes.none_since(m)) || late {
+            if mark.is_none_or(|m| self.writes.none_since(m)) {
                 return Ok(out);
             }
+        }
+    }
+
+    /// Waits until no sync write is under way, for at most [`WAIT_FOR_WRITES`]; returns the
+    /// mark to tell, after a read, whether a snapshot was taken meanwhile (none when it gave
+    /// up waiting: the read is then as good as it gets).
+    pub(super) async fn between_writes(&self) -> Option<u64> {
+        let give_up = tokio::time::Instant::now() + WAIT_FOR_WRITES;
+        loop {
+            if let Some(mark) = self.writes.quiet() {
+                return Some(mark);
+            }
+            if tokio::time::Instant::now() >= give_up {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    /// Waits until every sync write of a snapshot taken before `mark` is done, for at most
+    /// [`WAIT_FOR_WRITES`].
+    pub(super) async fn writes_done_before(&self, mark: u64) {
+        let give_up = tokio::time::Instant::now() + WAIT_FOR_WRITES;
+        while !self.writes.done_before(mark) && tokio::time::Instant::now() < give_up {
+            tokio::time::sleep(Duration::from_millis(1)).await;
         }
     }
 

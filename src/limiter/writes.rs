@@ -45,4 +45,15 @@ impl Writes {
     pub(super) fn none_since(&self, mark: u64) -> bool {
         self.begun.load(Ordering::SeqCst) == mark
     }
+
+    /// The snapshots taken so far: a mark for [`Writes::done_before`].
+    pub(super) fn begun(&self) -> u64 {
+        self.begun.load(Ordering::SeqCst)
+    }
+
+    /// Whether every write of a snapshot taken before `mark` is done. The sync task writes
+    /// one snapshot at a time, so once a later one was taken, the earlier ones are done.
+    pub(super) fn done_before(&self, mark: u64) -> bool {
+        self.under_way.load(Ordering::SeqCst) == 0 || self.begun.load(Ordering::SeqCst) > mark
+    }
 }

@@ -323,3 +323,29 @@ async fn usage_counts_the_hits_a_write_under_way_carries() {
     let u = r.limiter.usage(&p, &t, &c, None).await.unwrap();
     assert_eq!(u[0].count, 3);
 }
+
+/// A reset while a round's write of the client's hits is under way waits for it: the read
+/// behind the reset sees those hits and cancels them, instead of their landing after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_cancels_the_hits_a_write_under_way_carries() {
+    let r = rig();
+    let p = policy(serde_json::json!({"limits": [{"id": "h", "max": 5, "period": "hour"}]}));
+    let (t, c) = ids("acme", "k1");
+    for _ in 0..2 {
+        assert!(check(&r, &p, &t, &c, 1).await.allowed);
+    }
+    let batch = r.limiter.collect(r.clock.now_ms(), false);
+    let store = r.store.clone();
+    let writer = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        store.increment(&batch.deltas).await.unwrap();
+        drop(batch);
+    });
+    let before = r.limiter.reset(&p, &t, &c, None).await.unwrap();
+    writer.await.unwrap();
+    assert_eq!(before[0].1, 2, "the reset saw the hits being written");
+    let hour = p.limits[0].kind.grain();
+    assert_eq!(stored(&r, "acme", "k1", "h", hour).await, 0);
+    let u = r.limiter.usage(&p, &t, &c, None).await.unwrap();
+    assert_eq!(u[0].count, 0, "{u:?}");
+}

@@ -343,10 +343,12 @@ impl Metrics {
     }
 
     pub fn store_op(&self, op: &str, outcome: &str, seconds: f64) {
-        self.store_ops.with_label_values(&[op, outcome]).inc();
+        // The duration first: a scrape that sees an operation counted sees its duration too
+        // (the first of an `op` creates both series).
         self.store_duration
             .with_label_values(&[op])
             .observe(seconds);
+        self.store_ops.with_label_values(&[op, outcome]).inc();
     }
 
     pub fn set_pending(&self, hits: u64) {

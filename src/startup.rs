@@ -79,6 +79,9 @@ pub struct Application {
     shutdown: watch::Sender<bool>,
     sync: JoinHandle<u64>,
     refresh: JoinHandle<()>,
+    /// The janitor of old history and audit entries: awaited at shutdown, so that nothing holds
+    /// the store once `run_until_stopped` returns (the embedded store's file is then free).
+    retention: JoinHandle<()>,
     /// The fleet heartbeat (scylla store), told to release the lease after the drain.
     fleet: Option<(watch::Sender<bool>, JoinHandle<()>)>,
 }
@@ -147,7 +150,7 @@ impl Application {
         );
         let sync = tokio::spawn(syncer.run(rx.clone()));
         let retention = Retention::new(store.clone(), clock, metrics, retention_config(&settings));
-        tokio::spawn(retention.run(rx.clone()));
+        let retention = tokio::spawn(retention.run(rx.clone()));
         let refresh = tokio::spawn(policies.run(settings.quotas.refresh_ms.get(), rx));
         let fleet = fleet.map(|f| {
             let (leave, rx) = watch::channel(false);
@@ -163,6 +166,7 @@ impl Application {
             shutdown,
             sync,
             refresh,
+            retention,
             fleet,
         })
     }
@@ -203,6 +207,7 @@ impl Application {
         tracing::info!("HTTP server stopped; writing pending hits");
         let _ = self.shutdown.send(true);
         let _ = self.refresh.await;
+        let _ = self.retention.await;
         let unsynced = self.sync.await.unwrap_or_else(|e| {
             tracing::error!(error = %e, "sync task failed");
             u64::MAX

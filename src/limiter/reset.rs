@@ -163,17 +163,14 @@ impl Limiter {
         now: i64,
     ) -> Result<i64, StoreError> {
         let r = Self::range_of(tenant, client, l, now);
-        // Read between two sync writes, as `usage` does.
-        loop {
-            let mark = self.between_writes().await;
+        self.between_writes(|| async {
             let totals = self
                 .with_deadline(self.store.read(std::slice::from_ref(&r)), false)
                 .await?;
             let mut buckets = buckets_from(totals.first().map_or(&[][..], |t| &t[..]));
             let carry = self.add_local(l, &r, &mut buckets);
-            if mark.is_none_or(|m| self.writes.none_since(m)) {
-                return Ok(window::estimate(l.kind, &buckets, carry, now));
-            }
-        }
+            Ok(window::estimate(l.kind, &buckets, carry, now))
+        })
+        .await
     }
 }

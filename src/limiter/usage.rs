@@ -4,6 +4,7 @@
 //! sync writes (see `writes`): a hit a round has taken but not yet written is in neither place,
 //! so a read that overlaps a write waits for it and reads again.
 
+use std::future::Future;
 use std::time::Duration;
 
 use super::state::buckets_from;
@@ -60,9 +61,20 @@ impl Limiter {
         client: &ClientId,
         resource: Option<&str>,
     ) -> Result<Vec<Usage>, StoreError> {
+        self.between_writes(|| self.usage_now(policy, tenant, client, resource))
+            .await
+    }
+
+    /// Runs `read` (of the store, then of this instance's unwritten hits) between two sync
+    /// writes: after any write under way, and again if a snapshot was taken meanwhile.
+    pub(super) async fn between_writes<T, F, Fut>(&self, mut read: F) -> Result<T, StoreError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, StoreError>>,
+    {
         loop {
-            let mark = self.between_writes().await;
-            let out = self.usage_now(policy, tenant, client, resource).await?;
+            let mark = self.no_write_under_way().await;
+            let out = read().await?;
             if mark.is_none_or(|m| self.writes.none_since(m)) {
                 return Ok(out);
             }
@@ -72,7 +84,7 @@ impl Limiter {
     /// Waits until no sync write is under way, for at most [`WAIT_FOR_WRITES`]; returns the
     /// mark to tell, after a read, whether a snapshot was taken meanwhile (none when it gave
     /// up waiting: the read is then as good as it gets).
-    pub(super) async fn between_writes(&self) -> Option<u64> {
+    async fn no_write_under_way(&self) -> Option<u64> {
         let give_up = tokio::time::Instant::now() + WAIT_FOR_WRITES;
         loop {
             if let Some(mark) = self.writes.quiet() {

@@ -1,12 +1,8 @@
 //! This instance's place in the fleet: it claims a write shard through the store, renews the
 //! lease on a heartbeat, and gives it back after the drain (see `store::lease` for the model).
 //!
-//! It writes what it learns into the limiter's [`Membership`], which the rest of the process
-//! reads lock-free: how many instances hold a lease now (N in the share formula) and whether
-//! this one holds its own. An instance that
-//! cannot renew stops admitting from a share it may no longer hold: once its lease may have
-//! ended, `holds_lease` turns false, the limiter decides as the policy's `on_store_failure`
-//! says, and `/readyz` answers 503 until a lease is held again.
+//! It writes what it learns into the limiter's [`Membership`] (N, its shard, whether its lease
+//! may have ended), which the check path and `/readyz` read; that module says what follows.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -10,6 +10,7 @@ use std::time::Duration;
 use super::state::buckets_from;
 use super::tokens::Carry;
 use super::window::{self, Bucket};
+use super::writes::Writes;
 use super::Limiter;
 use crate::domain::{ClientId, Limit, LimitId, Policy, TenantId};
 use crate::store::{CounterRange, StoreError};
@@ -73,7 +74,8 @@ impl Limiter {
         Fut: Future<Output = Result<T, StoreError>>,
     {
         loop {
-            let mark = self.no_write_under_way().await;
+            // None when it gave up waiting: the read is then as good as it gets.
+            let mark = self.wait_for_writes(Writes::quiet).await;
             let out = read().await?;
             if mark.is_none_or(|m| self.writes.none_since(m)) {
                 return Ok(out);
@@ -81,27 +83,24 @@ impl Limiter {
         }
     }
 
-    /// Waits until no sync write is under way, for at most [`WAIT_FOR_WRITES`]; returns the
-    /// mark to tell, after a read, whether a snapshot was taken meanwhile (none when it gave
-    /// up waiting: the read is then as good as it gets).
-    async fn no_write_under_way(&self) -> Option<u64> {
+    /// Waits until every sync write of a snapshot taken before `mark` is done, for at most
+    /// [`WAIT_FOR_WRITES`].
+    pub(super) async fn writes_done_before(&self, mark: u64) {
+        self.wait_for_writes(|w| w.done_before(mark).then_some(()))
+            .await;
+    }
+
+    /// Polls the sync writes every millisecond until `ready` gives something, for at most
+    /// [`WAIT_FOR_WRITES`] (then None).
+    async fn wait_for_writes<T>(&self, ready: impl Fn(&Writes) -> Option<T>) -> Option<T> {
         let give_up = tokio::time::Instant::now() + WAIT_FOR_WRITES;
         loop {
-            if let Some(mark) = self.writes.quiet() {
-                return Some(mark);
+            if let Some(v) = ready(&self.writes) {
+                return Some(v);
             }
             if tokio::time::Instant::now() >= give_up {
                 return None;
             }
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-    }
-
-    /// Waits until every sync write of a snapshot taken before `mark` is done, for at most
-    /// [`WAIT_FOR_WRITES`].
-    pub(super) async fn writes_done_before(&self, mark: u64) {
-        let give_up = tokio::time::Instant::now() + WAIT_FOR_WRITES;
-        while !self.writes.done_before(mark) && tokio::time::Instant::now() < give_up {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
     }

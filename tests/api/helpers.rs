@@ -245,6 +245,19 @@ impl TestApp {
         .await
     }
 
+    /// Checks until one is admitted, for at most [`EVENTUALLY`]: a change made elsewhere (a
+    /// policy, a grant, a reset on another instance) reaches this one at its next poll or read
+    /// back. Each denied try consumes nothing; the admitted one counts.
+    pub async fn admitted_eventually(&self, tenant: &str, client: &str, what: &str) {
+        eventually(what, || async {
+            let (status, body) = self.check_json(tenant, client).await;
+            (status == 200)
+                .then_some(())
+                .ok_or_else(|| format!("{status} {body}"))
+        })
+        .await
+    }
+
     /// Waits until the usage history of `client` holds `admitted` and `denied` checks in the
     /// last 24 hours (the sync task writes it).
     pub async fn history_reaches(&self, tenant: &str, client: &str, admitted: u64, denied: u64) {

@@ -1,7 +1,6 @@
 //! Reset: a client's consumption brought to zero, durably and for every instance on the store.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use quotad::store::embedded::EmbeddedStore;
 use quotad::store::DynStore;
@@ -65,18 +64,8 @@ async fn a_reset_on_one_instance_takes_effect_on_another_and_survives_a_restart(
     );
 
     // A admits again within a refresh (its counter is read back within a few sync rounds).
-    let started = Instant::now();
-    loop {
-        let (s, _) = a.check_json("acme", "k1").await;
-        if s == 200 {
-            break;
-        }
-        assert!(
-            started.elapsed() < EVENTUALLY,
-            "A still denies after the reset"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    a.admitted_eventually("acme", "k1", "A still denies after the reset")
+        .await;
 
     // One limit alone, and bad requests.
     let (s, v) = reset(

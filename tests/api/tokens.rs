@@ -2,7 +2,7 @@
 //! a test clock, and on two instances sharing one store.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use quotad::clock::ManualClock;
 use quotad::store::embedded::EmbeddedStore;
@@ -29,19 +29,6 @@ async fn post(app: &TestApp, path: &str, body: Value, key: Option<&str>) -> (u16
     let r = req.send().await.unwrap();
     let replayed = header(&r, "Idempotent-Replayed") == "true";
     (r.status().as_u16(), r.json().await.unwrap(), replayed)
-}
-
-/// Checks until one is admitted, for at most `EVENTUALLY` (a few sync rounds when idle): another instance's
-/// change reaches this one at its next read back.
-async fn admitted_within_a_refresh(app: &TestApp, tenant: &str, client: &str) -> bool {
-    let started = Instant::now();
-    while started.elapsed() < EVENTUALLY {
-        if app.check_json(tenant, client).await.0 == 200 {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    false
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -187,10 +174,8 @@ async fn a_grant_and_a_reset_on_one_instance_take_effect_on_another() {
     assert_eq!((s, replayed), (200, false), "{v}");
     assert_eq!((&v["amount"], &v["granted"]), (&json!(2), &json!(2)), "{v}");
     assert_eq!(v["limits"][0]["remaining"], 2, "{v}");
-    assert!(
-        admitted_within_a_refresh(&a, "acme", "k1").await,
-        "the grant did not reach A"
-    );
+    a.admitted_eventually("acme", "k1", "the grant did not reach A")
+        .await;
     assert_eq!(a.check_json("acme", "k1").await.0, 200);
     assert_eq!(a.check_json("acme", "k1").await.0, 429);
     // The same grant again with its key: answered from the first, nothing credited.
@@ -241,10 +226,8 @@ async fn a_grant_and_a_reset_on_one_instance_take_effect_on_another() {
     let (s, v, _) = post(&b, "/v1/usage/beta/k1/reset", json!({}), Some("r-1")).await;
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["limits"][0]["count"], 0, "{v}");
-    assert!(
-        admitted_within_a_refresh(&a, "beta", "k1").await,
-        "the reset did not reach A"
-    );
+    a.admitted_eventually("beta", "k1", "the reset did not reach A")
+        .await;
     // A's admitted check reaches the store at its next sync round; B reads it from there.
     b.usage_reaches("beta", "k1", 1).await;
     let (s, v, _) = post(

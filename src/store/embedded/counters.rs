@@ -336,7 +336,7 @@ pub(super) fn delete_expired(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::store::Delta;
     use redb::ReadableTableMetadata;
@@ -351,7 +351,8 @@ mod tests {
         add_runs(tx, runs.iter().map(|(k, a)| (k.as_slice(), &a[..])))
     }
 
-    fn key(limit: &str, grain: Grain) -> CounterKey {
+    /// A counter of client `c` of tenant `t` (also for the `legacy` tests).
+    pub(in crate::store::embedded) fn key(limit: &str, grain: Grain) -> CounterKey {
         CounterKey {
             tenant: "t".into(),
             subject: Arc::from("c"),

@@ -71,25 +71,15 @@ pub(super) fn upgrade(tx: &WriteTransaction) -> StoreResult<u64> {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use redb::ReadableTableMetadata;
 
     use super::*;
     use crate::domain::Grain;
+    use crate::store::embedded::counters::tests::key;
     use crate::store::embedded::counters::{create_tables, delete_expired, row_key};
     use crate::store::embedded::increments::Increments;
     use crate::store::embedded::{enc_i64, EmbeddedStore, DB_FILE};
     use crate::store::{BucketTotal, CounterKey, CounterRange, Delta};
-
-    fn key(limit: &str, grain: Grain) -> CounterKey {
-        CounterKey {
-            tenant: "t".into(),
-            subject: Arc::from("c"),
-            limit: limit.into(),
-            grain,
-        }
-    }
 
     fn runtime() -> tokio::runtime::Runtime {
         tokio::runtime::Builder::new_current_thread()

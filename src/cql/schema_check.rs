@@ -34,6 +34,9 @@ macro_rules! cql_name {
 cql_name!(i8 => "tinyint", i16 => "smallint", i32 => "int", i64 => "bigint",
     &str => "text", String => "text", Counter => "counter", CqlTimestamp => "timestamp",
     bool => "boolean");
+impl CqlName for &[i64] {
+    const NAME: &'static str = "list<bigint>";
+}
 impl<T: CqlName> CqlName for Option<T> {
     const NAME: &'static str = T::NAME;
 }
@@ -185,7 +188,7 @@ pub fn parse_tables(statements: &[String]) -> Vec<Table> {
 
 const KEYWORDS: &[&str] = &[
     "SELECT", "DISTINCT", "FROM", "WHERE", "AND", "UPDATE", "SET", "INSERT", "INTO", "VALUES",
-    "DELETE", "IF", "NOT", "EXISTS", "LIMIT", "TOKEN", "USING", "TTL", "NULL",
+    "DELETE", "IF", "NOT", "EXISTS", "LIMIT", "TOKEN", "USING", "TTL", "NULL", "IN",
 ];
 
 /// The column a marker inside the right-hand tuple of a multi-column relation binds:
@@ -290,6 +293,12 @@ pub fn check(
                     .to_owned()
             } else if prev == "LIMIT" || Some(i) == ttl_marker {
                 "int".to_owned()
+            } else if prev == "IN" {
+                // `c IN ?` binds a list of the column's type.
+                let ty = table
+                    .column_type(&t[i - 2])
+                    .ok_or_else(|| format!("marker after {}", t[i - 2]))?;
+                format!("list<{ty}>")
             } else if prev == "+" {
                 table.column_type(&t[i - 2]).unwrap().to_owned()
             } else if ["=", ">", "<", ">=", "<="].contains(&prev) {

@@ -33,6 +33,10 @@ pub const MIGRATION_FILES: &[(&str, &str)] = &[
         "0005_idempotency.cql",
         include_str!("../../migrations/0005_idempotency.cql"),
     ),
+    (
+        "0006_client_counters.cql",
+        include_str!("../../migrations/0006_client_counters.cql"),
+    ),
 ];
 
 /// One migration file.

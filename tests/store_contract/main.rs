@@ -24,6 +24,7 @@
 mod counters;
 mod fleet;
 mod history;
+mod upgrade;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -256,6 +257,27 @@ async fn scylla_store_passes_the_contract() {
             .unwrap()
             .is_some());
         delete_expired_removes_only_expired_buckets(&*a).await;
+    };
+    let result = std::panic::AssertUnwindSafe(run).catch_unwind().await;
+    drop_keyspace(&nodes, &ks).await;
+    if let Err(panic) = result {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Cassandra/ScyllaDB cluster: set QUOTAD_TEST_SCYLLA_NODES=host:port and run with --ignored"]
+async fn an_upgrade_keeps_the_counts_of_the_old_layout() {
+    let nodes = nodes();
+    let ks = unique_keyspace("u");
+    let opts = ScyllaOptions {
+        nodes: nodes.clone(),
+        keyspace: ks.clone(),
+        ..ScyllaOptions::default()
+    };
+    let run = async {
+        migrate::run(&opts, false, &mut Vec::new()).await.unwrap();
+        upgrade::counts_of_the_old_layout_survive_the_upgrade(&nodes, &opts).await;
     };
     let result = std::panic::AssertUnwindSafe(run).catch_unwind().await;
     drop_keyspace(&nodes, &ks).await;

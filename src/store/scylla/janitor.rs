@@ -1,22 +1,39 @@
-//! The janitor: deletes counter partitions no window can need any more.
+//! The janitor: deletes counter buckets no window can need any more.
 //!
-//! Counter tables take no TTL, so expiry sweeps the table's partition keys in token order (a
-//! cursor kept in memory, `budget` partitions deleted per call) and deletes a partition when
-//! `epoch end + grain.retention_ms() <= now` ([`partition_expired`]). The planner
-//! ([`plan_sweep`]) is pure; the store methods here only page through the ring and delete.
+//! Counter tables take no TTL, so expiry sweeps partition keys in token order, a cursor kept in
+//! memory per table:
+//! - the client partitions (`client_counters`): each one's rows are read, and every run of
+//!   buckets past its grain's retention ([`expired_runs`]) is deleted with one range delete;
+//!   at most [`MAX_CLIENTS_PER_CALL`] partitions a call, so a call stays short;
+//! - while it holds anything, the table of earlier releases (`counters`): whole partitions, once
+//!   `epoch end + grain.retention_ms() <= now` ([`partition_expired`]); a lap that finds it
+//!   empty ends the reads of it ([`super::legacy`]).
+//!
+//! The planners ([`plan_sweep`], [`expired_runs`]) are pure; the store methods here only page
+//! through the ring and delete.
 
 use futures::stream::{self, StreamExt};
 
+use std::sync::atomic::Ordering;
+
+use futures::TryStreamExt;
+
 use super::errors::{internal, map_exec, Op};
-use super::partition::partition_expired;
-use super::statements::{PartitionRow, PartitionValues, ScanValues};
+use super::legacy::NO_LEGACY;
+use super::partition::{expired_runs, partition_expired};
+use super::statements::{
+    ClientRow, ClientValues, CounterRow, PartitionRow, PartitionValues, ReadSpanValues, ScanValues,
+};
 use super::ScyllaStore;
 use crate::domain::Grain;
 use crate::store::StoreResult;
 
-/// Most partition keys one `delete_expired` call examines, so a call stays short even on a
-/// huge table with little to delete.
+/// Most partition keys of the old table one `delete_expired` call examines, so a call stays
+/// short even on a huge table with little to delete.
 const MAX_SWEEP_PER_CALL: usize = 20_000;
+/// Most client partitions one call reads: each is a query, and the sync task waits while the
+/// janitor runs.
+const MAX_CLIENTS_PER_CALL: usize = 1_000;
 
 /// What one page of the janitor's sweep does.
 #[derive(Debug, PartialEq, Eq)]
@@ -63,13 +80,98 @@ fn plan_sweep(
 }
 
 impl ScyllaStore {
-    /// Deletes whole expired partitions (see the module comment), at most `budget` per call;
+    /// Deletes expired buckets (see the module comment), about `budget` a call: rows of the
+    /// client partitions (a run of them is one range delete), and partitions of the old table
+    /// while it holds any. Less than `budget` means this call's part of the sweep found no
+    /// more; calling until 0 twice in a row sweeps everything.
+    pub(super) async fn sweep_expired(&self, now_ms: i64, budget: usize) -> StoreResult<u64> {
+        let mut deleted = 0;
+        if self.legacy_until.load(Ordering::Relaxed) != NO_LEGACY {
+            deleted += self.sweep_legacy(now_ms, budget).await?;
+        }
+        let left = budget.saturating_sub(deleted as usize);
+        Ok(deleted + self.sweep_clients(now_ms, left).await?)
+    }
+
+    /// Up to [`MAX_CLIENTS_PER_CALL`] client partitions from the cursor on, until `budget` rows
+    /// went or the lap ended.
+    async fn sweep_clients(&self, now_ms: i64, budget: usize) -> StoreResult<u64> {
+        let mut deleted = 0u64;
+        let mut scanned = 0usize;
+        let page_limit = budget.clamp(10, 500);
+        while (deleted as usize) < budget && scanned < MAX_CLIENTS_PER_CALL {
+            let cursor = *self.client_cursor.lock().unwrap_or_else(|p| p.into_inner());
+            let page = self.scan_clients(cursor, page_limit).await?;
+            scanned += page.len();
+            let page = &page;
+            let counts: Vec<u64> = stream::iter(0..page.len())
+                .map(|i| self.expire_client(&page[i].0, now_ms))
+                .buffer_unordered(self.max_concurrency)
+                .try_collect()
+                .await?;
+            deleted += counts.iter().sum::<u64>();
+            let next = match page.last() {
+                Some((_, t)) if page.len() >= page_limit => *t,
+                _ => i64::MIN,
+            };
+            // Only now: a failed call looks at the same partitions again (deleting twice is
+            // harmless).
+            *self.client_cursor.lock().unwrap_or_else(|p| p.into_inner()) = next;
+            if next == i64::MIN {
+                break;
+            }
+        }
+        Ok(deleted)
+    }
+
+    /// The next `limit` client partitions after `cursor` in token order, with tokens.
+    async fn scan_clients(&self, cursor: i64, limit: usize) -> StoreResult<Vec<(ClientRow, i64)>> {
+        let values: ScanValues = (cursor, i32::try_from(limit).unwrap_or(i32::MAX));
+        let res = self
+            .session
+            .execute_unpaged(&self.st.scan_clients, values)
+            .await
+            .map_err(|e| map_exec(e, Op::Read))?;
+        let rows = res.into_rows_result().map_err(internal)?;
+        let mut out = Vec::with_capacity(rows.rows_num());
+        for row in rows.rows::<ClientRow>().map_err(internal)? {
+            let row = row.map_err(internal)?;
+            let key: ClientValues<'_> = (&row.0, &row.1);
+            let token = self
+                .st
+                .read_client
+                .calculate_token(&key)
+                .map_err(internal)?
+                .map(|t| t.value())
+                .ok_or_else(|| internal("no token for a client partition"))?;
+            out.push((row, token));
+        }
+        Ok(out)
+    }
+
+    /// Deletes a client's expired runs of buckets; returns how many rows they held.
+    async fn expire_client(&self, c: &ClientRow, now_ms: i64) -> StoreResult<u64> {
+        let key: ClientValues<'_> = (&c.0, &c.1);
+        let rows: Vec<CounterRow> = self.read_all(&self.st.read_client, key).await?;
+        let keys: Vec<(i64, i64)> = rows.iter().map(|r| (r.0, r.2)).collect();
+        let runs = expired_runs(&keys, now_ms);
+        let doomed = keys
+            .iter()
+            .filter(|(s, _)| runs.iter().any(|(a, b)| (a..=b).contains(&s)))
+            .count() as u64;
+        let deletes: Vec<ReadSpanValues<'_>> =
+            runs.iter().map(|&(a, b)| (&*c.0, &*c.1, a, b)).collect();
+        self.run_all(&self.st.delete_starts, deletes).await?;
+        Ok(doomed)
+    }
+
+    /// Deletes whole expired partitions of the old table (see the module comment), at most `budget` per call;
     /// returns how many partitions went (a partition holds up to 64 buckets). Each call
     /// continues the sweep where the last stopped and ends at the end of a lap of the token
     /// ring, or after examining `MAX_SWEEP_PER_CALL` keys. So 0 means "nothing expired from
     /// where this call started to the end of the ring" (on a table under 20,000 partitions);
     /// calling until 0 twice in a row sweeps everything.
-    pub(super) async fn sweep_expired(&self, now_ms: i64, budget: usize) -> StoreResult<u64> {
+    async fn sweep_legacy(&self, now_ms: i64, budget: usize) -> StoreResult<u64> {
         let mut deleted = 0u64;
         let mut scanned = 0usize;
         let scan_limit = budget.saturating_mul(4).clamp(100, 5_000);
@@ -79,6 +181,12 @@ impl ScyllaStore {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner());
             let page = self.scan_partitions(cursor, scan_limit).await?;
+            if cursor == i64::MIN && page.is_empty() {
+                // A whole lap found nothing: the old table is empty for good (nothing
+                // writes it).
+                self.legacy_emptied();
+                break;
+            }
             scanned += page.len();
             let sweep = plan_sweep(&page, cursor, scan_limit, now_ms, budget - deleted as usize);
             self.delete_partitions(&sweep.doomed).await?;

@@ -1,26 +1,27 @@
 //! The Cassandra/ScyllaDB store: counters in counter tables, policies in a regular table.
 //!
-//! Schema: `migrations/0001_counters.cql`, `0002_policies.cql`, `0003_members.cql`,
-//! `0004_history_audit.cql` and `0005_idempotency.cql`. Every statement is prepared once in [`ScyllaStore::connect`] from
+//! Schema: `migrations/0001_counters.cql` to `0006_client_counters.cql`. Every statement is prepared once in [`ScyllaStore::connect`] from
 //! one table ([`statements`]).
 //!
-//! Counters. A bucket is a row `(tenant, subject, limit_id, grain, epoch, shard, bucket_start)`:
+//! Counters ([`counters`], `migrations/0006_client_counters.cql`). A partition per (tenant,
+//! subject), a row per (bucket start, limit id, grain, shard):
+//! - one sync round writes a client's hits, for all its limits and buckets, in one COUNTER
+//!   batch, and one query reads all of a client's counters at the bucket starts its windows
+//!   need, every shard at once;
 //! - `shard` is this instance's write shard ([`ScyllaOptions::shard`]): instances never
-//!   increment the same cell, and a read sums `shards` partitions.
-//! - `epoch` is a coarse time bucket ([`partition`]): a partition holds at most 64 rows, and
-//!   a window's buckets lie in at most two partitions per shard.
-//! - Increments are never retried ([`store`]); a timed-out write is `Uncertain` ([`errors`]).
+//!   increment the same cell, and a read sums what it gets back;
+//! - increments are never retried; a timed-out write is `Uncertain` ([`errors`]).
 //!
 //! Which way counts err: a write that timed out may still land. The caller drops those hits
 //! rather than resend them, so the stored count can only be *lower* than the hits admitted
 //! (under-count, by at most the uncertain writes), never double-counted.
 //!
-//! Expiry ([`janitor`]) deletes whole partitions once `epoch end + grain.retention_ms() <= now`:
-//! by then no window reads any bucket in it and no writer has a reason to write there, because
-//! writers only write the buckets of hits they admitted, which are current. The one exception
-//! is a flush delayed past retention by a long outage: its increment lands in a deleted
-//! partition (a counter deleted then incremented is unreliable) — a count nobody reads, which
-//! the next sweep deletes again. Never reused keys therefore never matter to a reader.
+//! Expiry ([`janitor`]) sweeps the client partitions and deletes runs of buckets past their
+//! grain's retention with range deletes: by then no window reads them and no writer writes
+//! there, because writers only write the buckets of hits they admitted, which are current.
+//! Reads name exact bucket starts, so rows waiting for the sweep cost storage, not reads.
+//! The layout of earlier releases (`counters`, a partition per counter, epoch and shard) is
+//! still read and expired after an upgrade until it is empty ([`legacy`]).
 //!
 //! Policies ([`policies`]) are written with lightweight transactions, so two admins on two
 //! instances cannot both write version 2; every change bumps a generation counter.
@@ -32,11 +33,13 @@
 //! `quotad migrate`; they are re-exported here under their old paths.
 
 mod audit;
+mod counters;
 mod errors;
 mod history;
 mod idempotency;
 mod janitor;
 mod lease;
+mod legacy;
 mod partition;
 mod policies;
 mod statements;

@@ -155,39 +155,104 @@ pub(crate) fn months_between(first: i32, last: i32) -> Vec<i32> {
     out
 }
 
-/// One counter partition written by this instance.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) struct PartitionWrite {
-    pub(crate) key: CounterKey,
-    pub(crate) epoch: i64,
-    /// (bucket start, summed delta), by start, zero sums dropped.
-    pub(crate) rows: Vec<(i64, i64)>,
+/// Most bucket starts one range names in a read (`bucket_start IN ?`); a wider range is read
+/// as a span of starts instead. More than a window's estimate reads
+/// ([`crate::domain::MAX_BUCKETS_READ`]).
+pub(crate) const MAX_STARTS_PER_RANGE: usize = 64;
+/// Most values in one `IN` list: ScyllaDB refuses more than 100 clustering-key restrictions in
+/// one query by default.
+pub(crate) const MAX_IN_VALUES: usize = 100;
+
+/// The bucket starts of `grain` in `[from, to]`, oldest first; None when there are more than
+/// [`MAX_STARTS_PER_RANGE`] (or the arithmetic leaves the representable range).
+pub(crate) fn starts_in(grain: Grain, from: i64, to: i64) -> Option<Vec<i64>> {
+    let mut out = Vec::new();
+    let mut s = grain.bucket_start(from);
+    if s < from {
+        s = grain.bucket_end(s);
+    }
+    while s <= to {
+        if out.len() == MAX_STARTS_PER_RANGE {
+            return None;
+        }
+        out.push(s);
+        let next = grain.bucket_end(s);
+        if next <= s {
+            return None;
+        }
+        s = next;
+    }
+    Some(out)
 }
 
-/// Groups increments by partition, summing duplicates; an increment that sums to zero is not
-/// sent at all.
-pub(crate) fn group_increments(deltas: &[Delta]) -> StoreResult<Vec<PartitionWrite>> {
-    let mut by_part: BTreeMap<(&CounterKey, i64), BTreeMap<i64, i64>> = BTreeMap::new();
+/// One client's increments of a round: the rows of one partition.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct ClientWrite<'a> {
+    pub(crate) tenant: &'a str,
+    pub(crate) subject: &'a str,
+    /// (bucket start, limit id, grain code, summed delta), in clustering order, zero sums
+    /// dropped.
+    pub(crate) rows: Vec<(i64, &'a str, i64, i64)>,
+}
+
+/// Groups increments by client partition, summing duplicates; an increment that sums to zero
+/// is not sent at all.
+pub(crate) fn group_by_client(deltas: &[Delta]) -> StoreResult<Vec<ClientWrite<'_>>> {
+    type Rows<'a> = BTreeMap<(i64, &'a str, i64), i64>;
+    let mut by_client: BTreeMap<(&str, &str), Rows<'_>> = BTreeMap::new();
     for d in deltas {
-        let epoch = epoch_of(d.key.grain, d.start)?;
-        let sum = by_part
-            .entry((&d.key, epoch))
+        let k: &CounterKey = &d.key;
+        let sum = by_client
+            .entry((&*k.tenant, &*k.subject))
             .or_default()
-            .entry(d.start)
+            .entry((d.start, &*k.limit, k.grain.code()))
             .or_insert(0);
         *sum = sum
             .checked_add(d.delta)
             .ok_or_else(|| StoreError::Internal("increment overflows i64".into()))?;
     }
-    Ok(by_part
+    Ok(by_client
         .into_iter()
-        .map(|((key, epoch), rows)| PartitionWrite {
-            key: key.clone(),
-            epoch,
-            rows: rows.into_iter().filter(|&(_, d)| d != 0).collect(),
+        .map(|((tenant, subject), rows)| ClientWrite {
+            tenant,
+            subject,
+            rows: rows
+                .into_iter()
+                .filter(|&(_, d)| d != 0)
+                .map(|((start, limit, grain), d)| (start, limit, grain, d))
+                .collect(),
         })
-        .filter(|p| !p.rows.is_empty())
+        .filter(|c| !c.rows.is_empty())
         .collect())
+}
+
+/// The runs of a client's rows (in clustering order: by bucket start) that no window can need
+/// at `now_ms`, as inclusive ranges of bucket starts. A start is expired when every row at it
+/// is (`start + grain.retention_ms() <= now_ms`; a grain code this version does not know never
+/// is), so a range never covers a row still needed, even one of another grain at the same
+/// start.
+pub(crate) fn expired_runs(rows: &[(i64, i64)], now_ms: i64) -> Vec<(i64, i64)> {
+    let mut runs: Vec<(i64, i64)> = Vec::new();
+    let mut open: Option<(i64, i64)> = None;
+    for same in rows.chunk_by(|a, b| a.0 == b.0) {
+        let start = same[0].0;
+        let expired = same.iter().all(|&(s, code)| {
+            Grain::from_code(code)
+                .and_then(|g| s.checked_add(g.retention_ms()))
+                .is_some_and(|horizon| horizon <= now_ms)
+        });
+        open = match (open, expired) {
+            (Some((a, _)), true) => Some((a, start)),
+            (None, true) => Some((start, start)),
+            (Some(run), false) => {
+                runs.push(run);
+                None
+            }
+            (None, false) => None,
+        };
+    }
+    runs.extend(open);
+    runs
 }
 
 #[cfg(test)]
@@ -272,52 +337,107 @@ mod tests {
         }
     }
 
-    fn key(tenant: &str, limit: &str, grain: Grain) -> CounterKey {
+    fn key(tenant: &str, subject: &str, limit: &str, grain: Grain) -> CounterKey {
         CounterKey {
             tenant: tenant.into(),
-            subject: "k1".into(),
+            subject: subject.into(),
             limit: limit.into(),
             grain,
         }
     }
 
     #[test]
-    fn increments_are_grouped_per_partition_and_summed() {
-        let a = key("acme", "l1", Grain::Fixed(1_000));
-        let b = key("acme", "l2", Grain::Fixed(1_000));
+    fn increments_are_grouped_per_client_and_summed() {
+        let a = key("acme", "k1", "l1", Grain::Fixed(1_000));
+        let b = key("acme", "k1", "l2", Grain::Month);
+        let c = key("acme", "k2", "l1", Grain::Fixed(1_000));
         let d = |k: &CounterKey, start, delta| Delta {
             key: k.clone(),
             start,
             delta,
         };
-        let parts = group_increments(&[
+        let deltas = [
+            d(&a, 2_000, 1),
             d(&a, 1_000, 2),
             d(&a, 1_000, 3),
-            d(&a, 2_000, 1),
-            d(&a, 64_000, 7), // next epoch
-            d(&b, 1_000, 1),
-            d(&b, 2_000, 4),
-            d(&b, 2_000, -4), // sums to nothing: not sent
-        ])
-        .unwrap();
-        type Got<'a> = (&'a str, i64, Vec<(i64, i64)>);
-        let got: Vec<Got<'_>> = parts
-            .iter()
-            .map(|p| (&*p.key.limit, p.epoch, p.rows.clone()))
-            .collect();
+            d(&b, 0, 4),
+            d(&c, 1_000, 1),
+            d(&c, 2_000, 4),
+            d(&c, 2_000, -4), // sums to nothing: not sent
+        ];
+        let got = group_by_client(&deltas).unwrap();
+        let month = Grain::Month.code();
         assert_eq!(
             got,
             vec![
-                ("l1", 0, vec![(1_000, 5), (2_000, 1)]),
-                ("l1", 1, vec![(64_000, 7)]),
-                ("l2", 0, vec![(1_000, 1)]),
+                ClientWrite {
+                    tenant: "acme",
+                    subject: "k1",
+                    rows: vec![
+                        (0, "l2", month, 4),
+                        (1_000, "l1", 1_000, 5),
+                        (2_000, "l1", 1_000, 1)
+                    ],
+                },
+                ClientWrite {
+                    tenant: "acme",
+                    subject: "k2",
+                    rows: vec![(1_000, "l1", 1_000, 1)],
+                },
             ]
         );
-        assert!(group_increments(&[d(&a, 0, 1), d(&b, 0, -1)])
-            .unwrap()
-            .iter()
-            .all(|p| p.rows.len() == 1));
-        assert!(group_increments(&[]).unwrap().is_empty());
+        let zero = [d(&a, 0, 1), d(&a, 0, -1)];
+        assert!(group_by_client(&zero).unwrap().is_empty());
+        let over = [d(&a, 0, i64::MAX), d(&a, 0, 1)];
+        assert!(group_by_client(&over).is_err());
+    }
+
+    #[test]
+    fn a_range_names_its_bucket_starts() {
+        let g = Grain::Fixed(1_000);
+        assert_eq!(starts_in(g, 1_000, 3_000), Some(vec![1_000, 2_000, 3_000]));
+        assert_eq!(starts_in(g, 1_001, 3_999), Some(vec![2_000, 3_000]));
+        assert_eq!(starts_in(g, 5_000, 4_000), Some(vec![]));
+        assert_eq!(starts_in(g, 0, 63_000).map(|v| v.len()), Some(64));
+        assert_eq!(starts_in(g, 0, 64_000), None, "too many: read as a span");
+        let t = |s: &str| DateTime::parse_from_rfc3339(s).unwrap().timestamp_millis();
+        assert_eq!(
+            starts_in(
+                Grain::Month,
+                t("2026-10-15T00:00:00Z"),
+                t("2026-12-01T00:00:00Z")
+            ),
+            Some(vec![t("2026-11-01T00:00:00Z"), t("2026-12-01T00:00:00Z")])
+        );
+        // Every window's estimate fits in one list.
+        assert!(crate::domain::MAX_BUCKETS_READ as usize <= MAX_STARTS_PER_RANGE);
+    }
+
+    #[test]
+    fn expired_runs_never_cover_a_needed_row() {
+        let s = Grain::Fixed(1_000);
+        let r = s.retention_ms();
+        let m = Grain::Month.code();
+        let now = 100_000 + r;
+        // 1..=3 s expired; at 100 s a needed row of the same grain; at 50 s a monthly row
+        // (needed far longer) shares its start with an expired one.
+        let rows = [
+            (1_000, 1_000),
+            (2_000, 1_000),
+            (3_000, 1_000),
+            (50_000, 1_000),
+            (50_000, m),
+            (60_000, 1_000),
+            (100_000, 1_000),
+            (100_001, 1_000),
+        ];
+        assert_eq!(
+            expired_runs(&rows, now),
+            vec![(1_000, 3_000), (60_000, 100_000)]
+        );
+        // Unknown grain codes are never expired; a run at the end is closed.
+        assert_eq!(expired_runs(&[(1, 0), (2, 1_000)], i64::MAX), vec![(2, 2)]);
+        assert!(expired_runs(&[], now).is_empty());
     }
 
     #[test]

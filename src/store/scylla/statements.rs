@@ -17,21 +17,63 @@ use crate::store::StoreResult;
 
 /// Rows per page when loading every policy: bodies are up to 64 KiB each.
 const POLICY_PAGE_SIZE: i32 = 100;
+/// Rows per page when the janitor reads a client's every row.
+const JANITOR_PAGE_SIZE: i32 = 1_000;
 /// Rows per page of the audit log: an entry holds up to two policy bodies.
 const AUDIT_PAGE_SIZE: i32 = 50;
 
-pub(crate) const INCREMENT_CQL: &str = "UPDATE counters SET hits = hits + ? WHERE tenant = ? \
-     AND subject = ? AND limit_id = ? AND grain = ? AND epoch = ? AND shard = ? \
-     AND bucket_start = ?";
-pub(crate) type IncrementValues<'a> = (Counter, &'a str, &'a str, &'a str, i64, i64, i16, i64);
+/// Counters (`migrations/0006_client_counters.cql`): one partition per (tenant, subject).
+pub(crate) const INCREMENT_CQL: &str = "UPDATE client_counters SET hits = hits + ? WHERE \
+     tenant = ? AND subject = ? AND bucket_start = ? AND limit_id = ? AND grain = ? AND shard = ?";
+pub(crate) type IncrementValues<'a> = (Counter, &'a str, &'a str, i64, &'a str, i64, i16);
 
-pub(crate) const READ_BUCKETS_CQL: &str = "SELECT bucket_start, hits FROM counters WHERE \
+/// A client's rows at the bucket starts its windows need, every limit and shard at once.
+pub(crate) const READ_STARTS_CQL: &str = "SELECT bucket_start, limit_id, grain, shard, hits \
+     FROM client_counters WHERE tenant = ? AND subject = ? AND bucket_start IN ?";
+pub(crate) type ReadStartsValues<'a> = (&'a str, &'a str, &'a [i64]);
+pub(crate) type CounterRow = (i64, String, i64, i16, Option<Counter>);
+
+/// A client's rows from one bucket start to another: for ranges too wide to name each start.
+pub(crate) const READ_SPAN_CQL: &str = "SELECT bucket_start, limit_id, grain, shard, hits \
+     FROM client_counters WHERE tenant = ? AND subject = ? AND bucket_start >= ? \
+     AND bucket_start <= ?";
+pub(crate) type ReadSpanValues<'a> = (&'a str, &'a str, i64, i64);
+
+/// The janitor: a client's every row (keys and counts; the counts tell nothing it needs, but a
+/// counter table has no cheaper way to list its rows).
+pub(crate) const READ_CLIENT_CQL: &str = "SELECT bucket_start, limit_id, grain, shard, hits \
+     FROM client_counters WHERE tenant = ? AND subject = ?";
+pub(crate) type ClientValues<'a> = (&'a str, &'a str);
+
+/// The janitor's sweep: client partitions in token order after a cursor.
+pub(crate) const SCAN_CLIENTS_CQL: &str = "SELECT DISTINCT tenant, subject FROM \
+     client_counters WHERE token(tenant, subject) > ? LIMIT ?";
+pub(crate) type ClientRow = (String, String);
+
+/// A run of expired buckets of one client, deleted as one range.
+pub(crate) const DELETE_STARTS_CQL: &str = "DELETE FROM client_counters WHERE tenant = ? AND \
+     subject = ? AND bucket_start >= ? AND bucket_start <= ?";
+
+/// When the layout of 0006 first served a keyspace holding counts in the layout of 0001.
+pub(crate) const CLAIM_LAYOUT_CQL: &str =
+    "INSERT INTO counter_layouts (name, since) VALUES (?, ?) IF NOT EXISTS";
+pub(crate) type ClaimLayoutValues<'a> = (&'a str, i64);
+pub(crate) const READ_LAYOUT_CQL: &str = "SELECT since FROM counter_layouts WHERE name = ?";
+pub(crate) type ReadLayoutValues<'a> = (&'a str,);
+pub(crate) type LayoutRow = (Option<i64>,);
+
+/// The layout of 0001 (`counters`), read and expired after an upgrade, never written.
+pub(crate) const LEGACY_READ_BUCKETS_CQL: &str = "SELECT bucket_start, hits FROM counters WHERE \
      tenant = ? AND subject = ? AND limit_id = ? AND grain = ? AND epoch = ? AND shard = ? \
      AND bucket_start >= ? AND bucket_start <= ?";
 pub(crate) type ReadBucketsValues<'a> = (&'a str, &'a str, &'a str, i64, i64, i16, i64, i64);
 pub(crate) type BucketRow = (i64, Option<Counter>);
 
-/// The janitor's sweep: partition keys in token order after a cursor.
+/// Whether the old table holds anything at all.
+pub(crate) const LEGACY_ANY_CQL: &str = "SELECT DISTINCT tenant, subject, limit_id, grain, \
+     epoch, shard FROM counters LIMIT 1";
+
+/// The janitor's sweep of the old table: partition keys in token order after a cursor.
 pub(crate) const SCAN_PARTITIONS_CQL: &str = "SELECT DISTINCT tenant, subject, limit_id, grain, \
      epoch, shard FROM counters WHERE token(tenant, subject, limit_id, grain, epoch, shard) > ? \
      LIMIT ?";
@@ -319,8 +361,20 @@ macro_rules! statements {
 
 statements! {
     increment: INCREMENT_CQL, idempotent: false, binds: IncrementValues<'static>;
-    read_buckets: READ_BUCKETS_CQL, idempotent: true, binds: ReadBucketsValues<'static>,
-        row: BucketRow;
+    read_starts: READ_STARTS_CQL, idempotent: true, binds: ReadStartsValues<'static>,
+        row: CounterRow;
+    read_span: READ_SPAN_CQL, idempotent: true, binds: ReadSpanValues<'static>,
+        row: CounterRow;
+    read_client: READ_CLIENT_CQL, idempotent: true, binds: ClientValues<'static>,
+        row: CounterRow, setup: in_janitor_pages;
+    scan_clients: SCAN_CLIENTS_CQL, idempotent: true, binds: ScanValues, row: ClientRow;
+    delete_starts: DELETE_STARTS_CQL, idempotent: true, binds: ReadSpanValues<'static>;
+    claim_layout: CLAIM_LAYOUT_CQL, idempotent: false, binds: ClaimLayoutValues<'static>;
+    read_layout: READ_LAYOUT_CQL, idempotent: true, binds: ReadLayoutValues<'static>,
+        row: LayoutRow, setup: at_local_serial;
+    legacy_read_buckets: LEGACY_READ_BUCKETS_CQL, idempotent: true,
+        binds: ReadBucketsValues<'static>, row: BucketRow;
+    legacy_any: LEGACY_ANY_CQL, idempotent: true, binds: (), row: PartitionRow;
     scan_partitions: SCAN_PARTITIONS_CQL, idempotent: true, binds: ScanValues,
         row: PartitionRow;
     delete_partition: DELETE_PARTITION_CQL, idempotent: true, binds: PartitionValues<'static>;
@@ -400,6 +454,10 @@ statements! {
 
 fn at_local_serial(p: &mut PreparedStatement) {
     p.set_consistency(Consistency::LocalSerial);
+}
+
+fn in_janitor_pages(p: &mut PreparedStatement) {
+    p.set_page_size(JANITOR_PAGE_SIZE);
 }
 
 fn in_policy_pages(p: &mut PreparedStatement) {

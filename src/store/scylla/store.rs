@@ -1,17 +1,13 @@
 //! The store itself: one session, the prepared statements, and the counter operations.
 //!
-//! Increments are grouped per partition into one COUNTER batch (a batch is routed by its
-//! first statement, so one partition per batch keeps routing right), partitions written in
-//! parallel with bounded concurrency. They are never retried: counter writes are not
-//! idempotent, so a timed-out write is reported as [`StoreError::Uncertain`]. A read sums
-//! the partitions of every used shard of each epoch; the part found in this instance's own
-//! shard is [`BucketTotal::mine`]. Which shard is this instance's, and which are used, comes
-//! from its lease ([`super::lease`]); without a lease an increment fails as unavailable, so
-//! the hits stay pending until one is held again.
+//! The counter operations themselves are [`super::counters`] (and [`super::legacy`] for the
+//! layout of earlier releases). Counter writes are never retried: they are not idempotent, so
+//! a timed-out write is reported as [`StoreError::Uncertain`]. Which shard is this instance's
+//! comes from its lease ([`super::lease`]); without a lease an increment fails as
+//! unavailable, so the hits stay pending until one is held again.
 
-use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
@@ -23,21 +19,14 @@ use scylla::client::session::Session;
 use scylla::statement::batch::{Batch, BatchType};
 use scylla::statement::prepared::PreparedStatement;
 use scylla::statement::SerialConsistency;
-use scylla::value::Counter;
 
-use super::errors::{
-    combine_write_outcomes, internal, map_exec, map_new_session, map_next_row, map_pager, Op,
-};
-use super::partition::{
-    epochs_of_range, group_increments, months_between, months_spanned, PartitionWrite,
-};
-use super::statements::{
-    BucketRow, IncrementValues, MonthNameValues, MonthRow, NameRow, ReadBucketsValues, Statements,
-};
+use super::errors::{internal, map_exec, map_new_session, map_next_row, map_pager, Op};
+use super::legacy::NO_LEGACY;
+use super::partition::{months_between, months_spanned};
+use super::statements::{MonthNameValues, MonthRow, NameRow, Statements};
 use crate::cql::{lwt_applied, session_builder, ScyllaOptions};
 use crate::store::{
-    BucketTotal, CounterKey, CounterRange, CounterStore, Delta, PolicyStore, StoreError,
-    StoreResult,
+    BucketTotal, CounterRange, CounterStore, Delta, PolicyStore, StoreError, StoreResult,
 };
 
 /// The widest range of months read month by month; a wider one goes through the month index
@@ -53,9 +42,14 @@ pub struct ScyllaStore {
     /// The shards a read sums: every shard ever claimed.
     pub(super) read_shards: ArcSwap<Vec<i16>>,
     pub(super) max_concurrency: usize,
-    /// Token after which the janitor's next sweep continues. A std mutex: it is only read and
-    /// written between awaits, never held across one.
+    /// Token after which the janitor's next sweep of the old counter table continues. A std
+    /// mutex: it is only read and written between awaits, never held across one.
     pub(super) janitor_cursor: Mutex<i64>,
+    /// Likewise, for the client partitions.
+    pub(super) client_cursor: Mutex<i64>,
+    /// Ranges that begin before this instant also read the old counter table
+    /// ([`super::legacy`]); [`NO_LEGACY`] once it is empty.
+    pub(super) legacy_until: AtomicI64,
 }
 
 impl fmt::Debug for ScyllaStore {
@@ -86,14 +80,19 @@ impl ScyllaStore {
         }
         let session = builder.build().await.map_err(map_new_session)?;
         let st = Statements::prepare(&session).await?;
-        Ok(ScyllaStore {
+        let store = ScyllaStore {
             session,
             st,
             shard: AtomicI32::new(-1),
             read_shards: ArcSwap::from_pointee(Vec::new()),
             max_concurrency: opts.max_concurrency,
             janitor_cursor: Mutex::new(i64::MIN),
-        })
+            client_cursor: Mutex::new(i64::MIN),
+            legacy_until: AtomicI64::new(NO_LEGACY),
+        };
+        let until = store.legacy_until().await?;
+        store.legacy_until.store(until, Ordering::Relaxed);
+        Ok(store)
     }
 
     /// This instance's write shard, while it holds a lease.
@@ -121,27 +120,6 @@ impl ScyllaStore {
             .map_err(|e| map_exec(e, Op::Write))?;
         let rows = res.into_rows_result().map_err(internal)?;
         lwt_applied(&rows).map_err(StoreError::Internal)
-    }
-
-    async fn write_partition(&self, p: &PartitionWrite, shard: i16) -> StoreResult<()> {
-        let k = &p.key;
-        let values: Vec<IncrementValues<'_>> = p
-            .rows
-            .iter()
-            .map(|&(start, delta)| {
-                (
-                    Counter(delta),
-                    &*k.tenant,
-                    &*k.subject,
-                    &*k.limit,
-                    k.grain.code(),
-                    p.epoch,
-                    shard,
-                    start,
-                )
-            })
-            .collect();
-        self.counter_batch(&self.st.increment, &values).await
     }
 
     /// Applies counter updates of ONE partition: a single statement, or a COUNTER batch (one
@@ -269,38 +247,6 @@ impl ScyllaStore {
         .await?;
         Ok(held.into_iter().flatten().collect())
     }
-
-    async fn read_partition(
-        &self,
-        key: &CounterKey,
-        epoch: i64,
-        shard: i16,
-        from: i64,
-        to: i64,
-    ) -> StoreResult<Vec<(i64, i64)>> {
-        let values: ReadBucketsValues<'_> = (
-            &key.tenant,
-            &key.subject,
-            &key.limit,
-            key.grain.code(),
-            epoch,
-            shard,
-            from,
-            to,
-        );
-        let res = self
-            .session
-            .execute_unpaged(&self.st.read_buckets, values)
-            .await
-            .map_err(|e| map_exec(e, Op::Read))?;
-        let rows = res.into_rows_result().map_err(internal)?;
-        let mut out = Vec::with_capacity(rows.rows_num());
-        for row in rows.rows::<BucketRow>().map_err(internal)? {
-            let (start, hits) = row.map_err(internal)?;
-            out.push((start, hits.map_or(0, |Counter(n)| n)));
-        }
-        Ok(out)
-    }
 }
 
 #[async_trait]
@@ -310,61 +256,11 @@ impl CounterStore for ScyllaStore {
     }
 
     async fn increment(&self, deltas: &[Delta]) -> StoreResult<()> {
-        let shard = self.shard().ok_or_else(|| {
-            StoreError::Unavailable("this instance holds no shard lease; nothing written".into())
-        })?;
-        let parts = group_increments(deltas)?;
-        let outcomes: Vec<StoreResult<()>> = stream::iter(0..parts.len())
-            .map(|i| self.write_partition(&parts[i], shard))
-            .buffer_unordered(self.max_concurrency)
-            .collect()
-            .await;
-        combine_write_outcomes(outcomes)
+        self.increment_clients(deltas).await
     }
 
     async fn read(&self, ranges: &[CounterRange]) -> StoreResult<Vec<Vec<BucketTotal>>> {
-        let shards = self.read_shards.load();
-        let mine = self.shard.load(Ordering::Relaxed);
-        let mut queries = Vec::new();
-        for (i, r) in ranges.iter().enumerate() {
-            if r.from > r.to {
-                continue;
-            }
-            for epoch in epochs_of_range(r.key.grain, r.from, r.to)? {
-                for &shard in shards.iter() {
-                    queries.push((i, epoch, shard));
-                }
-            }
-        }
-        let results: Vec<(usize, i16, Vec<(i64, i64)>)> =
-            stream::iter(queries.into_iter().map(|(i, epoch, shard)| async move {
-                let r = &ranges[i];
-                let rows = self
-                    .read_partition(&r.key, epoch, shard, r.from, r.to)
-                    .await?;
-                Ok::<_, StoreError>((i, shard, rows))
-            }))
-            .buffer_unordered(self.max_concurrency)
-            .try_collect()
-            .await?;
-        let mut sums: Vec<BTreeMap<i64, (i64, i64)>> = vec![BTreeMap::new(); ranges.len()];
-        for (i, shard, rows) in results {
-            for (start, n) in rows {
-                let e = sums[i].entry(start).or_insert((0, 0));
-                e.0 += n;
-                if i32::from(shard) == mine {
-                    e.1 += n;
-                }
-            }
-        }
-        Ok(sums
-            .into_iter()
-            .map(|m| {
-                m.into_iter()
-                    .map(|(start, (total, mine))| BucketTotal { start, total, mine })
-                    .collect()
-            })
-            .collect())
+        self.read_clients(ranges).await
     }
 
     async fn delete_expired(&self, now_ms: i64, budget: usize) -> StoreResult<u64> {

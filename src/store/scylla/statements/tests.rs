@@ -22,6 +22,13 @@ fn the_schema_parser_reads_the_migrations() {
         ["tenant", "subject", "limit_id", "grain", "epoch", "shard"]
     );
     assert_eq!(counters.clustering, ["bucket_start"]);
+    let clients = tables.iter().find(|t| t.name == "client_counters").unwrap();
+    assert_eq!(clients.partition_key, ["tenant", "subject"]);
+    assert_eq!(
+        clients.clustering,
+        ["bucket_start", "limit_id", "grain", "shard"]
+    );
+    assert_eq!(clients.column_type("hits"), Some("counter"));
     assert_eq!(counters.column_type("hits"), Some("counter"));
     let gen = tables
         .iter()
@@ -138,9 +145,11 @@ fn the_checker_catches_wrong_statements() {
     let tables = schema();
     let inc = names::<IncrementValues<'static>>();
     // A missing partition-key column (no routing, and the server refuses it).
-    let no_shard = INCREMENT_CQL.replace(" AND shard = ?", "");
-    let e = check(&tables, &no_shard, &inc[..7], None).unwrap_err();
-    assert!(e.contains("partition-key column shard"), "{e}");
+    let no_subject = INCREMENT_CQL.replace(" AND subject = ?", "");
+    let mut short = inc.clone();
+    short.remove(2);
+    let e = check(&tables, &no_subject, &short, None).unwrap_err();
+    assert!(e.contains("partition-key column subject"), "{e}");
     // A misspelt column.
     let typo = INCREMENT_CQL.replace("limit_id", "limitid");
     let e = check(&tables, &typo, &inc, None).unwrap_err();
@@ -168,7 +177,7 @@ fn the_checker_catches_wrong_statements() {
     // A row type that does not match the selection.
     assert!(check(
         &tables,
-        READ_BUCKETS_CQL,
+        LEGACY_READ_BUCKETS_CQL,
         &names::<ReadBucketsValues<'static>>(),
         Some(&["bigint", "bigint"])
     )

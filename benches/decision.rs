@@ -262,7 +262,7 @@ impl Rig {
             i += chunk;
             let now = self.clock.now_ms();
             // A round's pass: evicts, and takes the pending hits as written.
-            drop(self.limiter.collect(now, true));
+            drop(self.limiter.collect(now, true, true));
         }
         (spent, allocs)
     }

@@ -130,7 +130,7 @@ impl Application {
             store: store.clone(),
             metrics: metrics.clone(),
             auth: Arc::new(auth),
-            store_timeout: settings.store.timeout_ms.get(),
+            store_timeout: settings.store.check_timeout(),
             fleet: membership,
             forward_auth: Arc::new(api::ForwardAuth::new(&settings.forward_auth)),
         };
@@ -255,9 +255,10 @@ fn limiter_config(settings: &Settings, fleet: Arc<Membership>) -> LimiterConfig 
     LimiterConfig {
         shards: settings.limiter.shards,
         idle_ms: settings.limiter.idle_ms.0 as i64,
-        store_timeout: settings.store.timeout_ms.get(),
+        store_timeout: settings.store.check_timeout(),
         fleet,
         sync_interval_ms: settings.sync.interval_ms.0 as i64,
+        max_sync_delay_ms: settings.sync_max_delay_ms() as i64,
         max_counters: settings.limiter.max_counters,
         max_clients_per_tenant: settings.limiter.max_clients_per_tenant,
         // History rows live one sync round: as many as counters is room for every active client.

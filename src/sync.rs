@@ -104,25 +104,34 @@ impl Syncer {
         }
     }
 
-    /// One sync round, write then read back at once. On a failed write the hits stay pending
-    /// and the error is returned.
+    /// One sync round of everything, write then read back at once: every pending hit is
+    /// written, whatever `sync.max_delay_ms` allows (shutdown's drain, tests). On a failed
+    /// write the hits stay pending and the error is returned.
     pub async fn round(&self) -> Result<Round, StoreError> {
-        let (ranges, mut round) = self.write().await?;
+        let (ranges, mut round) = self.write_round(true, true).await?;
         self.read_back(&ranges).await;
         round.pending_after = self.limiter.pending_hits();
         Ok(round)
     }
 
-    /// A round's first half: evicts what no longer counts, writes the pending hits and the
-    /// usage history; returns the counters to read back.
+    /// A round's first half, as [`Syncer::run`] does it: evicts what no longer counts, writes
+    /// the pending hits of the counters that are due (`Limiter::collect`) and the usage
+    /// history; returns the counters to read back.
     pub async fn write(&self) -> Result<(Vec<CounterRange>, Round), StoreError> {
-        self.write_round(true).await
+        self.write_round(true, false).await
     }
 
-    /// [`Syncer::write`], with the usage history only when `history` (it is due).
-    async fn write_round(&self, history: bool) -> Result<(Vec<CounterRange>, Round), StoreError> {
+    /// [`Syncer::write`], with the usage history only when `history` (it is due), and every
+    /// counter's hits when `all`.
+    async fn write_round(
+        &self,
+        history: bool,
+        all: bool,
+    ) -> Result<(Vec<CounterRange>, Round), StoreError> {
         let store = self.limiter.store();
-        let mut batch = self.limiter.collect(self.limiter.clock().now_ms(), history);
+        let mut batch = self
+            .limiter
+            .collect(self.limiter.clock().now_ms(), history, all);
         let answers = std::mem::take(&mut batch.answers);
         let hits = batch.hits();
         let mut refused = None;
@@ -351,7 +360,7 @@ impl Syncer {
                 _ = shutdown.wait_for(|stop| *stop) => break,
             }
             let history = tokio::time::Instant::now() >= next_history;
-            match self.write_round(history).await {
+            match self.write_round(history, false).await {
                 Ok((ranges, _)) => {
                     if history {
                         next_history = tokio::time::Instant::now() + self.cfg.history_interval;

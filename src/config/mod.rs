@@ -48,6 +48,19 @@ pub struct ConfigError(pub String);
 pub const DEFAULT_FILE: &str = "config/default.toml";
 
 impl Settings {
+    /// `sync.max_delay_ms`, or its default for the store's kind (see
+    /// [`sections::SCYLLA_MAX_SYNC_DELAY_MS`]), never below the interval.
+    pub fn sync_max_delay_ms(&self) -> u64 {
+        let interval = self.sync.interval_ms.0;
+        self.sync.max_delay_ms.map_or(
+            match self.store.kind {
+                StoreKind::Embedded => interval,
+                StoreKind::Scylla => sections::SCYLLA_MAX_SYNC_DELAY_MS.max(interval),
+            },
+            |d| d.0,
+        )
+    }
+
     /// Loads the layers; `file` is the `--config` argument.
     pub fn load(file: Option<&Path>) -> Result<Settings, ConfigError> {
         Self::load_from(file, std::env::vars())

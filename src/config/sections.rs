@@ -74,8 +74,9 @@ pub struct StoreSettings {
     #[serde(deserialize_with = "comma_list")]
     pub nodes: Vec<String>,
     pub keyspace: String,
-    /// Deadline of a store call on the check path (first touch of a key, strict mode).
-    pub timeout_ms: DurationMs,
+    /// Deadline of a store call on the check path (first touch of a key, strict mode). Unset:
+    /// [`StoreSettings::check_timeout`] picks one for the store's kind.
+    pub timeout_ms: Option<DurationMs>,
     /// Cassandra/Scylla driver timeout of one request (sync batches included). A counter write
     /// that runs out of it is uncertain and never resent.
     pub request_timeout_ms: DurationMs,
@@ -101,7 +102,7 @@ impl Default for StoreSettings {
             cache_mb: 256,
             nodes: vec!["127.0.0.1:9042".into()],
             keyspace: "quota".into(),
-            timeout_ms: DurationMs(50),
+            timeout_ms: None,
             request_timeout_ms: DurationMs(2_000),
             consistency: "local_quorum".into(),
             shard: None,
@@ -113,11 +114,41 @@ impl Default for StoreSettings {
     }
 }
 
+/// The check path's store deadline when `store.timeout_ms` is unset, by store kind: the
+/// embedded store answers in microseconds, so 50 ms only ever cuts off a stuck disk; a
+/// Cassandra/ScyllaDB node answers in milliseconds but pauses for tens to hundreds (garbage
+/// collection, compaction, a busy machine), and a check cut off by a pause is decided by
+/// `on_store_failure` while the store is healthy.
+pub const EMBEDDED_CHECK_TIMEOUT_MS: u64 = 50;
+pub const SCYLLA_CHECK_TIMEOUT_MS: u64 = 1_000;
+/// `sync.max_delay_ms` when unset on a Cassandra/ScyllaDB store: a counter far from its limit
+/// is written (and, in a fleet, read back) every 2 s instead of every round. On the embedded
+/// store it is the sync interval (every round: its writes are local and cheap).
+pub const SCYLLA_MAX_SYNC_DELAY_MS: u64 = 2_000;
+
+impl StoreSettings {
+    /// The deadline of a store call on the check path: `timeout_ms`, or the kind's default.
+    pub fn check_timeout(&self) -> std::time::Duration {
+        let ms = self.timeout_ms.map_or(
+            match self.kind {
+                StoreKind::Embedded => EMBEDDED_CHECK_TIMEOUT_MS,
+                StoreKind::Scylla => SCYLLA_CHECK_TIMEOUT_MS,
+            },
+            |t| t.0,
+        );
+        std::time::Duration::from_millis(ms)
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SyncSettings {
     /// How often admitted hits are written to the store.
     pub interval_ms: DurationMs,
+    /// The longest admitted hits of a counter wait before they are written when nothing
+    /// presses for sooner: what a crash (SIGKILL) can lose. Unset: the interval on the embedded
+    /// store, [`SCYLLA_MAX_SYNC_DELAY_MS`] on Cassandra/ScyllaDB.
+    pub max_delay_ms: Option<DurationMs>,
     /// Deadline of one sync write or read.
     pub timeout_ms: DurationMs,
     /// How often the janitor deletes expired buckets.
@@ -130,6 +161,7 @@ impl Default for SyncSettings {
     fn default() -> Self {
         Self {
             interval_ms: DurationMs(250),
+            max_delay_ms: None,
             timeout_ms: DurationMs(5_000),
             janitor_interval_ms: DurationMs(60_000),
             drain_timeout_ms: DurationMs(10_000),

@@ -65,7 +65,7 @@ impl Settings {
 
     fn validate_store(&self) -> Result<(), ConfigError> {
         let st = &self.store;
-        if st.timeout_ms.0 == 0 {
+        if st.timeout_ms.is_some_and(|t| t.0 == 0) {
             return bad("store.timeout_ms", "must be more than 0".into());
         }
         // Only the scylla driver uses it; named here so the message names the setting.
@@ -109,6 +109,14 @@ impl Settings {
     fn validate_limits(&self) -> Result<(), ConfigError> {
         if self.sync.interval_ms.0 == 0 {
             return bad("sync.interval_ms", "must be more than 0".into());
+        }
+        if let Some(d) = self.sync.max_delay_ms {
+            if d.0 < self.sync.interval_ms.0 || d.0 > 60_000 {
+                return bad(
+                    "sync.max_delay_ms",
+                    "must be at least sync.interval_ms and at most 60s".into(),
+                );
+            }
         }
         if self.history.write_interval_ms.0 == 0 || self.history.write_interval_ms.0 > 3_600_000 {
             return bad("history.write_interval_ms", "must be 1ms..=1h".into());

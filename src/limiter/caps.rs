@@ -151,7 +151,9 @@ impl Limiter {
             }
         };
         entry.last_used = now;
-        entry.states.push(LimitState::new(l, buckets, share, now));
+        let mut state = LimitState::new(l, buckets, share, now);
+        self.note_read(&mut state, now);
+        entry.states.push(state);
         self.counters.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }

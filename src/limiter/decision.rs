@@ -10,7 +10,7 @@
 use smallvec::SmallVec;
 use smol_str::SmolStr;
 
-use super::share::{within_share, Fleet};
+use super::share::{share_use, Fleet};
 use super::state::{LimitState, TOKEN_SETTLE_ROUNDS};
 use super::window;
 use crate::domain::{Limit, Mode, OnStoreFailure, Policy, MAX_LIMITS};
@@ -70,6 +70,7 @@ const UNJUDGED: Verdict = Verdict {
     est: 0,
     admit: false,
     retry: None,
+    pressing: false,
 };
 
 /// Per-limit verdict before anything is consumed.
@@ -80,6 +81,8 @@ struct Verdict {
     admit: bool,
     /// The wait until the same check could pass: 0 when admitted, None if never.
     retry: Option<i64>,
+    /// The counter should be synced at the next round (see `share::ShareUse`).
+    pressing: bool,
 }
 
 /// One limit's verdict: over `max` by cost alone (never), by the window's count (until enough
@@ -87,38 +90,29 @@ struct Verdict {
 fn judge(l: &Limit, s: &LimitState, now: i64, cost: u64, fleet: Fleet) -> Verdict {
     let buckets = &s.buckets;
     let est = window::estimate(l.kind, buckets, s.carry(), now);
+    let verdict = |admit, retry, pressing| Verdict {
+        est,
+        admit,
+        retry,
+        pressing,
+    };
     if cost > l.max {
-        Verdict {
-            est,
-            admit: false,
-            retry: None,
-        }
-    } else if est as i128 + cost as i128 > l.max as i128 {
-        Verdict {
-            est,
-            admit: false,
-            retry: Some(window::time_until_at_most(
-                l.kind,
-                buckets,
-                s.carry(),
-                now,
-                l.max - cost,
-            )),
-        }
-    } else if fleet.shares && cost > 0 && !within_share(l, s, now, cost) {
+        return verdict(false, None, false);
+    }
+    if est as i128 + cost as i128 > l.max as i128 {
+        let wait = window::time_until_at_most(l.kind, buckets, s.carry(), now, l.max - cost);
+        return verdict(false, Some(wait), false);
+    }
+    if !(fleet.shares && cost > 0) {
+        return verdict(true, Some(0), false);
+    }
+    let u = share_use(l, s, now, cost);
+    if u.within {
+        verdict(true, Some(0), u.pressing)
+    } else {
         // The window has room, but this instance has used its share of it since it last heard
         // from the others: the next sync brings a fresh count and a fresh share.
-        Verdict {
-            est,
-            admit: false,
-            retry: Some(fleet.sync_interval_ms),
-        }
-    } else {
-        Verdict {
-            est,
-            admit: true,
-            retry: Some(0),
-        }
+        verdict(false, Some(fleet.sync_interval_ms), true)
     }
 }
 
@@ -237,7 +231,9 @@ impl<'l> Judging<'l> {
             if let Some(s) = s {
                 s.rekind(l.kind, self.now);
                 s.prune(self.now, settle);
-                self.verdicts[i] = judge(l, s, self.now, self.cost, self.fleet);
+                let v = judge(l, s, self.now, self.cost, self.fleet);
+                s.pressing |= v.pressing;
+                self.verdicts[i] = v;
                 self.judged |= 1 << i;
             }
         }

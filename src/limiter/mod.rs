@@ -36,6 +36,7 @@ mod eviction;
 mod failure;
 mod key;
 mod membership;
+mod reserve;
 mod reset;
 mod share;
 mod state;
@@ -87,6 +88,9 @@ pub struct LimiterConfig {
     pub fleet: Arc<Membership>,
     /// The sync interval: how long a denial for an exhausted share lasts at most.
     pub sync_interval_ms: i64,
+    /// The longest a counter's admitted hits wait in memory before they are written, when
+    /// nothing presses for sooner (`sync.max_delay_ms`): what a crash can lose.
+    pub max_sync_delay_ms: i64,
     /// Most counters (key x limit) held in memory. A check that needs one more is decided
     /// through the store instead (as in strict mode), holding nothing.
     pub max_counters: usize,
@@ -105,6 +109,7 @@ impl Default for LimiterConfig {
             store_timeout: Duration::from_millis(50),
             fleet: Arc::new(Membership::alone()),
             sync_interval_ms: 250,
+            max_sync_delay_ms: 250,
             max_counters: 1_000_000,
             max_clients_per_tenant: 100_000,
             max_history_rows: 1_000_000,

@@ -18,16 +18,23 @@ use crate::store::{BucketTotal, CounterRange};
 /// An instance's demand-weighted share of a counter's headroom, from the store's per-shard
 /// counts over the window (see the module comment).
 ///
-/// Only settled buckets count: those that closed before `settled` (two sync intervals ago),
-/// which every instance has written by now. A fresher bucket holds this instance's own hits
-/// in full but the others' only up to their last sync, and would make every instance think
-/// its share larger than it is (the shares would add up to more than 1).
+/// Only settled buckets count: those that closed before `settled`, which every instance has
+/// written by now (two sync intervals ago when every instance writes every round; with
+/// `sync.max_delay_ms`, that delay more). A fresher bucket holds this instance's own hits in
+/// full but the others' only up to their last write, and would make every instance think its
+/// share larger than it is (the shares would add up to more than 1).
+///
+/// With nothing settled yet (a fresh key), `eager` takes what the fleet wrote so far instead;
+/// without it, every instance gets 1/N until something settles. Only a fleet that writes
+/// every round may be eager: where others write lazily, what they wrote so far says nothing of
+/// what they hold.
 pub fn share_of(
     totals: &[BucketTotal],
     grain: Grain,
     from: i64,
     settled: i64,
     instances: u32,
+    eager: bool,
 ) -> f32 {
     if instances <= 1 {
         return 1.0;
@@ -44,7 +51,7 @@ pub fn share_of(
         (mine, total)
     };
     let (mut mine, mut total) = sum(true);
-    if total == 0.0 {
+    if total == 0.0 && eager {
         // A fresh key: nothing has settled yet. What the fleet wrote so far is the only sign of
         // who carries it; waiting for a bucket to settle would hold a busy instance at 1/N
         // for the first buckets, pushing its admissions late into them.
@@ -66,6 +73,26 @@ pub(super) struct Fleet {
     pub(super) sync_interval_ms: i64,
 }
 
+/// Where a check leaves this instance's unsynced hits against its share of the headroom.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct ShareUse {
+    /// `pending + settling + cost <= allowance`: the check fits in the share.
+    pub(super) within: bool,
+    /// They would be past [`1 / PRESSURE_DIVISOR`](PRESSURE_DIVISOR) of the allowance: the
+    /// counter is synced at the next round instead of waiting for `sync.max_delay_ms`.
+    pub(super) pressing: bool,
+}
+
+/// A counter whose unsynced hits pass this fraction of its allowance is synced at the next round.
+/// Smaller syncs sooner (more store calls); larger lets an instance run further on a stale view
+/// of the others (more under-admission when traffic shifts, as a share must then fill up
+/// before it is rebalanced).
+pub(super) const PRESSURE_DIVISOR: i128 = 8;
+/// What a fleet that writes lazily reserves for the others' unwritten hits, as a fraction of
+/// their shares: twice what they hold before they press, for the round between pressing and
+/// writing.
+const RESERVE_DIVISOR: f64 = (PRESSURE_DIVISOR / 2) as f64;
+
 /// `pending + cost <= share x (max - stored)`: this instance's unwritten hits stay within its
 /// share of the headroom the store last showed.
 ///
@@ -74,7 +101,7 @@ pub(super) struct Fleet {
 ///
 /// A token bucket's level is not a sum: its pending part is every unwritten hit, and the rest
 /// of the level is what the store showed.
-pub(super) fn within_share(l: &Limit, s: &LimitState, now: i64, cost: u64) -> bool {
+pub(super) fn share_use(l: &Limit, s: &LimitState, now: i64, cost: u64) -> ShareUse {
     let (stored, pending) = if l.kind.is_tokens() {
         let pending: i64 = s.buckets.iter().map(|b| b.pending as i64).sum();
         let level = window::estimate(l.kind, &s.buckets, s.carry(), now);
@@ -86,20 +113,58 @@ pub(super) fn within_share(l: &Limit, s: &LimitState, now: i64, cost: u64) -> bo
         )
     };
     let headroom = (l.max as i128 - (stored as i128 - s.settling as i128)).max(0);
-    let allowance = (s.share as f64 * headroom as f64).floor() as i128;
-    pending as i128 + s.settling as i128 + cost as i128 <= allowance
+    let mut allowance = (s.share as f64 * headroom as f64).floor() as i128;
+    if let Some(r) = s.reserve() {
+        // What the others may hold unwritten while they do not press: less than a
+        // PRESSURE_DIVISOR-th of their shares of the most headroom they read (past it, they
+        // write at their next round, as every instance of an eager fleet does), with room for
+        // what they admit until then.
+        let widest = (l.max as i128 - r.lowest() as i128).max(0);
+        let theirs = 1.0 - r.least_share() as f64;
+        let others = (theirs * widest as f64 / RESERVE_DIVISOR).ceil() as i128;
+        allowance = allowance.min(headroom - others);
+    }
+    let used = pending as i128 + s.settling as i128 + cost as i128;
+    ShareUse {
+        within: used <= allowance,
+        pressing: used * PRESSURE_DIVISOR > allowance,
+    }
 }
 
 impl Limiter {
+    /// The span of a [`Reserve`](super::state::Reserve) period, in a fleet that writes lazily;
+    /// None where every instance writes every round (or it is alone).
+    pub(super) fn reserve_span(&self) -> Option<i64> {
+        let interval = self.cfg.sync_interval_ms.max(1);
+        (self.cfg.fleet.members() > 1 && self.cfg.max_sync_delay_ms > interval)
+            .then(|| self.cfg.max_sync_delay_ms + interval)
+    }
+
+    /// Notes a read's count in a state's reserve (windows only: a token bucket's level is not
+    /// a sum of shares).
+    pub(super) fn note_read(&self, s: &mut LimitState, now: i64) {
+        let read = self
+            .reserve_span()
+            .filter(|_| !s.kind.is_tokens())
+            .map(|span| {
+                let est = window::estimate_by(s.kind, &s.buckets, s.carry(), now, |b| b.stored);
+                (now.div_euclid(span), est)
+            });
+        s.note_reserve(read);
+    }
+
     /// This instance's share of a counter read back over `r`.
     pub(super) fn share(&self, totals: &[BucketTotal], r: &CounterRange, now: i64) -> f32 {
-        let settled = now - 2 * self.cfg.sync_interval_ms;
+        let interval = self.cfg.sync_interval_ms;
+        let lag = self.cfg.max_sync_delay_ms.max(interval) - interval;
+        let settled = now - 2 * interval - lag;
         share_of(
             totals,
             r.key.grain,
             r.from,
             settled,
             self.cfg.fleet.members(),
+            lag == 0,
         )
     }
 
@@ -123,7 +188,7 @@ mod tests {
             total: 0,
             mine: 3,
         }];
-        let s = share_of(&t, Grain::Fixed(1_000), 0, 10_000, 2);
+        let s = share_of(&t, Grain::Fixed(1_000), 0, 10_000, 2, true);
         assert!((s - 0.5).abs() < 1e-6, "{s}");
         // In the ordinary case the busy instance still gets most of the headroom.
         let busy = [BucketTotal {
@@ -131,6 +196,6 @@ mod tests {
             total: 100,
             mine: 100,
         }];
-        assert!(share_of(&busy, Grain::Fixed(1_000), 0, 10_000, 3) > 0.9);
+        assert!(share_of(&busy, Grain::Fixed(1_000), 0, 10_000, 3, true) > 0.9);
     }
 }

@@ -18,6 +18,7 @@ use hashbrown::{Equivalent, HashTable};
 use smallvec::SmallVec;
 
 use super::key::{EntryKey, EntryRef};
+use super::reserve::Reserve;
 use super::tokens::{self, Carry};
 use super::window::{self, Bucket};
 use super::Limiter;
@@ -36,9 +37,21 @@ pub(super) struct LimitState {
     /// Hits this instance wrote since its last read back: in `stored` already, but not yet in
     /// what the other instances know, so they still count against this instance's share.
     pub(super) settling: u64,
-    /// What only a token bucket needs; None for other kinds, whose states stay as small as
-    /// they were (one word here instead of the 40 bytes of a `TokenLevel`).
-    pub(super) tokens: Option<Box<TokenLevel>>,
+    /// A check since the last sync found this instance's unsynced hits past an eighth of its
+    /// share of the headroom (or over it): write and read back at the next round, whatever
+    /// `sync.max_delay_ms` says.
+    pub(super) pressing: bool,
+    /// What only some states need: a token bucket's level, and in a fleet that writes lazily
+    /// the [`Reserve`]. None for the rest, whose states stay as small as they were (one word
+    /// here instead of the bytes of both).
+    pub(super) aux: Option<Box<Aux>>,
+}
+
+/// A state's rarer parts, behind one pointer.
+#[derive(Debug, Default)]
+pub(super) struct Aux {
+    pub(super) tokens: Option<TokenLevel>,
+    pub(super) reserve: Option<Reserve>,
 }
 
 /// A token bucket's state beyond its buckets.
@@ -68,28 +81,62 @@ impl LimitState {
             buckets,
             share,
             settling: 0,
-            tokens: l.kind.is_tokens().then(|| {
-                Box::new(TokenLevel {
-                    carry: Carry {
-                        at: window::oldest_needed(l.kind, now),
-                        deficit: 0,
-                    },
-                    read_at: now,
+            pressing: false,
+            aux: l.kind.is_tokens().then(|| {
+                Box::new(Aux {
+                    tokens: Some(TokenLevel {
+                        carry: Carry {
+                            at: window::oldest_needed(l.kind, now),
+                            deficit: 0,
+                        },
+                        read_at: now,
+                    }),
+                    reserve: None,
                 })
             }),
         }
     }
 
+    fn token_level(&self) -> Option<&TokenLevel> {
+        self.aux.as_ref().and_then(|a| a.tokens.as_ref())
+    }
+
+    fn token_level_mut(&mut self) -> Option<&mut TokenLevel> {
+        self.aux.as_mut().and_then(|a| a.tokens.as_mut())
+    }
+
+    /// What this instance reserves for the others' unwritten hits, if anything.
+    pub(super) fn reserve(&self) -> Option<&Reserve> {
+        self.aux.as_ref().and_then(|a| a.reserve.as_ref())
+    }
+
+    /// Notes a read in the reserve (`Some`), or drops it (`None`: no fleet that writes lazily).
+    pub(super) fn note_reserve(&mut self, read: Option<(i64, i64)>) {
+        match read {
+            Some((period, est)) => {
+                let share = self.share;
+                let aux = self.aux.get_or_insert_with(Box::default);
+                Reserve::note(&mut aux.reserve, period, est, share);
+            }
+            None => {
+                if let Some(a) = self.aux.as_mut() {
+                    a.reserve = None;
+                }
+                if self.aux.as_ref().is_some_and(|a| a.tokens.is_none()) {
+                    self.aux = None;
+                }
+            }
+        }
+    }
+
     /// What a token bucket's level is read with (ignored by other kinds).
     pub(super) fn carry(&self) -> Carry {
-        self.tokens
-            .as_ref()
-            .map_or_else(Carry::default, |t| t.carry)
+        self.token_level().map_or_else(Carry::default, |t| t.carry)
     }
 
     /// The store was read for this state at `now`.
     pub(super) fn read_back(&mut self, now: i64) {
-        if let Some(t) = self.tokens.as_mut() {
+        if let Some(t) = self.token_level_mut() {
             t.read_at = now;
         }
     }
@@ -98,12 +145,13 @@ impl LimitState {
     /// bucket's carry follows the new refill.
     pub(super) fn rekind(&mut self, kind: LimitKind, now: i64) {
         if self.kind != kind {
-            self.tokens = kind.is_tokens().then(|| {
-                Box::new(TokenLevel {
-                    carry: tokens::rekind(self.kind, kind, self.carry(), now),
-                    read_at: self.tokens.as_ref().map_or(now, |t| t.read_at),
-                })
+            let tokens = kind.is_tokens().then(|| TokenLevel {
+                carry: tokens::rekind(self.kind, kind, self.carry(), now),
+                read_at: self.token_level().map_or(now, |t| t.read_at),
             });
+            let reserve = self.aux.as_mut().and_then(|a| a.reserve.take());
+            self.aux =
+                (tokens.is_some() || reserve.is_some()).then(|| Box::new(Aux { tokens, reserve }));
             self.kind = kind;
         }
     }
@@ -147,11 +195,15 @@ impl LimitState {
     /// Drops buckets that no longer count and hold nothing to write; a token bucket first folds
     /// those that ended `settle_ms` before its last read (or are `TOKEN_MAX_UNFOLDED` old).
     pub(super) fn prune(&mut self, now: i64, settle_ms: i64) {
-        if let (LimitKind::Tokens { grain_ms, .. }, Some(t)) = (self.kind, self.tokens.as_mut()) {
+        let kind = self.kind;
+        if let (LimitKind::Tokens { grain_ms, .. }, Some(t)) = (kind, self.token_level_mut()) {
             let read = t.read_at.min(now) - settle_ms;
-            let oldest =
-                self.kind.grain().bucket_start(now) - TOKEN_MAX_UNFOLDED * i64::from(grain_ms);
-            tokens::fold(self.kind, &self.buckets, &mut t.carry, read.max(oldest));
+            let oldest = kind.grain().bucket_start(now) - TOKEN_MAX_UNFOLDED * i64::from(grain_ms);
+            let mut carry = t.carry;
+            tokens::fold(kind, &self.buckets, &mut carry, read.max(oldest));
+            if let Some(t) = self.token_level_mut() {
+                t.carry = carry;
+            }
         }
         let oldest = self.oldest_needed(now);
         if self
@@ -173,10 +225,13 @@ impl LimitState {
 #[repr(C)]
 pub(super) struct Entry {
     pub(super) last_used: i64,
-    /// Used since the last sync: its totals are read back then.
+    /// Used since its totals were last read back: in a fleet, they are read back when it is
+    /// next written.
     pub(super) touched: bool,
     /// Sync rounds since its totals were last read back.
     pub(super) stale_rounds: u8,
+    /// Sync rounds since its pending hits were last written (or found none).
+    pub(super) unwritten_rounds: u8,
     /// A client entry: the checks admitted on it since the usage history last took them.
     pub(super) answered: Answered,
     /// One state inline (a one-limit policy, a tenant's entry); more spill to the heap.

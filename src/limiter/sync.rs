@@ -53,15 +53,35 @@ fn usage_delta((tenant, client, h): (Arc<str>, Arc<str>, AnsweredHour)) -> Usage
     }
 }
 
-/// Untouched entries are still read back every this many sync rounds, so what other instances
-/// did reaches them even while this one only holds them.
-const REFRESH_IDLE_EVERY: u8 = 8;
+/// Entries not read back otherwise are read back every this many times the rounds between
+/// their writes (`sync.max_delay_ms`), and at least every [`REFRESH_IDLE_EVERY`] rounds: so
+/// what other instances did (or the store counted directly: strict checks, checks beyond a
+/// memory cap) reaches them even while this one only holds them.
+const REFRESH_IDLE_FACTOR: u32 = 4;
+const REFRESH_IDLE_EVERY: u32 = 8;
 
 impl Limiter {
+    /// Sync rounds between two writes of a counter that nothing presses, and between two
+    /// reads back of one nobody writes.
+    fn round_spans(&self) -> (u8, u8) {
+        let interval = self.cfg.sync_interval_ms.max(1);
+        let write = (self.cfg.max_sync_delay_ms / interval).clamp(1, 60) as u32;
+        let read = (write * REFRESH_IDLE_FACTOR).max(REFRESH_IDLE_EVERY);
+        (write as u8, read.min(u8::MAX as u32) as u8)
+    }
+
     /// A sync round's one pass over the entries: evicts what no longer counts (as
-    /// [`Limiter::evict`]), takes a snapshot of every pending hit (as increments) and lists the
-    /// counters used since the last sync (to read back). Clears the "used" marks. With
-    /// `answers`, also takes what the client entries summed for the usage history.
+    /// [`Limiter::evict`]), takes a snapshot of the pending hits of every entry that is due
+    /// (as increments), and lists the counters to read back. With `all`, every entry is due;
+    /// with `answers`, also takes what the client entries summed for the usage history.
+    ///
+    /// An entry is due when a check found its unsynced hits pressing on this instance's share
+    /// of the headroom (a fleet near a limit: every round), or when its hits have waited
+    /// `sync.max_delay_ms`. So the store's work follows the counters near their limits, not
+    /// every active client; the fleet bound does not depend on it, as an instance never admits
+    /// more than its share of the headroom it last read, however long ago. In a fleet, what is
+    /// written is read back in the same round (one query per client); alone, this instance's
+    /// own view is exact, and entries are read back only every few writes.
     ///
     /// The hits taken count as written from here on (moved from pending to stored, which a
     /// second pass once did after the write returned): a write that reaches the store, or
@@ -70,7 +90,7 @@ impl Limiter {
     /// An entry whose hits are taken is not evicted in the same pass, so the next pass finds
     /// them pending again when they were given back: a counter holding unwritten hits still
     /// never leaves memory.
-    pub fn collect(&self, now: i64, answers: bool) -> SyncBatch {
+    pub fn collect(&self, now: i64, answers: bool, all: bool) -> SyncBatch {
         let mut batch = SyncBatch {
             writing: Some(self.writes.begin()),
             ..SyncBatch::default()
@@ -78,6 +98,7 @@ impl Limiter {
         let evicting = self.evicting(now);
         let mut tally = Tally::default();
         let fleet = self.cfg.fleet.members() > 1;
+        let (write_every, read_every) = self.round_spans();
         // Strings are copied after the lock is let go.
         let mut taken: Vec<(Arc<str>, Arc<str>, AnsweredHour)> = Vec::new();
         let mut pace = Pacer::new();
@@ -95,11 +116,16 @@ impl Limiter {
                         taken.push((k.tenant.clone(), s.clone(), h));
                     }
                 }
-                // Others' hits reach an entry by reading it back: every round once used, while
-                // other instances count too; otherwise (and alone, where this instance's own
-                // writes already keep it exact) every few rounds, which also picks up hits the
-                // store counted directly (strict checks, checks beyond a memory cap).
-                let refresh = (e.touched && fleet) || e.stale_rounds >= REFRESH_IDLE_EVERY;
+                e.unwritten_rounds = e.unwritten_rounds.saturating_add(1);
+                e.stale_rounds = e.stale_rounds.saturating_add(1);
+                let pressing = e.states.iter().any(|s| s.pressing);
+                let write = all || pressing || e.unwritten_rounds >= write_every;
+                let has_pending = write && e.states.iter().any(|s| s.pending() > 0);
+                // Others' hits reach an entry by reading it back: in a fleet, whenever it is
+                // written or pressed, or used at its write time; otherwise (and alone, where
+                // this instance's own writes keep it exact) every few writes.
+                let refresh = (fleet && (pressing || (write && (has_pending || e.touched))))
+                    || e.stale_rounds >= read_every;
                 for s in e.states.iter_mut() {
                     let mut key = || CounterKey {
                         tenant: k.tenant.clone(),
@@ -107,20 +133,23 @@ impl Limiter {
                         limit: s.id.clone(),
                         grain: s.kind.grain(),
                     };
-                    let mut moved = 0;
-                    for b in s.buckets.iter_mut().filter(|b| b.pending > 0) {
-                        let n = b.pending.min(i64::MAX as u64);
-                        batch.deltas.push(Delta {
-                            key: key(),
-                            start: b.start,
-                            delta: n as i64,
-                        });
-                        b.pending -= n;
-                        b.stored = b.stored.saturating_add(n as i64);
-                        moved += n;
+                    if write {
+                        let mut moved = 0;
+                        for b in s.buckets.iter_mut().filter(|b| b.pending > 0) {
+                            let n = b.pending.min(i64::MAX as u64);
+                            batch.deltas.push(Delta {
+                                key: key(),
+                                start: b.start,
+                                delta: n as i64,
+                            });
+                            b.pending -= n;
+                            b.stored = b.stored.saturating_add(n as i64);
+                            moved += n;
+                        }
+                        s.settling = s.settling.saturating_add(moved);
                     }
-                    s.settling = s.settling.saturating_add(moved);
                     if refresh {
+                        s.pressing = false;
                         batch.ranges.push(CounterRange {
                             key: key(),
                             from: s.oldest_needed(now),
@@ -128,12 +157,13 @@ impl Limiter {
                         });
                     }
                 }
+                if write {
+                    e.unwritten_rounds = 0;
+                }
                 if refresh {
                     e.stale_rounds = 0;
-                } else {
-                    e.stale_rounds = e.stale_rounds.saturating_add(1);
+                    e.touched = false;
                 }
-                e.touched = false;
                 true
             });
             drop(g);
@@ -200,6 +230,7 @@ impl Limiter {
                     for bt in t {
                         window::bucket_at(&mut s.buckets, bt.start).stored = bt.total;
                     }
+                    self.note_read(s, now);
                 }
             },
         );

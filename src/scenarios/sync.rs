@@ -62,7 +62,7 @@ async fn hits_admitted_while_a_sync_is_in_flight_stay_pending() {
     let p = policy(serde_json::json!({"limits": [{"id": "d", "max": 1000, "period": "day"}]}));
     let (t, c) = ids("acme", "k1");
     check(&r, &p, &t, &c, 3).await;
-    let batch = r.limiter.collect(r.clock.now_ms(), true);
+    let batch = r.limiter.collect(r.clock.now_ms(), true, true);
     check(&r, &p, &t, &c, 4).await; // admitted between snapshot and write
     r.store.increment(&batch.deltas).await.unwrap();
     assert_eq!(r.limiter.pending_hits(), 4);
@@ -288,7 +288,7 @@ async fn admitted_checks_summed_in_entries_reach_the_history_with_the_denials() 
     assert!(check(&r, &p, &t, &k2, 1).await.allowed);
     r.clock.set(T0 + HOUR_MS + 120_000 + 61_000);
     // Hits written, idle past idle_ms: evicted, with one admitted check not yet taken.
-    let b = r.limiter.collect(r.clock.now_ms(), false);
+    let b = r.limiter.collect(r.clock.now_ms(), false, true);
     r.store.increment(&b.deltas).await.unwrap();
     r.limiter.evict(r.clock.now_ms());
     assert_eq!(r.limiter.answers_waiting(), 0);
@@ -307,7 +307,7 @@ async fn usage_counts_the_hits_a_write_under_way_carries() {
     for _ in 0..3 {
         assert!(check(&r, &p, &t, &c, 1).await.allowed);
     }
-    let batch = r.limiter.collect(r.clock.now_ms(), false);
+    let batch = r.limiter.collect(r.clock.now_ms(), false, true);
     assert_eq!((batch.hits(), r.limiter.pending_hits()), (3, 0));
     let store = r.store.clone();
     let writer = tokio::spawn(async move {
@@ -334,7 +334,7 @@ async fn a_reset_cancels_the_hits_a_write_under_way_carries() {
     for _ in 0..2 {
         assert!(check(&r, &p, &t, &c, 1).await.allowed);
     }
-    let batch = r.limiter.collect(r.clock.now_ms(), false);
+    let batch = r.limiter.collect(r.clock.now_ms(), false, true);
     let store = r.store.clone();
     let writer = tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(100)).await;

@@ -18,7 +18,7 @@ async fn a_flood_of_client_ids_stays_under_the_caps_and_every_check_still_counts
         // write can outlast the 50 ms default deadline, and a missed deadline is decided by
         // `on_store_failure` (tested in outage.rs), which at a cap denies: not what this test is
         // about, so give the store time.
-        s.store.timeout_ms = quotad::config::DurationMs(5_000);
+        s.store.timeout_ms = Some(quotad::config::DurationMs(5_000));
     })
     .await;
     let policy = json!({"limits": [{"id": "daily", "max": 2, "period": "day"}]});

@@ -149,7 +149,7 @@ async fn strict_mode_on_two_instances_admits_exactly_max_under_concurrency() {
     // Every check is a store transaction here; a loaded machine must not turn 120 queued ones
     // into deadline misses (those are on_store_failure's business, tested elsewhere).
     let slow_ok = |s: &mut quotad::config::Settings| {
-        s.store.timeout_ms = quotad::config::DurationMs(10_000);
+        s.store.timeout_ms = Some(quotad::config::DurationMs(10_000));
     };
     let a = spawn_on_store(store.clone(), slow_ok).await;
     let b = spawn_on_store(store.clone(), slow_ok).await;

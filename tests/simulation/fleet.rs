@@ -24,11 +24,28 @@ pub(crate) struct Instance {
     pub(crate) lease_until: i64,
 }
 
+/// How lazily the fleet syncs, and the clients far below their limits beside the hot one.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Lazy {
+    /// `sync.max_delay_ms`: the interval writes every round (the embedded store's default),
+    /// 2 s is the Cassandra/ScyllaDB default.
+    pub(crate) delay_ms: i64,
+    /// Clients of another tenant, each checking once a second against its own limit of `MAX`
+    /// per window: far below it.
+    pub(crate) quiet: usize,
+}
+
+pub(crate) const EVERY_ROUND: Lazy = Lazy {
+    delay_ms: SYNC_MS,
+    quiet: 0,
+};
+
 pub(crate) fn start_instance(
     shared: &Arc<Shared>,
     clock: &ManualClock,
     shard: usize,
     shards: usize,
+    lazy: Lazy,
 ) -> Instance {
     let view = Arc::new(ShardView {
         shared: shared.clone(),
@@ -45,6 +62,7 @@ pub(crate) fn start_instance(
         LimiterConfig {
             fleet: membership.clone(),
             sync_interval_ms: SYNC_MS,
+            max_sync_delay_ms: lazy.delay_ms,
             ..LimiterConfig::default()
         },
     ));
@@ -64,7 +82,16 @@ pub(crate) fn live_leases(fleet: &[Instance], now: i64) -> u32 {
 }
 
 pub(crate) async fn simulate(n: usize, pattern: Pattern, seed: u64, consistency: &str) -> Outcome {
-    simulate_fleet(n, &[], pattern, seed, consistency, Shape::Window).await
+    simulate_fleet(
+        n,
+        &[],
+        pattern,
+        seed,
+        consistency,
+        Shape::Window,
+        EVERY_ROUND,
+    )
+    .await
 }
 
 /// Runs `n` instances, then the fleet changes as `events` say. Traffic is spread over the
@@ -76,6 +103,7 @@ pub(crate) async fn simulate_fleet(
     seed: u64,
     consistency: &str,
     shape: Shape,
+    lazy: Lazy,
 ) -> Outcome {
     let clock = ManualClock::new(T0);
     let shared = Arc::new(Shared::default());
@@ -93,12 +121,25 @@ pub(crate) async fn simulate_fleet(
     }))
     .unwrap();
     let policy = Policy::from_doc(&doc, false).unwrap();
+    let calm_doc: PolicyDoc = serde_json::from_value(serde_json::json!({
+        "limits": [{"id": "c", "max": MAX, "window": "10s"}],
+        "consistency": consistency
+    }))
+    .unwrap();
+    let calm_policy = Policy::from_doc(&calm_doc, false).unwrap();
+    let calm = TenantId::parse(QUIET_TENANT).unwrap();
+    let quiet_ids: Vec<ClientId> = (0..lazy.quiet)
+        .map(|i| ClientId::parse(&format!("q{i}")).unwrap())
+        .collect();
+    // Its own generator, so that the hot client's arrivals are the same with or without it.
+    let mut quiet_rng = rand::rngs::StdRng::seed_from_u64(seed ^ 0x9e37_79b9);
+    let (mut quiet_admitted, mut quiet_denied) = (0u64, 0u64);
     let shards = n + events
         .iter()
         .filter(|(_, e)| matches!(e, Event::Join))
         .count();
     let mut fleet: Vec<Instance> = (0..n)
-        .map(|i| start_instance(&shared, &clock, i, shards))
+        .map(|i| start_instance(&shared, &clock, i, shards, lazy))
         .collect();
     for i in &fleet {
         i.membership.set_members(n as u32);
@@ -121,7 +162,7 @@ pub(crate) async fn simulate_fleet(
         for &(_, event) in events.iter().filter(|(at, _)| *at == t) {
             match event {
                 Event::Join => {
-                    let joined = start_instance(&shared, &clock, fleet.len(), shards);
+                    let joined = start_instance(&shared, &clock, fleet.len(), shards, lazy);
                     joined.membership.set_members(live_leases(&fleet, now) + 1);
                     fleet.push(joined);
                 }
@@ -191,6 +232,28 @@ pub(crate) async fn simulate_fleet(
             );
         }
         let serving: Vec<&Instance> = fleet.iter().filter(|i| i.alive).collect();
+        for q in &quiet_ids {
+            if quiet_rng.random::<f64>() < 0.001 {
+                let at = quiet_rng.random_range(0..serving.len());
+                let d = serving[at]
+                    .limiter
+                    .check(
+                        &calm_policy,
+                        CheckInput {
+                            tenant: &calm,
+                            client: q,
+                            resource: None,
+                            cost: 1,
+                        },
+                    )
+                    .await;
+                if d.allowed {
+                    quiet_admitted += 1;
+                } else {
+                    quiet_denied += 1;
+                }
+            }
+        }
         let arr = arrivals(pattern, t, serving.len(), &mut rng);
         for (i, count) in arr.iter().enumerate() {
             for _ in 0..*count {
@@ -240,9 +303,19 @@ pub(crate) async fn simulate_fleet(
     }
     assert_eq!(
         (admitted, denied),
-        (log.len() as u64, offered - log.len() as u64),
+        (
+            log.len() as u64 + quiet_admitted,
+            offered - log.len() as u64 + quiet_denied
+        ),
         "usage history against the answers"
     );
+    assert_eq!(
+        quiet_denied, 0,
+        "the quiet clients are far below their limits"
+    );
+    let quiet_writes = shared
+        .quiet_writes
+        .load(std::sync::atomic::Ordering::Relaxed);
     if shape == Shape::Tokens {
         let later: Vec<i64> = log.iter().copied().filter(|&t| t >= T0 + 5_000).collect();
         return Outcome {
@@ -251,6 +324,7 @@ pub(crate) async fn simulate_fleet(
             under: 1.0 - log.len() as f64 / exact_admitted as f64,
             admitted: log.len() as u64,
             offered,
+            quiet_writes,
         };
     }
     let worst = worst_window(&log, WINDOW_MS);
@@ -268,5 +342,6 @@ pub(crate) async fn simulate_fleet(
         under: 1.0 - log.len() as f64 / exact_admitted as f64,
         admitted: log.len() as u64,
         offered,
+        quiet_writes,
     }
 }

@@ -184,7 +184,16 @@ async fn a_fleet_that_grows_and_shrinks_keeps_the_bound() {
         Pattern::SkewedOverload,
         Pattern::EdgeBursts,
     ] {
-        let o = simulate_fleet(3, &events, pattern, seed(), "cached", Shape::Window).await;
+        let o = simulate_fleet(
+            3,
+            &events,
+            pattern,
+            seed(),
+            "cached",
+            Shape::Window,
+            EVERY_ROUND,
+        )
+        .await;
         println!(
             "{:<16} over {:>7.3}% steady {:>7.3}% under {:>7.3}% admitted {} offered {}",
             format!("{pattern:?}"),
@@ -226,7 +235,16 @@ async fn token_bucket_fleets_keep_the_written_bound() {
         Pattern::EdgeBursts,
     ] {
         for n in [1usize, 3, 10] {
-            let o = simulate_fleet(n, &[], pattern, seed(), "cached", Shape::Tokens).await;
+            let o = simulate_fleet(
+                n,
+                &[],
+                pattern,
+                seed(),
+                "cached",
+                Shape::Tokens,
+                EVERY_ROUND,
+            )
+            .await;
             println!(
                 "{:<16} {:>3} {:>8.3}% {:>8.3}% {:>8.3}% {:>10} {:>10}",
                 format!("{pattern:?}"),
@@ -247,6 +265,73 @@ async fn token_bucket_fleets_keep_the_written_bound() {
                     "{pattern:?} N={n}: over {:.3}%, under {:.3}%",
                     o.over * 100.0,
                     o.under * 100.0
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+/// The Cassandra/ScyllaDB default: a counter nothing presses is written every 2 s
+/// (`sync.max_delay_ms`), not every round. Beside the hot client at 10x its limit, 200 clients
+/// of another tenant check once a second each, far below their limits: the fleet bound holds
+/// for the hot one, and the quiet ones cost a write per client per 2 s per instance at most,
+/// not one per round.
+#[tokio::test(flavor = "current_thread")]
+async fn lazy_sync_keeps_the_bound_and_writes_what_needs_counting() {
+    let lazy = Lazy {
+        delay_ms: 2_000,
+        quiet: 200,
+    };
+    println!(
+        "sync.max_delay_ms {} ms, {} quiet clients, max {MAX} per {WINDOW_MS} ms",
+        lazy.delay_ms, lazy.quiet
+    );
+    println!(
+        "{:<16} {:>3} {:>9} {:>9} {:>9} {:>14} {:>14}",
+        "pattern", "N", "over", "steady", "under", "quiet writes", "every round"
+    );
+    let mut failures = Vec::new();
+    for pattern in [
+        Pattern::EvenUnderLimit,
+        Pattern::EvenOverload,
+        Pattern::SkewedOverload,
+        Pattern::EdgeBursts,
+    ] {
+        for n in [1usize, 3, 10] {
+            let o = simulate_fleet(n, &[], pattern, seed(), "cached", Shape::Window, lazy).await;
+            // What writing every quiet client every round would have cost, had each been
+            // checked on every instance in every round; the bound: one write per client and
+            // instance per delay, plus the drain's.
+            let every_round = (lazy.quiet * n) as u64 * (DURATION_MS / SYNC_MS) as u64;
+            let bound = (lazy.quiet * n) as u64 * (DURATION_MS / lazy.delay_ms + 1) as u64;
+            println!(
+                "{:<16} {:>3} {:>8.3}% {:>8.3}% {:>8.3}% {:>14} {:>14}",
+                format!("{pattern:?}"),
+                n,
+                o.over * 100.0,
+                o.over_steady * 100.0,
+                o.under * 100.0,
+                o.quiet_writes,
+                every_round
+            );
+            // The same bound on over-admission; under-admission may reach 2% (the reserve for
+            // what other instances hold unwritten; 0.1-1.3% with seeds 1, 2, 3 and 7).
+            let ok = match (pattern, n) {
+                (Pattern::EvenUnderLimit, _) | (_, 1) => meets_target(pattern, n, &o),
+                _ => o.over <= 0.01 + 1e-9 && o.under <= 0.02 + 1e-9,
+            };
+            if !ok {
+                failures.push(format!(
+                    "{pattern:?} N={n}: over {:.3}%, under {:.3}%",
+                    o.over * 100.0,
+                    o.under * 100.0
+                ));
+            }
+            if o.quiet_writes > bound {
+                failures.push(format!(
+                    "{pattern:?} N={n}: {} quiet writes, more than {bound}",
+                    o.quiet_writes
                 ));
             }
         }

@@ -94,6 +94,8 @@ pub(crate) fn arrivals(p: Pattern, t: i64, n: usize, rng: &mut rand::rngs::StdRn
 }
 
 pub(crate) struct Outcome {
+    /// Writes of the quiet clients' counters (see `Lazy`).
+    pub(crate) quiet_writes: u64,
     /// Over-admission over the windows that start after the first one (the key's start-up left
     /// behind).
     pub(crate) over_steady: f64,

@@ -28,6 +28,9 @@ use crate::store::{CounterKey, CounterRange, StoreError, StoreResult};
 pub(crate) const LEGACY_ROLLOUT_MS: i64 = 3_600_000;
 /// The row of `counter_layouts` naming the layout of 0006.
 const LAYOUT_NAME: &str = "client_counters";
+/// A range's (index) buckets (start, hits) as one shard of the old table holds them.
+type ShardRows = (usize, i16, Vec<(i64, i64)>);
+
 /// `legacy_until` when the old table is empty: no range begins before it.
 pub(crate) const NO_LEGACY: i64 = i64::MIN;
 
@@ -79,7 +82,7 @@ impl ScyllaStore {
                 }
             }
         }
-        let results: Vec<(usize, i16, Vec<(i64, i64)>)> =
+        let results: Vec<ShardRows> =
             stream::iter(queries.into_iter().map(|(i, epoch, shard)| async move {
                 let r = &ranges[i];
                 let rows = self

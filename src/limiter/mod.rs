@@ -35,6 +35,7 @@ mod decision;
 mod eviction;
 mod failure;
 mod key;
+mod loads;
 mod membership;
 mod reserve;
 mod reset;
@@ -218,6 +219,8 @@ pub struct Limiter {
     history: Recorder,
     /// The sync task's writes under way, for reads that sum the store and memory.
     writes: writes::Writes,
+    /// First reads under way, shared by concurrent first checks of a client.
+    loads: loads::Loads,
     cfg: LimiterConfig,
 }
 
@@ -244,6 +247,7 @@ impl Limiter {
             metrics,
             history: Recorder::new(cfg.shards, cfg.max_history_rows),
             writes: writes::Writes::default(),
+            loads: loads::Loads::default(),
             cfg,
         }
     }
@@ -381,14 +385,25 @@ impl Limiter {
         let tally = record && self.cfg.max_history_rows > 0;
         for _ in 0..4 {
             let want: Applicable<'_> = missing.iter().map(|&i| limits[i]).collect();
-            match self.load(input, &want, now).await {
-                Ok(None) => {}
-                Ok(Some(cap)) => {
-                    // No room in memory: let the store count this check.
-                    self.metrics.memory_cap_check(cap.label());
-                    return (self.check_strict(policy, &limits, input, now).await, false);
+            match self
+                .loads
+                .turn(input.tenant.as_arc(), input.client.as_arc())
+            {
+                loads::Turn::Lead(_reading) => match self.load(input, &want, now).await {
+                    Ok(None) => {}
+                    Ok(Some(cap)) => {
+                        // No room in memory: let the store count this check.
+                        self.metrics.memory_cap_check(cap.label());
+                        return (self.check_strict(policy, &limits, input, now).await, false);
+                    }
+                    Err(e) => return (self.on_failure(policy, &limits, input, now, &e), false),
+                },
+                loads::Turn::Follow(mut rx) => {
+                    // What the read installs is decided from below; a leader that failed or
+                    // read other limits leaves this check to read at its next turn.
+                    let wait = rx.wait_for(|done| *done);
+                    let _ = tokio::time::timeout(self.cfg.store_timeout, wait).await;
                 }
-                Err(e) => return (self.on_failure(policy, &limits, input, now, &e), false),
             }
             match self.locked(policy, &limits, input, now, false, tally) {
                 Locked::Decided(d, tallied) => return self.tallied(input, d, tallied),

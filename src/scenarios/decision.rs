@@ -74,6 +74,35 @@ async fn racing_clients_of_two_tenants_take_exactly_each_tenant_limit() {
     assert_eq!(counted, 200);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_first_checks_of_a_client_share_one_read() {
+    let r = Arc::new(rig());
+    let p = Arc::new(policy(serde_json::json!({"limits": [
+        {"id": "s", "max": 1000, "window": "1s"},
+        {"id": "m", "max": 10, "period": "month"}]})));
+    // A slow store: all sixteen checks arrive while the first one's read is under way.
+    r.faulty.set(crate::store::faulty::Fault::Slow);
+    let tasks: Vec<_> = (0..16)
+        .map(|_| {
+            let (r, p) = (r.clone(), p.clone());
+            tokio::spawn(async move {
+                let (t, c) = ids("acme", "new-client");
+                check(&r, &p, &t, &c, 1).await.allowed
+            })
+        })
+        .collect();
+    let mut allowed = 0;
+    for t in tasks {
+        allowed += t.await.unwrap() as u32;
+    }
+    assert_eq!(
+        allowed, 10,
+        "the followers decide on the state the read installed"
+    );
+    let reads = r.faulty.reads.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(reads, 1, "one read of both limits, shared by every check");
+}
+
 #[tokio::test]
 async fn a_denial_consumes_nothing_from_any_tier() {
     let r = rig();

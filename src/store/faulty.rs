@@ -30,6 +30,8 @@ pub enum Fault {
     Healthy = 0,
     Failing = 1,
     Hanging = 2,
+    /// Every call waits 200 ms, then goes through.
+    Slow = 3,
 }
 
 pub struct FaultyStore {
@@ -37,6 +39,8 @@ pub struct FaultyStore {
     fault: AtomicU8,
     /// Calls refused or hung while faulty.
     pub refused: AtomicU64,
+    /// Counter reads asked of it, whatever their outcome.
+    pub reads: AtomicU64,
 }
 
 impl FaultyStore {
@@ -45,6 +49,7 @@ impl FaultyStore {
             inner,
             fault: AtomicU8::new(Fault::Healthy as u8),
             refused: AtomicU64::new(0),
+            reads: AtomicU64::new(0),
         })
     }
 
@@ -55,6 +60,10 @@ impl FaultyStore {
     async fn gate(&self) -> StoreResult<()> {
         match self.fault.load(Ordering::SeqCst) {
             0 => Ok(()),
+            3 => {
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                Ok(())
+            }
             1 => {
                 self.refused.fetch_add(1, Ordering::Relaxed);
                 Err(StoreError::Unavailable("injected failure".into()))
@@ -78,6 +87,7 @@ impl CounterStore for FaultyStore {
         self.inner.increment(deltas).await
     }
     async fn read(&self, ranges: &[CounterRange]) -> StoreResult<Vec<Vec<BucketTotal>>> {
+        self.reads.fetch_add(1, Ordering::Relaxed);
         self.gate().await?;
         self.inner.read(ranges).await
     }

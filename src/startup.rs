@@ -60,6 +60,7 @@ pub fn scylla_options(settings: &Settings) -> Result<ScyllaOptions, StartError> 
         local_dc: st.local_dc.clone(),
         username: st.username.clone(),
         password: st.password.as_ref().map(|p| p.expose().to_owned()),
+        max_concurrency: st.max_concurrency,
         ..ScyllaOptions::default()
     };
     opts.validate()
@@ -345,7 +346,7 @@ fn sync_config(settings: &Settings) -> SyncConfig {
         timeout: settings.sync.timeout_ms.get(),
         janitor_interval: settings.sync.janitor_interval_ms.get(),
         janitor_budget: 10_000,
-        history_interval: settings.history.write_interval_ms.get(),
+        history_interval: settings.history_write_interval(),
         drain_timeout: settings.sync.drain_timeout_ms.get(),
         // A tenth of the interval: enough for the fleet's writes of a tick to land.
         settle: settings.sync.interval_ms.get() / 10,

@@ -48,6 +48,18 @@ pub struct ConfigError(pub String);
 pub const DEFAULT_FILE: &str = "config/default.toml";
 
 impl Settings {
+    /// `history.write_interval_ms`, or its default for the store's kind.
+    pub fn history_write_interval(&self) -> std::time::Duration {
+        let ms = self.history.write_interval_ms.map_or(
+            match self.store.kind {
+                StoreKind::Embedded => sections::EMBEDDED_HISTORY_INTERVAL_MS,
+                StoreKind::Scylla => sections::SCYLLA_HISTORY_INTERVAL_MS,
+            },
+            |w| w.0,
+        );
+        std::time::Duration::from_millis(ms)
+    }
+
     /// `sync.max_delay_ms`, or its default for the store's kind (see
     /// [`sections::SCYLLA_MAX_SYNC_DELAY_MS`]), never below the interval.
     pub fn sync_max_delay_ms(&self) -> u64 {

@@ -82,6 +82,9 @@ pub struct StoreSettings {
     pub request_timeout_ms: DurationMs,
     /// Cassandra/Scylla consistency level, e.g. `local_quorum`, `quorum`, `one`.
     pub consistency: String,
+    /// Cassandra/Scylla: most requests one store call keeps in flight (a sync round's client
+    /// batches, a read's queries).
+    pub max_concurrency: usize,
     /// Pins this instance to one write shard (0..256). Unset (the default): it claims any free
     /// shard through the store. A pin that a live instance holds stops start-up.
     pub shard: Option<i16>,
@@ -105,6 +108,7 @@ impl Default for StoreSettings {
             timeout_ms: None,
             request_timeout_ms: DurationMs(2_000),
             consistency: "local_quorum".into(),
+            max_concurrency: DEFAULT_MAX_CONCURRENCY,
             shard: None,
             replication: "{'class': 'SimpleStrategy', 'replication_factor': 1}".into(),
             local_dc: None,
@@ -113,6 +117,9 @@ impl Default for StoreSettings {
         }
     }
 }
+
+/// `store.max_concurrency` by default.
+pub const DEFAULT_MAX_CONCURRENCY: usize = 32;
 
 /// The check path's store deadline when `store.timeout_ms` is unset, by store kind: the
 /// embedded store answers in microseconds, so 50 ms only ever cuts off a stuck disk; a
@@ -261,14 +268,22 @@ pub struct HistorySettings {
     pub retention: DurationMs,
     /// How often the answers summed in memory are written, at the next sync round: a row per
     /// active client each time, so this (not the request rate) sets the history's write load.
-    pub write_interval_ms: DurationMs,
+    /// Unset: [`EMBEDDED_HISTORY_INTERVAL_MS`] or [`SCYLLA_HISTORY_INTERVAL_MS`].
+    pub write_interval_ms: Option<DurationMs>,
 }
+
+/// `history.write_interval_ms` when unset: every second on the embedded store; every 10 s on
+/// Cassandra/ScyllaDB, where a client's line is several counter updates (its hourly and
+/// daily points and the day's client index) and, written every second, cost the node more
+/// than the limits' own counters.
+pub const EMBEDDED_HISTORY_INTERVAL_MS: u64 = 1_000;
+pub const SCYLLA_HISTORY_INTERVAL_MS: u64 = 10_000;
 
 impl Default for HistorySettings {
     fn default() -> Self {
         Self {
             retention: DurationMs(400 * DAY_MS),
-            write_interval_ms: DurationMs(1_000),
+            write_interval_ms: None,
         }
     }
 }

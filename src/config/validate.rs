@@ -118,7 +118,11 @@ impl Settings {
                 );
             }
         }
-        if self.history.write_interval_ms.0 == 0 || self.history.write_interval_ms.0 > 3_600_000 {
+        if self
+            .history
+            .write_interval_ms
+            .is_some_and(|w| w.0 == 0 || w.0 > 3_600_000)
+        {
             return bad("history.write_interval_ms", "must be 1ms..=1h".into());
         }
         if self.quotas.refresh_ms.0 == 0 {

@@ -221,6 +221,8 @@ pub struct Limiter {
     writes: writes::Writes,
     /// First reads under way, shared by concurrent first checks of a client.
     loads: loads::Loads,
+    /// Sync rounds so far: whose turn it is to be written (`Limiter::collect`).
+    rounds: std::sync::atomic::AtomicU64,
     cfg: LimiterConfig,
 }
 
@@ -248,6 +250,7 @@ impl Limiter {
             history: Recorder::new(cfg.shards, cfg.max_history_rows),
             writes: writes::Writes::default(),
             loads: loads::Loads::default(),
+            rounds: Default::default(),
             cfg,
         }
     }

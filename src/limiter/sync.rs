@@ -99,9 +99,16 @@ impl Limiter {
         let mut tally = Tally::default();
         let fleet = self.cfg.fleet.members() > 1;
         let (write_every, read_every) = self.round_spans();
+        // Which round of the spans this is: an entry's turn comes at the round its hash names,
+        // so the entries a delay lets wait are written a slice a round, not all in one round.
+        let round = self
+            .rounds
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let turn = |hash: u64, every: u8| (round.wrapping_add(hash) % u64::from(every)) == 0;
         // Strings are copied after the lock is let go.
         let mut taken: Vec<(Arc<str>, Arc<str>, AnsweredHour)> = Vec::new();
         let mut pace = Pacer::new();
+        let mut dropped = 0u64;
         for shard in self.all_shards() {
             let mut g = lock(shard);
             g.retain(|k, e| {
@@ -119,12 +126,16 @@ impl Limiter {
                 e.unwritten_rounds = e.unwritten_rounds.saturating_add(1);
                 e.stale_rounds = e.stale_rounds.saturating_add(1);
                 let pressing = e.states.iter().any(|s| s.pressing);
-                let write = all || pressing || e.unwritten_rounds >= write_every;
+                let write = all
+                    || pressing
+                    || turn(k.hash.rotate_left(29), write_every)
+                    || e.unwritten_rounds >= write_every;
                 let has_pending = write && e.states.iter().any(|s| s.pending() > 0);
                 // Others' hits reach an entry by reading it back: in a fleet, whenever it is
                 // written or pressed, or used at its write time; otherwise (and alone, where
                 // this instance's own writes keep it exact) every few writes.
                 let refresh = (fleet && (pressing || (write && (has_pending || e.touched))))
+                    || turn(k.hash.rotate_left(47), read_every)
                     || e.stale_rounds >= read_every;
                 for s in e.states.iter_mut() {
                     let mut key = || CounterKey {
@@ -135,8 +146,20 @@ impl Limiter {
                     };
                     if write {
                         let mut moved = 0;
+                        // A window's bucket that no estimate will read again need not be
+                        // written (a token bucket's old buckets feed its carry: they are).
+                        let needed = if s.kind.is_tokens() {
+                            i64::MIN
+                        } else {
+                            s.oldest_needed(now)
+                        };
                         for b in s.buckets.iter_mut().filter(|b| b.pending > 0) {
                             let n = b.pending.min(i64::MAX as u64);
+                            if b.start < needed {
+                                b.pending = 0;
+                                dropped += n;
+                                continue;
+                            }
                             batch.deltas.push(Delta {
                                 key: key(),
                                 start: b.start,
@@ -171,7 +194,7 @@ impl Limiter {
             batch.answers.extend(taken.drain(..).map(usage_delta));
             pace.step();
         }
-        batch.pending = self.evicted(tally).1;
+        batch.pending = self.evicted(tally).1.saturating_sub(dropped);
         batch
     }
 

@@ -56,7 +56,7 @@ pub fn settings(dir: &std::path::Path) -> Settings {
     s.store.path = PathBuf::from(dir);
     s.auth.admin_token = Secret::new(ADMIN);
     s.sync.interval_ms = DurationMs(50);
-    s.history.write_interval_ms = DurationMs(50);
+    s.history.write_interval_ms = Some(DurationMs(50));
     s.quotas.refresh_ms = DurationMs(100);
     s
 }

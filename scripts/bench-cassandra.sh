@@ -5,6 +5,8 @@
 #   NODES=127.0.0.1:9042 scripts/bench-cassandra.sh
 #   CLIENTS="1000 10000" DUR=15s scripts/bench-cassandra.sh
 #   BUILT_DIR=target/release scripts/bench-cassandra.sh    # no build: the quotad found there
+#   SCYLLA_ENV="QUOTAD__SYNC__MAX_DELAY_MS=5s" scripts/bench-cassandra.sh   # settings (K=V ...)
+#                                                  # for the Cassandra runs only
 #
 # For each N in $CLIENTS (active clients of one tenant, checks spread over all of them by
 # scripts/wrk/check.lua), and for each store (embedded first, then Cassandra on a fresh
@@ -85,6 +87,8 @@ POLICY='{"limits": [
 
 start_quotad() { # KIND
   local kind=$1
+  local extra=()
+  [ "$kind" = scylla ] && read -r -a extra <<<"${SCYLLA_ENV:-}"
   rm -rf "$WORK/store"
   if [ "$kind" = scylla ]; then
     cql "DROP KEYSPACE IF EXISTS $KEYSPACE" >/dev/null
@@ -99,7 +103,7 @@ start_quotad() { # KIND
     QUOTAD__LOG__LEVEL=warn \
     QUOTAD__LIMITER__MAX_COUNTERS=4000000 \
     QUOTAD__LIMITER__MAX_CLIENTS_PER_TENANT=2000000 \
-    "$QUOTAD" serve >"$WORK/quotad.log" 2>&1 &
+    "${extra[@]}" "$QUOTAD" serve >"$WORK/quotad.log" 2>&1 &
   QPID=$!
   for _ in $(seq 1 300); do
     curl -fsS -o /dev/null "http://127.0.0.1:$QPORT/readyz" 2>/dev/null && break

@@ -230,8 +230,6 @@ pub(super) struct Entry {
     pub(super) touched: bool,
     /// Sync rounds since its totals were last read back.
     pub(super) stale_rounds: u8,
-    /// Sync rounds since its pending hits were last written (or found none).
-    pub(super) unwritten_rounds: u8,
     /// A client entry: the checks admitted on it since the usage history last took them.
     pub(super) answered: Answered,
     /// One state inline (a one-limit policy, a tenant's entry); more spill to the heap.

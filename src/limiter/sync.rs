@@ -60,6 +60,17 @@ fn usage_delta((tenant, client, h): (Arc<str>, Arc<str>, AnsweredHour)) -> Usage
 const REFRESH_IDLE_FACTOR: u32 = 4;
 const REFRESH_IDLE_EVERY: u32 = 8;
 
+/// A key's place in the rounds: FNV-1a over the tenant and the subject, stable across
+/// processes and versions.
+fn slot_of(tenant: &str, subject: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in tenant.bytes().chain([0]).chain(subject.iter().copied()) {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
 impl Limiter {
     /// Sync rounds between two writes of a counter that nothing presses, and between two
     /// reads back of one nobody writes.
@@ -104,7 +115,8 @@ impl Limiter {
         let round = self
             .rounds
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let turn = |hash: u64, every: u8| (round.wrapping_add(hash) % u64::from(every)) == 0;
+        let turn =
+            |slot: u64, every: u8| every == 1 || (round.wrapping_add(slot) % u64::from(every)) == 0;
         // Strings are copied after the lock is let go.
         let mut taken: Vec<(Arc<str>, Arc<str>, AnsweredHour)> = Vec::new();
         let mut pace = Pacer::new();
@@ -123,19 +135,24 @@ impl Limiter {
                         taken.push((k.tenant.clone(), s.clone(), h));
                     }
                 }
-                e.unwritten_rounds = e.unwritten_rounds.saturating_add(1);
                 e.stale_rounds = e.stale_rounds.saturating_add(1);
                 let pressing = e.states.iter().any(|s| s.pressing);
-                let write = all
-                    || pressing
-                    || turn(k.hash.rotate_left(29), write_every)
-                    || e.unwritten_rounds >= write_every;
+                // Its turn comes once every `write_every` rounds: its hits wait at most that.
+                // The slot is a hash of the key that is the same in every process (the maps'
+                // hasher is seeded at random), so a run is the same run twice.
+                let lazy = write_every > 1;
+                let slot = if lazy {
+                    slot_of(&k.tenant, k.subject.as_bytes())
+                } else {
+                    0
+                };
+                let write = all || pressing || turn(slot, write_every);
                 let has_pending = write && e.states.iter().any(|s| s.pending() > 0);
                 // Others' hits reach an entry by reading it back: in a fleet, whenever it is
                 // written or pressed, or used at its write time; otherwise (and alone, where
                 // this instance's own writes keep it exact) every few writes.
                 let refresh = (fleet && (pressing || (write && (has_pending || e.touched))))
-                    || turn(k.hash.rotate_left(47), read_every)
+                    || (lazy && turn(slot.rotate_left(32), read_every))
                     || e.stale_rounds >= read_every;
                 for s in e.states.iter_mut() {
                     let mut key = || CounterKey {
@@ -179,9 +196,6 @@ impl Limiter {
                             to: newest_readable(s.kind, now),
                         });
                     }
-                }
-                if write {
-                    e.unwritten_rounds = 0;
                 }
                 if refresh {
                     e.stale_rounds = 0;

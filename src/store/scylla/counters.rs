@@ -17,7 +17,7 @@ use std::sync::atomic::Ordering;
 use futures::stream::{self, StreamExt, TryStreamExt};
 use scylla::value::Counter;
 
-use super::errors::{combine_write_outcomes, internal, map_exec, Op};
+use super::errors::combine_write_outcomes;
 use super::partition::{group_by_client, starts_in, ClientWrite, MAX_IN_VALUES};
 use super::statements::{CounterRow, IncrementValues, ReadSpanValues, ReadStartsValues};
 use super::ScyllaStore;
@@ -161,25 +161,17 @@ impl ScyllaStore {
     }
 
     async fn ask(&self, q: &Query<'_>) -> StoreResult<Vec<CounterRow>> {
-        let res = match &q.ask {
+        match &q.ask {
             Ask::Starts(starts) => {
                 let values: ReadStartsValues<'_> = (q.tenant, q.subject, starts);
-                self.session
-                    .execute_unpaged(&self.st.read_starts, values)
-                    .await
+                self.read_rows(&self.st.read_starts, values).await
             }
+            // A span may hold many rows: page through them.
             Ask::Span(from, to) => {
                 let values: ReadSpanValues<'_> = (q.tenant, q.subject, *from, *to);
-                // A span may hold many rows: page through them.
-                return self.read_all(&self.st.read_span, values).await;
+                self.read_all(&self.st.read_span, values).await
             }
         }
-        .map_err(|e| map_exec(e, Op::Read))?;
-        let rows = res.into_rows_result().map_err(internal)?;
-        rows.rows::<CounterRow>()
-            .map_err(internal)?
-            .map(|r| r.map_err(internal))
-            .collect()
     }
 }
 

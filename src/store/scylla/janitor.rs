@@ -127,15 +127,9 @@ impl ScyllaStore {
     /// The next `limit` client partitions after `cursor` in token order, with tokens.
     async fn scan_clients(&self, cursor: i64, limit: usize) -> StoreResult<Vec<(ClientRow, i64)>> {
         let values: ScanValues = (cursor, i32::try_from(limit).unwrap_or(i32::MAX));
-        let res = self
-            .session
-            .execute_unpaged(&self.st.scan_clients, values)
-            .await
-            .map_err(|e| map_exec(e, Op::Read))?;
-        let rows = res.into_rows_result().map_err(internal)?;
-        let mut out = Vec::with_capacity(rows.rows_num());
-        for row in rows.rows::<ClientRow>().map_err(internal)? {
-            let row = row.map_err(internal)?;
+        let rows: Vec<ClientRow> = self.read_rows(&self.st.scan_clients, values).await?;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in rows {
             let key: ClientValues<'_> = (&row.0, &row.1);
             let token = self
                 .st
@@ -212,15 +206,9 @@ impl ScyllaStore {
         limit: usize,
     ) -> StoreResult<Vec<(PartitionRow, i64)>> {
         let values: ScanValues = (cursor, i32::try_from(limit).unwrap_or(i32::MAX));
-        let res = self
-            .session
-            .execute_unpaged(&self.st.scan_partitions, values)
-            .await
-            .map_err(|e| map_exec(e, Op::Read))?;
-        let rows = res.into_rows_result().map_err(internal)?;
-        let mut out = Vec::with_capacity(rows.rows_num());
-        for row in rows.rows::<PartitionRow>().map_err(internal)? {
-            let row = row.map_err(internal)?;
+        let rows: Vec<PartitionRow> = self.read_rows(&self.st.scan_partitions, values).await?;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in rows {
             // The driver computes the token exactly as the server does (Murmur3 over the
             // serialized key), so the cursor needs no token() in the SELECT.
             let key: PartitionValues<'_> = (&row.0, &row.1, &row.2, row.3, row.4, row.5);

@@ -15,7 +15,7 @@ use chrono::Utc;
 use futures::stream::{self, StreamExt, TryStreamExt};
 use scylla::value::Counter;
 
-use super::errors::{internal, map_exec, Op};
+use super::errors::internal;
 use super::partition::epochs_of_range;
 use super::statements::{
     BucketRow, ClaimLayoutValues, LayoutRow, PartitionRow, ReadBucketsValues, ReadLayoutValues,
@@ -123,17 +123,10 @@ impl ScyllaStore {
             from,
             to,
         );
-        let res = self
-            .session
-            .execute_unpaged(&self.st.legacy_read_buckets, values)
-            .await
-            .map_err(|e| map_exec(e, Op::Read))?;
-        let rows = res.into_rows_result().map_err(internal)?;
-        let mut out = Vec::with_capacity(rows.rows_num());
-        for row in rows.rows::<BucketRow>().map_err(internal)? {
-            let (start, hits) = row.map_err(internal)?;
-            out.push((start, hits.map_or(0, |Counter(n)| n)));
-        }
-        Ok(out)
+        let rows: Vec<BucketRow> = self.read_rows(&self.st.legacy_read_buckets, values).await?;
+        Ok(rows
+            .into_iter()
+            .map(|(start, hits)| (start, hits.map_or(0, |Counter(n)| n)))
+            .collect())
     }
 }

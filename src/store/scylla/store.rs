@@ -193,6 +193,29 @@ impl ScyllaStore {
         Ok(months)
     }
 
+    /// Every row of one unpaged read (a partition small enough for one answer).
+    pub(super) async fn read_rows<R>(
+        &self,
+        st: &PreparedStatement,
+        values: impl scylla::serialize::row::SerializeRow,
+    ) -> StoreResult<Vec<R>>
+    where
+        R: for<'f, 'm> scylla::deserialize::row::DeserializeRow<'f, 'm>,
+    {
+        let res = self
+            .session
+            .execute_unpaged(st, values)
+            .await
+            .map_err(|e| map_exec(e, Op::Read))?;
+        let rows = res.into_rows_result().map_err(internal)?;
+        let out = rows
+            .rows::<R>()
+            .map_err(internal)?
+            .map(|r| r.map_err(internal))
+            .collect();
+        out
+    }
+
     pub(super) async fn read_all<R>(
         &self,
         st: &PreparedStatement,

@@ -5,6 +5,7 @@
 #   NODES=127.0.0.1:9042 scripts/bench-cassandra.sh
 #   CLIENTS="1000 10000" DUR=15s scripts/bench-cassandra.sh
 #   BUILT_DIR=target/release scripts/bench-cassandra.sh    # no build: the quotad found there
+#   POLICY='{"limits": [...]}' scripts/bench-cassandra.sh   # another policy than the three limits below
 #   SCYLLA_ENV="QUOTAD__SYNC__MAX_DELAY_MS=5s" scripts/bench-cassandra.sh   # settings (K=V ...)
 #                                                  # for the Cassandra runs only
 #
@@ -80,10 +81,11 @@ else
   QUOTAD=$TARGET/release/quotad
 fi
 
-POLICY='{"limits": [
+DEFAULT_POLICY='{"limits": [
   {"id": "per-second", "max": 1000000, "window": "1s"},
   {"id": "per-minute", "max": 100000000, "window": "1m"},
   {"id": "per-month", "max": 1000000000000, "period": "month"}]}'
+POLICY=${POLICY:-$DEFAULT_POLICY}
 
 start_quotad() { # KIND
   local kind=$1

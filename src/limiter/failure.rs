@@ -2,16 +2,25 @@
 //! `on_store_failure` rule makes when a call fails.
 //!
 //! A check never fails: `deny` denies; `local` and `allow` carry on with what this instance
-//! knows (counters it never saw start empty, admitted hits stay pending until the store
-//! returns; `allow` also admits what the local view would deny). When a memory cap leaves no
-//! room to hold a hit, `allow` admits it unrecorded (counted and logged) and `local` denies.
-//! A call whose outcome is unknown (it may have counted the hit) fails as `Uncertain`.
+//! knows, its hits pending until the store returns (`allow` also admits what the local view
+//! would deny). What it knows of a `cached` counter is its state in memory (one it never saw
+//! starts empty); of a `strict` counter, the totals its last strict check read, plus what it
+//! admitted since (see `strict`): one it never read is unknown, and `local` denies it rather
+//! than start it at zero. In a fleet every instance keeps to its share of the headroom it last
+//! saw, whatever the consistency: the others cannot see its hits until the store returns. When
+//! a memory cap leaves no room to hold a hit, `allow` admits it unrecorded (counted and
+//! logged) and `local` denies. A call whose outcome is unknown (it may have counted the hit)
+//! fails as `Uncertain`.
+//!
+//! One log line marks the start of an episode (the first check decided so) and one its end
+//! (the first store call of a check that succeeds after it), with the checks it decided.
 
 use std::future::Future;
+use std::sync::atomic::Ordering;
 
 use super::decision::{Binding, Decision};
 use super::{CheckInput, Limiter, Locked};
-use crate::domain::{Limit, Mode, OnStoreFailure, Policy};
+use crate::domain::{Consistency, Limit, Mode, OnStoreFailure, Policy};
 use crate::store::StoreError;
 
 impl Limiter {
@@ -44,25 +53,36 @@ impl Limiter {
         now: i64,
         e: &StoreError,
     ) -> Decision {
-        tracing::warn!(error = %e, rule = ?policy.on_store_failure, "store failed on the check path");
         let rule = policy.on_store_failure;
-        self.metrics.store_failure_decision(rule.as_str());
+        if self.failing.fetch_add(1, Ordering::Relaxed) == 0 {
+            tracing::warn!(error = %e, rule = rule.as_str(), "store failing on the check path: checks decided by on_store_failure until it answers");
+        }
+        let consistency = policy.consistency;
+        self.metrics
+            .store_failure_decision(rule.as_str(), consistency.as_str());
         let mut d = match rule {
             OnStoreFailure::Deny => self.without_memory(policy, limits, input, rule),
             OnStoreFailure::Local | OnStoreFailure::Allow => {
-                // Carry on with what this instance knows: install empty states for counters it
-                // has never seen (the next sync reads their real totals back), and decide on
-                // them. Admitted hits are pending and reach the store when it returns.
-                // Not knowing the others' demand, take an even share.
+                // Carry on with what this instance knows: a cached counter never seen starts
+                // empty (the next sync reads its real totals back); a strict one keeps the
+                // totals its last check read, and `local` will not make one up. Admitted hits
+                // are pending and reach the store when it returns. Not knowing the others'
+                // demand, a new state takes an even share.
                 let share = 1.0 / self.cfg.fleet.members() as f32;
+                let remembered_only =
+                    consistency == Consistency::Strict && rule == OnStoreFailure::Local;
                 let mut room = true;
                 for l in limits {
-                    room &= self.install(input, l, Vec::new(), share, now).is_ok();
+                    room &= if remembered_only {
+                        self.holds(input, l)
+                    } else {
+                        self.install(input, l, Vec::new(), share, now).is_ok()
+                    };
                 }
-                let force = rule == OnStoreFailure::Allow;
-                match self.locked(policy, limits, input, now, force, false) {
+                match self.locked(policy, limits, input, now, Some(rule), false) {
                     Locked::Decided(d, _) if room => d,
-                    // A memory cap leaves nowhere to hold the hit until the store returns.
+                    // Nothing known to enforce, or a memory cap leaves nowhere to hold the hit
+                    // until the store returns.
                     _ => self.without_memory(policy, limits, input, rule),
                 }
             }
@@ -71,9 +91,23 @@ impl Limiter {
         d
     }
 
-    /// The store failed and a memory cap leaves no room to hold a hit until it returns: `allow`
-    /// admits anyway (counting and logging the hit as unrecorded); `local` has no local view
-    /// to enforce and denies, as `deny` does.
+    /// A store call of a check succeeded: ends an episode of failure decisions, if one was on.
+    pub(super) fn store_answered(&self) {
+        if self.failing.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let decided = self.failing.swap(0, Ordering::Relaxed);
+        if decided > 0 {
+            tracing::warn!(
+                decided,
+                "store answering the check path again: on_store_failure decided {decided} checks"
+            );
+        }
+    }
+
+    /// The store failed and there is no local view to hold a hit in (a memory cap, or a strict
+    /// counter never read): `allow` admits anyway (counting and logging the hit as
+    /// unrecorded); `local` has nothing to enforce and denies, as `deny` does.
     pub(super) fn without_memory(
         &self,
         policy: &Policy,

@@ -67,7 +67,9 @@ pub use usage::Usage;
 pub use writes::Writing;
 
 use crate::clock::Clock;
-use crate::domain::{ClientId, Consistency, Limit, Policy, Scope, TenantId, TENANT_SUBJECT};
+use crate::domain::{
+    ClientId, Consistency, Limit, OnStoreFailure, Policy, Scope, TenantId, TENANT_SUBJECT,
+};
 use crate::history::{Answer, Recorder};
 use crate::metrics::Metrics;
 use crate::store::{CounterRange, DynCounterStore, StoreError};
@@ -223,6 +225,11 @@ pub struct Limiter {
     loads: loads::Loads,
     /// Sync rounds so far: whose turn it is to be written (`Limiter::collect`).
     rounds: std::sync::atomic::AtomicU64,
+    /// Strict calls that answered after their deadline, for memory to learn from.
+    late: strict::LateAnswers,
+    /// Checks decided by the failure rule since the store last answered the check path: one
+    /// log line an episode, not one a check.
+    failing: std::sync::atomic::AtomicU64,
     cfg: LimiterConfig,
 }
 
@@ -251,6 +258,8 @@ impl Limiter {
             writes: writes::Writes::default(),
             loads: loads::Loads::default(),
             rounds: Default::default(),
+            late: Default::default(),
+            failing: Default::default(),
             cfg,
         }
     }
@@ -408,7 +417,7 @@ impl Limiter {
                     let _ = tokio::time::timeout(self.cfg.store_timeout, wait).await;
                 }
             }
-            match self.locked(policy, &limits, input, now, false, tally) {
+            match self.locked(policy, &limits, input, now, None, tally) {
                 Locked::Decided(d, tallied) => return self.tallied(input, d, tallied),
                 Locked::Missing(m) => missing = m,
             }
@@ -440,7 +449,7 @@ impl Limiter {
             return Now::Strict;
         }
         let tally = record && self.cfg.max_history_rows > 0;
-        match self.locked(policy, limits, input, now, false, tally) {
+        match self.locked(policy, limits, input, now, None, tally) {
             Locked::Decided(d, tallied) => {
                 let (d, recorded) = self.tallied(input, d, tallied);
                 Now::Decided(d, recorded)
@@ -465,7 +474,8 @@ impl Limiter {
     }
 
     /// Locks the entries the limits need and decides, or says which states are missing. When
-    /// `tally`, an admitted check is summed in the client's entry for the usage history.
+    /// `tally`, an admitted check is summed in the client's entry for the usage history. With
+    /// `failing`, the store failed and this is that rule's local view (see `failure`).
     ///
     /// With both entries, the client's shard is locked first, its entry found and its limits
     /// judged, and only then the tenant's shard, held while the tenant's limits are judged and
@@ -481,7 +491,7 @@ impl Limiter {
         limits: &[&Limit],
         input: CheckInput<'_>,
         now: i64,
-        force_admit: bool,
+        failing: Option<OnStoreFailure>,
         tally: bool,
     ) -> Locked {
         let tenant = input.tenant.as_str();
@@ -489,7 +499,11 @@ impl Limiter {
         let kt = self.key_ref(tenant, TENANT_SUBJECT);
         let need_c = limits.iter().any(|l| l.scope == Scope::Client);
         let need_t = limits.iter().any(|l| l.scope == Scope::Tenant);
-        let mut j = Judging::new(limits, now, input.cost, force_admit, self.fleet(policy));
+        let (force_admit, fleet) = match failing {
+            None => (false, self.fleet(policy)),
+            Some(rule) => (rule == OnStoreFailure::Allow, self.fleet_failing()),
+        };
+        let mut j = Judging::new(limits, now, input.cost, force_admit, fleet);
         let mut gc = need_c.then(|| lock(self.shard_of(kc)));
         let mut cs = Slots::new();
         let answered = fill(
@@ -545,6 +559,7 @@ impl Limiter {
             .map(|l| Self::range_of(input.tenant, input.client, l, now))
             .collect();
         let totals = self.with_deadline(self.store.read(&ranges), false).await?;
+        self.store_answered();
         let mut capped = None;
         for (l, (r, t)) in limits.iter().zip(ranges.iter().zip(totals)) {
             let share = self.share(&t, r, now);

@@ -174,6 +174,16 @@ impl Limiter {
             sync_interval_ms: self.cfg.sync_interval_ms,
         }
     }
+
+    /// How the local view of a failing store sees the fleet: shares bind whatever the
+    /// consistency, so that a strict counter too takes only its share of the headroom it last
+    /// saw while the others cannot see its hits.
+    pub(super) fn fleet_failing(&self) -> Fleet {
+        Fleet {
+            shares: self.cfg.fleet.members() > 1,
+            sync_interval_ms: self.cfg.sync_interval_ms,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -5,14 +5,54 @@
 //! added and the counts read back in one store call; the decision then judges the counts as
 //! they were before this hit, so it agrees with what a cached decision would have said. A denied
 //! hit is compensated by a decrement; if that fails, the count errs high (towards denial).
-//! Nothing is installed in memory, but counters already held there learn the hit at once.
+//!
+//! Memory keeps what the store said: each answer's totals are remembered in the counter's state
+//! (installed if there is room under the memory caps, and evicted when idle like any other), so
+//! that if the store fails, the failure rule enforces from the last totals read plus what this
+//! instance admitted since, within its share of that headroom (see `failure`), instead of
+//! starting from zero. Hits admitted during a failure are pending there; the next strict call
+//! on the counter carries them to the store with its own hit (or the sync task writes them
+//! first), so that the other instances see them as soon as the store answers again.
+//!
+//! A call that misses its deadline is not dropped: it goes on in a task of its own, and its
+//! answer, when it comes, is learned from (see [`Late`]). Until then its hit counts as taken:
+//! pending if the failure rule admitted it, in the last totals if it denied it.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
 
 use super::decision::{decide, Decision};
+use super::key::subject_of;
 use super::share::Fleet;
-use super::state::{buckets_from, LimitState};
+use super::state::{buckets_from, lock, LimitState};
+use super::writes::Writing;
 use super::{window, CheckInput, Limiter};
 use crate::domain::{Limit, Policy};
 use crate::store::{BucketTotal, CounterRange, Delta, StoreError};
+
+/// A strict call that answered after its deadline, for memory to learn from at the next
+/// strict check or sync round: its totals (which hold its hit), and what the failure rule did
+/// with the hit meanwhile. A denied hit was taken back from the store by the task that waited.
+#[derive(Debug, Default)]
+pub(super) struct Late {
+    deltas: Vec<Delta>,
+    ranges: Vec<CounterRange>,
+    /// None: the call failed, nothing written.
+    totals: Option<Vec<Vec<BucketTotal>>>,
+    /// The failure rule admitted the hit: it is pending in memory, and the store has it now.
+    admitted: bool,
+    /// Pending hits the call carried, to be pending again as it wrote nothing.
+    unwritten: Vec<Delta>,
+}
+
+/// Late answers not learned yet. At most [`MAX_LATE`] wait; beyond, an answer is not learned
+/// (its hit stays counted twice where it was admitted: the count errs high).
+pub(super) type LateAnswers = Arc<Mutex<Vec<Late>>>;
+const MAX_LATE: usize = 100_000;
+
+/// A strict store call, owned so that it can outlive its check.
+type Counting = Pin<Box<dyn Future<Output = Result<Vec<Vec<BucketTotal>>, StoreError>> + Send>>;
 
 impl Limiter {
     /// Decides a check through the store (see the module comment).
@@ -23,16 +63,69 @@ impl Limiter {
         input: CheckInput<'_>,
         now: i64,
     ) -> Decision {
+        self.learn_late();
         let deltas = Self::hit_deltas(limits, input, now);
         let ranges: Vec<CounterRange> = limits
             .iter()
             .map(|l| Self::range_of(input.tenant, input.client, l, now))
             .collect();
-        let totals = match self.count_in_store(&deltas, &ranges, input.cost).await {
-            Ok(t) => t,
-            Err(e) => return self.on_failure(policy, limits, input, now, &e),
+        // Hits a failure admitted here go to the store with this one (see the module comment).
+        let (carried, writing) = match self.carry_pending(&ranges, now) {
+            c if c.is_empty() => (c, None),
+            c => (c, Some(self.writes.begin())),
         };
+        let mut call: Counting = {
+            let store = self.store.clone();
+            let (mut d, r) = (deltas.clone(), ranges.clone());
+            d.extend(carried.iter().cloned());
+            Box::pin(async move { store.increment_and_read(&d, &r).await })
+        };
+        let totals = match tokio::time::timeout(self.cfg.store_timeout, &mut call).await {
+            Ok(Ok(t)) => t,
+            Ok(Err(e)) => {
+                if !matches!(e, StoreError::Uncertain(_)) {
+                    // Nothing written: what it carried is pending again.
+                    self.unwritten(&carried);
+                }
+                let d = self.on_failure(policy, limits, input, now, &e);
+                if matches!(e, StoreError::Uncertain(_)) {
+                    self.metrics.uncertain_hits(input.cost);
+                    self.count_as_taken(&deltas, &d);
+                }
+                return d;
+            }
+            Err(_) if deltas.is_empty() && carried.is_empty() => {
+                // A peek: it only read, and its answer is of no more use.
+                let e = StoreError::Unavailable(format!(
+                    "no answer within {:?}",
+                    self.cfg.store_timeout
+                ));
+                return self.on_failure(policy, limits, input, now, &e);
+            }
+            Err(_) => {
+                self.metrics.uncertain_hits(input.cost);
+                let e =
+                    StoreError::Uncertain(format!("no answer within {:?}", self.cfg.store_timeout));
+                let d = self.on_failure(policy, limits, input, now, &e);
+                let admitted = self.count_as_taken(&deltas, &d);
+                let late = Late {
+                    deltas,
+                    ranges,
+                    admitted,
+                    unwritten: carried,
+                    ..Late::default()
+                };
+                self.follow(call, late, writing);
+                return d;
+            }
+        };
+        drop(writing);
+        self.store_answered();
         let mut states = states_before_hit(limits, &totals, input.cost, now);
+        // Hits a failure admitted here and the sync task has not written yet.
+        for (l, s) in limits.iter().zip(states.iter_mut()) {
+            self.add_pending(&Self::counter_key(input.tenant, input.client, l), s);
+        }
         let mut refs: Vec<&mut LimitState> = states.iter_mut().collect();
         // The store counted this hit against everyone's: no share to keep to.
         let fleet = Fleet {
@@ -40,10 +133,10 @@ impl Limiter {
             ..self.fleet(policy)
         };
         let d = decide(policy, limits, &mut refs, now, input.cost, false, fleet);
-        if d.allowed && !d.dry_run_denied {
-            self.learn_hit(&deltas);
-        } else {
-            self.compensate(deltas).await;
+        let admitted = d.allowed && !d.dry_run_denied;
+        self.remember(input, limits, &ranges, totals, admitted, now);
+        if !admitted {
+            undo(&self.store, &self.metrics, deltas).await;
         }
         d
     }
@@ -63,53 +156,198 @@ impl Limiter {
             .collect()
     }
 
-    /// Adds the hit and reads the counts back, in one store call within the deadline. A hit
-    /// whose outcome is unknown is counted as uncertain.
-    async fn count_in_store(
+    /// Keeps the totals a strict call read in memory, for a failure to enforce from: with the
+    /// hit (admitted) or without it (taken back). A state in memory keeps the higher of its
+    /// count and the store's, bucket by bucket (a sync write may be under way that the read
+    /// missed); one not in memory is installed if the caps leave room.
+    fn remember(
         &self,
-        deltas: &[Delta],
+        input: CheckInput<'_>,
+        limits: &[&Limit],
         ranges: &[CounterRange],
-        cost: u64,
-    ) -> Result<Vec<Vec<BucketTotal>>, StoreError> {
-        let res = self
-            .with_deadline(
-                self.store.increment_and_read(deltas, ranges),
-                !deltas.is_empty(),
-            )
-            .await;
-        if let Err(StoreError::Uncertain(_)) = &res {
-            self.metrics.uncertain_hits(cost);
+        totals: Vec<Vec<BucketTotal>>,
+        admitted: bool,
+        now: i64,
+    ) {
+        for ((l, r), t) in limits.iter().zip(ranges).zip(totals) {
+            let mut buckets = buckets_from(&t);
+            if !admitted {
+                let start = l.kind.grain().bucket_start(now);
+                if let Some(b) = buckets.iter_mut().find(|b| b.start == start) {
+                    b.stored -= input.cost.min(i64::MAX as u64) as i64;
+                }
+            }
+            let known = self.with_state(&r.key, |s| {
+                for b in &buckets {
+                    let mine = window::bucket_at(&mut s.buckets, b.start);
+                    mine.stored = mine.stored.max(b.stored);
+                }
+            });
+            if known.is_none() {
+                let share = self.share(&t, r, now);
+                // No room under a cap: nothing remembered, and a failure knows nothing of it.
+                let _ = self.install(input, l, buckets, share, now);
+            } else {
+                self.mark_used(input, l, now);
+            }
         }
-        res
     }
 
-    /// Counters this instance also holds in memory learn an admitted hit now, not at the next
-    /// read back.
-    fn learn_hit(&self, deltas: &[Delta]) {
-        for d in deltas {
-            self.with_state(&d.key, |s| {
-                window::bucket_at(&mut s.buckets, d.start).stored += d.delta.max(0);
+    /// Marks a counter's entry used at `now`, so that idleness does not evict what a strict
+    /// check just read.
+    fn mark_used(&self, input: CheckInput<'_>, l: &Limit, now: i64) {
+        let r = self.key_ref(input.tenant.as_str(), subject_of(l, input.client.as_str()));
+        if let Some(e) = lock(self.shard_of(r)).get_mut(&r) {
+            e.last_used = now;
+        }
+    }
+
+    /// Whether memory holds a state for this check's counter of `l`.
+    pub(super) fn holds(&self, input: CheckInput<'_>, l: &Limit) -> bool {
+        let r = self.key_ref(input.tenant.as_str(), subject_of(l, input.client.as_str()));
+        lock(self.shard_of(r))
+            .get(&r)
+            .is_some_and(|e| e.states.iter().any(|s| s.is(l)))
+    }
+
+    /// Adds the hits pending in memory for `key` to a state built from the store's totals.
+    fn add_pending(&self, key: &crate::store::CounterKey, to: &mut LimitState) {
+        self.with_state(key, |s| {
+            for b in s.buckets.iter().filter(|b| b.pending > 0) {
+                window::bucket_at(&mut to.buckets, b.start).pending += b.pending;
+            }
+        });
+    }
+
+    /// A strict hit whose outcome is unknown counts as taken: if the failure rule admitted it,
+    /// it is pending already; if not, it is added to the last totals in memory. Says whether
+    /// it was admitted.
+    fn count_as_taken(&self, deltas: &[Delta], d: &Decision) -> bool {
+        let admitted = d.allowed && !d.dry_run_denied;
+        if !admitted {
+            for x in deltas {
+                self.with_state(&x.key, |s| {
+                    window::bucket_at(&mut s.buckets, x.start).stored += x.delta;
+                });
+            }
+        }
+        admitted
+    }
+
+    /// Lets a strict call that missed its deadline finish in a task of its own (its carried
+    /// hits' write under way until then). If it counted the hit, a hit the failure rule denied
+    /// is taken back; either way its outcome waits in [`Limiter::late`] to be learned from.
+    fn follow(&self, call: Counting, mut late: Late, writing: Option<Writing>) {
+        let (queue, store) = (self.late.clone(), self.store.clone());
+        let metrics = self.metrics.clone();
+        tokio::spawn(async move {
+            match call.await {
+                Ok(totals) => {
+                    if !late.admitted {
+                        undo(&store, &metrics, late.deltas.clone()).await;
+                    }
+                    late.totals = Some(totals);
+                    late.unwritten.clear();
+                }
+                // Its outcome stays unknown: what it carried counts as written, as a sync
+                // write's does.
+                Err(StoreError::Uncertain(_)) => return,
+                Err(_) => {}
+            }
+            drop(writing);
+            let mut q = queue.lock().unwrap();
+            if q.len() < MAX_LATE {
+                q.push(late);
+            }
+        });
+    }
+
+    /// Takes the hits pending in memory for these counters, as the sync task's snapshot does
+    /// (moved from pending to stored), for a strict call to write.
+    fn carry_pending(&self, ranges: &[CounterRange], now: i64) -> Vec<Delta> {
+        let mut carried = Vec::new();
+        for r in ranges {
+            self.with_state(&r.key, |s| {
+                if s.pending() == 0 {
+                    return;
+                }
+                let needed = s.oldest_needed(now);
+                for b in s.buckets.iter_mut().filter(|b| b.pending > 0) {
+                    let n = b.pending.min(i64::MAX as u64);
+                    b.pending = 0;
+                    if b.start < needed {
+                        continue;
+                    }
+                    carried.push(Delta {
+                        key: r.key.clone(),
+                        start: b.start,
+                        delta: n as i64,
+                    });
+                    b.stored = b.stored.saturating_add(n as i64);
+                    s.settling = s.settling.saturating_add(n);
+                }
             });
         }
+        carried
     }
 
-    /// Takes a denied hit back out of the store.
-    async fn compensate(&self, deltas: Vec<Delta>) {
-        if deltas.is_empty() {
-            return;
+    /// Learns the strict answers that came after their deadline (see [`Late`]).
+    pub(super) fn learn_late(&self) {
+        let late = {
+            let mut q = self.late.lock().unwrap();
+            if q.is_empty() {
+                return;
+            }
+            std::mem::take(&mut *q)
+        };
+        for a in late {
+            self.unwritten(&a.unwritten);
+            let Some(totals) = a.totals else {
+                continue;
+            };
+            if a.admitted {
+                // The store counted the hit the failure rule admitted: no longer this
+                // instance's to write. (Written already, it is counted twice: errs high.)
+                for d in &a.deltas {
+                    self.with_state(&d.key, |s| {
+                        if let Some(b) = s.buckets.iter_mut().find(|b| b.start == d.start) {
+                            b.pending -= (d.delta.max(0) as u64).min(b.pending);
+                        }
+                    });
+                }
+            }
+            for (r, t) in a.ranges.iter().zip(&totals) {
+                self.with_state(&r.key, |s| {
+                    for bt in t {
+                        let b = window::bucket_at(&mut s.buckets, bt.start);
+                        b.stored = b.stored.max(bt.total);
+                    }
+                });
+            }
         }
-        let undo: Vec<Delta> = deltas
-            .into_iter()
-            .map(|mut d| {
-                d.delta = -d.delta;
-                d
-            })
-            .collect();
-        if let Err(e) = self.store.increment(&undo).await {
-            // The denied hit stays counted: the count errs high (towards denial).
-            self.metrics.compensation_failed();
-            tracing::warn!(error = %e, "strict mode: compensating a denied hit failed");
-        }
+    }
+}
+
+/// Takes hits back out of the store (a denied strict hit). If that fails, the hit stays
+/// counted: the count errs high (towards denial).
+async fn undo(
+    store: &crate::store::DynCounterStore,
+    metrics: &crate::metrics::Metrics,
+    deltas: Vec<Delta>,
+) {
+    if deltas.is_empty() {
+        return;
+    }
+    let undo: Vec<Delta> = deltas
+        .into_iter()
+        .map(|mut d| {
+            d.delta = -d.delta;
+            d
+        })
+        .collect();
+    if let Err(e) = store.increment(&undo).await {
+        metrics.compensation_failed();
+        tracing::warn!(error = %e, "strict mode: compensating a denied hit failed");
     }
 }
 

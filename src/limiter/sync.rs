@@ -102,6 +102,8 @@ impl Limiter {
     /// them pending again when they were given back: a counter holding unwritten hits still
     /// never leaves memory.
     pub fn collect(&self, now: i64, answers: bool, all: bool) -> SyncBatch {
+        // Strict answers that came late: what they say counts in this round's snapshot.
+        self.learn_late();
         let mut batch = SyncBatch {
             writing: Some(self.writes.begin()),
             ..SyncBatch::default()

@@ -230,8 +230,8 @@ impl Metrics {
             ),
             store_failure_decisions: counter_vec(
                 "quotad_store_failure_decisions_total",
-                "Checks decided while the store failed, by the policy's on_store_failure rule.",
-                &["rule"],
+                "Checks decided while the store failed, by the policy's on_store_failure rule and consistency.",
+                &["rule", "consistency"],
             ),
             uncertain_hits: counter(
                 "quotad_store_uncertain_hits_total",
@@ -276,7 +276,10 @@ impl Metrics {
             m.memory_cap_checks.with_label_values(&[cap]);
         }
         for rule in ["local", "allow", "deny"] {
-            m.store_failure_decisions.with_label_values(&[rule]);
+            for consistency in ["cached", "strict"] {
+                m.store_failure_decisions
+                    .with_label_values(&[rule, consistency]);
+            }
         }
         m.register();
         m
@@ -359,9 +362,9 @@ impl Metrics {
         self.active_counters.set(n as i64);
     }
 
-    pub fn store_failure_decision(&self, rule: &str) {
+    pub fn store_failure_decision(&self, rule: &str, consistency: &str) {
         self.store_failure_decisions
-            .with_label_values(&[rule])
+            .with_label_values(&[rule, consistency])
             .inc();
     }
 

@@ -54,3 +54,78 @@ async fn strict_mode_never_over_admits_under_concurrency() {
         20
     );
 }
+
+/// A strict policy that defaults to `local`, of one day's `max`.
+fn strict_local(max: u64) -> Policy {
+    policy(
+        serde_json::json!({"limits": [{"id": "d", "max": max, "period": "day"}],
+        "consistency": "strict", "on_store_failure": "local"}),
+    )
+}
+
+#[tokio::test]
+async fn a_failing_store_leaves_a_strict_counter_its_last_totals_not_a_fresh_limit() {
+    let r = rig();
+    let p = strict_local(10);
+    let (t, c) = ids("acme", "k1");
+    for _ in 0..6 {
+        assert!(check(&r, &p, &t, &c, 1).await.allowed);
+    }
+    r.faulty.set(Fault::Failing);
+    let mut admitted = 0;
+    for _ in 0..20 {
+        let d = check(&r, &p, &t, &c, 1).await;
+        assert!(d.store_failure.is_some());
+        admitted += d.allowed as u64;
+    }
+    assert_eq!(admitted, 4, "the headroom the store last showed, no more");
+    // A strict counter this instance never read is not made up under `local`.
+    let (_, other) = ids("acme", "k2");
+    assert!(!check(&r, &p, &t, &other, 1).await.allowed);
+    assert_eq!(
+        metric(
+            &r,
+            "quotad_store_failure_decisions_total{consistency=\"strict\",rule=\"local\"}"
+        ),
+        21.0
+    );
+    // The store returns: the next strict check carries the hits admitted meanwhile, so the
+    // store (and every other instance) has them at once, and the limit holds.
+    r.faulty.set(Fault::Healthy);
+    assert!(!check(&r, &p, &t, &c, 1).await.allowed);
+    let grain = p.limits[0].kind.grain();
+    assert_eq!(stored(&r, "acme", "k1", "d", grain).await, 10);
+    assert_eq!(r.limiter.pending_hits(), 0);
+}
+
+#[tokio::test]
+async fn a_strict_answer_after_the_deadline_is_learned_from() {
+    // The deadline is shorter than the store's answers (200 ms when slow).
+    let r = rig_with_deadline(Duration::from_millis(50));
+    let p = strict_local(10);
+    let (t, c) = ids("acme", "k1");
+    for _ in 0..3 {
+        assert!(check(&r, &p, &t, &c, 1).await.allowed);
+    }
+    r.faulty.set(Fault::Slow);
+    let d = check(&r, &p, &t, &c, 1).await;
+    assert!(d.allowed && d.store_failure.is_some());
+    assert_eq!(
+        r.limiter.pending_hits(),
+        1,
+        "admitted locally, to be written"
+    );
+    // The call goes on after the deadline and counts the hit in the store.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    r.faulty.set(Fault::Healthy);
+    let grain = p.limits[0].kind.grain();
+    assert_eq!(stored(&r, "acme", "k1", "d", grain).await, 4);
+    // Learned: the hit is the store's now, not also this instance's to write.
+    r.syncer.round().await.unwrap();
+    assert_eq!(r.limiter.pending_hits(), 0);
+    assert_eq!(
+        stored(&r, "acme", "k1", "d", grain).await,
+        4,
+        "counted once"
+    );
+}

@@ -244,7 +244,7 @@ async fn while_the_store_fails_each_request_is_one_failure_decision_for_all_its_
     assert_eq!(r.status(), 201);
     let mut c = client(&app).await;
     faulty.set(Fault::Failing);
-    let series = "quotad_store_failure_decisions_total{rule=\"deny\"}";
+    let series = "quotad_store_failure_decisions_total{consistency=\"cached\",rule=\"deny\"}";
     let before = app.metric(series).await;
     // A client never seen: its counters must be read from the failing store.
     let r = ask(

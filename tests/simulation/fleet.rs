@@ -11,6 +11,9 @@ pub(crate) enum Event {
     Kill(usize),
     /// Instance `i` stops (SIGTERM): it drains its pending hits and releases its lease.
     Leave(usize),
+    /// The store stops answering in time, or at all (`store::STALLED`, `store::DOWN`), or
+    /// answers again (`store::UP`).
+    Store(u8),
 }
 
 /// One simulated instance: a real limiter and sync, on its own shard of the shared counters.
@@ -156,6 +159,10 @@ pub(crate) async fn simulate_fleet(
         at: T0,
     };
     let (mut exact_admitted, mut offered) = (0u64, 0u64);
+    // Per serving instance, the hits admitted (fleet-wide) when the store last answered one of
+    // its checks; and the largest failure bound of the run (see `Event::Store`).
+    let mut last_seen = vec![0usize; n];
+    let mut failure_bound = 0f64;
     for t in 0..DURATION_MS {
         let now = T0 + t;
         clock.set(now);
@@ -169,6 +176,18 @@ pub(crate) async fn simulate_fleet(
                 Event::Kill(i) => {
                     fleet[i].alive = false;
                     fleet[i].lease_until = now + LEASE_TTL_MS;
+                }
+                Event::Store(state) => {
+                    if state != UP {
+                        // The written bound of this failure: what the store had counted that
+                        // each serving instance had not seen at its last answer, averaged.
+                        let unseen: usize = last_seen.iter().map(|&s| log.len() - s).sum();
+                        let bound = unseen as f64 / last_seen.len() as f64;
+                        failure_bound = failure_bound.max(bound);
+                    }
+                    shared
+                        .outage
+                        .store(state, std::sync::atomic::Ordering::Relaxed);
                 }
                 Event::Leave(i) => {
                     assert_eq!(
@@ -273,6 +292,11 @@ pub(crate) async fn simulate_fleet(
                 if d.allowed {
                     log.push(now);
                 }
+                if d.store_failure.is_none() {
+                    if let Some(seen) = last_seen.get_mut(i) {
+                        *seen = log.len();
+                    }
+                }
                 if shape == Shape::Tokens {
                     exact_admitted += exact_bucket.admit(now) as u64;
                     continue;
@@ -325,6 +349,7 @@ pub(crate) async fn simulate_fleet(
             admitted: log.len() as u64,
             offered,
             quiet_writes,
+            failure_bound,
         };
     }
     let worst = worst_window(&log, WINDOW_MS);
@@ -343,5 +368,6 @@ pub(crate) async fn simulate_fleet(
         admitted: log.len() as u64,
         offered,
         quiet_writes,
+        failure_bound,
     }
 }

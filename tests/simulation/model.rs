@@ -103,6 +103,9 @@ pub(crate) struct Outcome {
     pub(crate) under: f64,
     pub(crate) admitted: u64,
     pub(crate) offered: u64,
+    /// The largest over-admission the docs allow a failure of the run, in hits (0 without
+    /// one): see `Event::Store`.
+    pub(crate) failure_bound: f64,
 }
 
 /// Most hits in any span `(t - span, t]` of a sorted log.

@@ -12,7 +12,17 @@ pub(crate) struct Shared {
     pub(crate) history: Mutex<(u64, u64)>,
     /// Writes of a quiet client's counter (one per client per increment call), all instances.
     pub(crate) quiet_writes: std::sync::atomic::AtomicU64,
+    /// Whether the store answers: [`UP`], [`STALLED`] or [`DOWN`].
+    pub(crate) outage: std::sync::atomic::AtomicU8,
 }
+
+/// The store answers.
+pub(crate) const UP: u8 = 0;
+/// A paused store (a JVM's pause, SIGSTOP): calls miss their deadline. Increments land (the
+/// store applies them when it resumes) but the caller cannot know: `Uncertain`; reads fail.
+pub(crate) const STALLED: u8 = 1;
+/// A store that refuses every call at once: nothing lands, and the caller knows it.
+pub(crate) const DOWN: u8 = 2;
 
 /// The tenant of the clients far below their limits.
 pub(crate) const QUIET_TENANT: &str = "calm";
@@ -59,6 +69,11 @@ impl CounterStore for ShardView {
         "simulation"
     }
     async fn increment(&self, deltas: &[Delta]) -> StoreResult<()> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let outage = self.shared.outage.load(Relaxed);
+        if outage == DOWN {
+            return Err(StoreError::Unavailable("store down".into()));
+        }
         let quiet: std::collections::BTreeSet<&str> = deltas
             .iter()
             .filter(|d| &*d.key.tenant == QUIET_TENANT)
@@ -74,9 +89,20 @@ impl CounterStore for ShardView {
                 .or_insert_with(|| vec![0; self.shards]);
             cell[self.shard] += d.delta;
         }
+        if outage == STALLED {
+            return Err(StoreError::Uncertain("no answer in time".into()));
+        }
         Ok(())
     }
     async fn read(&self, ranges: &[CounterRange]) -> StoreResult<Vec<Vec<BucketTotal>>> {
+        if self
+            .shared
+            .outage
+            .load(std::sync::atomic::Ordering::Relaxed)
+            != UP
+        {
+            return Err(StoreError::Unavailable("store stalled or down".into()));
+        }
         let cells = self.shared.cells.lock().unwrap();
         Ok(ranges
             .iter()

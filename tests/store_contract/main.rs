@@ -11,19 +11,23 @@
 //!   ```
 //!
 //!   `QUOTAD_TEST_SCYLLA_NODES` is a comma-separated list of `host:port`; run with `--ignored`
-//!   but without it, those tests fail and say so. Each run makes its own keyspace
+//!   but without it, those tests fail and say so. `strict_checks_hold_through_node_pauses`
+//!   also pauses the node: beside a node on this machine, add `QUOTAD_TEST_SCYLLA_PID=<its
+//!   process id>`; against a cluster elsewhere, add `--skip strict_checks_hold`. Each run makes its own keyspace
 //!   (`quotad_test_<tag>_<pid>_<time>`), migrates it with the real `quotad migrate` code, runs
 //!   the checks and drops the keyspace, also when a check fails.
 //!
 //! The checks are `async fn(&dyn Store)` (or `Arc<dyn Store>` where they spawn tasks), one
 //! file a part of the contract: `counters` (counters, policies, the janitor), `history` (usage
 //! history, the audit log and their retention), `fleet` (leases, idempotency keys, overrides,
-//! credits). This file holds the helpers and runs the checks on each store; only
+//! credits), `stalls` (strict checks of two instances while the node is paused: it also needs
+//! `QUOTAD_TEST_SCYLLA_PID`, the node's process id on this machine). This file holds the helpers and runs the checks on each store; only
 //! `two_instances_share_counts` needs two scylla stores (the embedded store holds one process).
 
 mod counters;
 mod fleet;
 mod history;
+mod stalls;
 mod upgrade;
 
 use std::collections::BTreeMap;
@@ -278,6 +282,27 @@ async fn an_upgrade_keeps_the_counts_of_the_old_layout() {
     let run = async {
         migrate::run(&opts, false, &mut Vec::new()).await.unwrap();
         upgrade::counts_of_the_old_layout_survive_the_upgrade(&nodes, &opts).await;
+    };
+    let result = std::panic::AssertUnwindSafe(run).catch_unwind().await;
+    drop_keyspace(&nodes, &ks).await;
+    if let Err(panic) = result {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Cassandra/ScyllaDB node on this machine: set QUOTAD_TEST_SCYLLA_NODES=host:port and QUOTAD_TEST_SCYLLA_PID=<its process id>, run with --ignored"]
+async fn strict_checks_hold_through_node_pauses() {
+    let nodes = nodes();
+    let ks = unique_keyspace("s");
+    let opts = ScyllaOptions {
+        nodes: nodes.clone(),
+        keyspace: ks.clone(),
+        ..ScyllaOptions::default()
+    };
+    let run = async {
+        migrate::run(&opts, false, &mut Vec::new()).await.unwrap();
+        stalls::strict_checks_hold_through_node_pauses(&opts).await;
     };
     let result = std::panic::AssertUnwindSafe(run).catch_unwind().await;
     drop_keyspace(&nodes, &ks).await;

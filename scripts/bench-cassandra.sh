@@ -8,6 +8,7 @@
 #   POLICY='{"limits": [...]}' scripts/bench-cassandra.sh   # another policy than the three limits below
 #   SCYLLA_ENV="QUOTAD__SYNC__MAX_DELAY_MS=5s" scripts/bench-cassandra.sh   # settings (K=V ...)
 #                                                  # for the Cassandra runs only
+#   EMBEDDED_ENV="QUOTAD__SYNC__MAX_DELAY_MS=2s" scripts/bench-cassandra.sh  # the same, embedded
 #
 # For each N in $CLIENTS (active clients of one tenant, checks spread over all of them by
 # scripts/wrk/check.lua), and for each store (embedded first, then Cassandra on a fresh
@@ -91,6 +92,7 @@ start_quotad() { # KIND
   local kind=$1
   local extra=()
   [ "$kind" = scylla ] && read -r -a extra <<<"${SCYLLA_ENV:-}"
+  [ "$kind" = embedded ] && read -r -a extra <<<"${EMBEDDED_ENV:-}"
   rm -rf "$WORK/store"
   if [ "$kind" = scylla ]; then
     cql "DROP KEYSPACE IF EXISTS $KEYSPACE" >/dev/null

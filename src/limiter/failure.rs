@@ -98,10 +98,7 @@ impl Limiter {
         }
         let decided = self.failing.swap(0, Ordering::Relaxed);
         if decided > 0 {
-            tracing::warn!(
-                decided,
-                "store answering the check path again: on_store_failure decided {decided} checks"
-            );
+            tracing::warn!(decided, "store answering the check path again");
         }
     }
 

@@ -331,7 +331,8 @@ function bar(count, limit) {
   const used = limit ? count / limit : 0;
   const fill = h("div", { class: used >= 1 ? "full" : (used >= 0.8 ? "near" : "") });
   fill.style.width = Math.min(100, used * 100).toFixed(1) + "%";
-  return h("span", { class: "bar", title: (used * 100).toFixed(1) + "%" }, fill);
+  const pct = (used * 100).toFixed(1) + "%";
+  return h("span", { class: "bar", title: pct, role: "img", "aria-label": pct + " used" }, fill);
 }
 
 function resetIn(ms) {
@@ -426,9 +427,12 @@ async function clientPage(tenant, client) {
     if (RESERVED.includes(client)) {
       usageBox.append(h("p", { class: "muted" }, "A client named " + client + " cannot have its current usage read: that path is another route."));
     } else {
-      const u = await api("GET", "/v1/usage/" + enc(tenant) + "/" + enc(client));
+      // Every limit, resource-scoped and tenant-wide ones too, each saying what it counts.
+      const u = await api("GET", "/v1/usage/" + enc(tenant) + "/" + enc(client) + "?all=true");
+      const counts = (l) => [l.resource ? "checks on " + l.resource : "every check",
+        l.scope === "tenant" ? "of all the tenant's clients" : ""].filter(Boolean).join(" ");
       const rows = u.limits.map((l) => h("tr", { "data-limit": l.limit_id },
-        h("td", {}, l.limit_id),
+        h("td", {}, l.limit_id, h("div", { class: "muted" }, counts(l))),
         h("td", { class: "count" }, l.count + " / " + l.limit),
         h("td", {}, bar(l.count, l.limit)),
         h("td", {}, l.remaining + " left"),

@@ -96,6 +96,10 @@ async fn put(
     // What the audit log shows as "before" (concurrent changes of one key may interleave
     // between this read and the write; the versions in the log tell).
     let before = state.store.get_policy(&key).await?;
+    if let Some(same) = before.as_ref().filter(|b| b.body == canonical) {
+        // Nothing changes: no new version, no audit entry.
+        return Ok(HttpResponse::Ok().json(PolicyView::of(same)?));
+    }
     let record = state
         .store
         .put_policy(&key, &canonical, chrono::Utc::now())

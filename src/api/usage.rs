@@ -11,7 +11,7 @@ use super::responses::AdminErrors;
 use super::state::AppState;
 use std::sync::Arc;
 
-use crate::domain::{validate_resource, ClientId, Policy, TenantId};
+use crate::domain::{validate_resource, ClientId, Policy, Scope, TenantId};
 use crate::limiter::Usage;
 
 #[derive(Deserialize, IntoParams)]
@@ -21,6 +21,10 @@ struct UsageQuery {
     /// Show the limits that would apply to a check on this resource.
     #[param(pattern = "^[ -~]{1,256}$")]
     resource: Option<String>,
+    /// `true`: show every limit of the client's policy, whatever resource it names (not with
+    /// `resource`).
+    #[param(value_type = bool, required = false, default = false)]
+    all: Option<String>,
 }
 
 /// `GET /v1/usage/{tenant}/{client}`.
@@ -48,6 +52,12 @@ pub struct UsageLimit<'a> {
     remaining: u64,
     #[schema(minimum = 0)]
     reset_after_ms: i64,
+    /// The limit's resource pattern; null when it counts checks whatever their resource.
+    #[schema(required = true, pattern = "^[ -~]{1,256}$")]
+    resource: Option<&'a str>,
+    /// Whose checks the limit counts: this client's, or all the tenant's clients'.
+    #[schema(value_type = Scope)]
+    scope: &'static str,
 }
 
 impl<'a> UsageLimit<'a> {
@@ -58,6 +68,8 @@ impl<'a> UsageLimit<'a> {
             limit_id: u.limit_id.as_str(),
             remaining: u.remaining,
             reset_after_ms: u.reset_after_ms,
+            resource: u.resource.as_deref(),
+            scope: u.scope.as_str(),
         }
     }
 }
@@ -85,7 +97,25 @@ pub async fn usage(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpR
     if let Some(r) = &q.resource {
         validate_resource("resource", r)?;
     }
+    let all = match q.all.as_deref() {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(_) => return Err(ApiError::invalid("all", "all must be true or false")),
+    };
+    if all && q.resource.is_some() {
+        return Err(ApiError::invalid(
+            "all",
+            "all=true shows every limit: it takes no resource",
+        ));
+    }
     let policy = policy_of(&state, &tenant, &client)?;
+    if all {
+        let usage = state
+            .limiter
+            .usage_of_every_limit(&policy, &tenant, &client)
+            .await?;
+        return Ok(HttpResponse::Ok().json(UsageView::of(&tenant, &client, &usage)));
+    }
     answer(&state, &policy, &tenant, &client, q.resource.as_deref()).await
 }
 
@@ -229,11 +259,16 @@ pub async fn nearest(
             let Some(policy) = state.policies.resolve(tenant.as_str(), client.as_str()) else {
                 return Ok(None);
             };
-            let usage = state.limiter.usage(&policy, tenant, &client, None).await?;
-            let fullest = usage.into_iter().max_by(|a, b| {
-                let f = |u: &Usage| u.count as f64 / u.limit.max(1) as f64;
-                f(a).total_cmp(&f(b))
-            });
+            let usage = state
+                .limiter
+                .usage_of_every_limit(&policy, tenant, &client)
+                .await?;
+            // The fullest; of equally full limits, the one the policy lists first.
+            let f = |u: &Usage| u.count as f64 / u.limit.max(1) as f64;
+            let fullest =
+                usage
+                    .into_iter()
+                    .reduce(|best, u| if f(&u) > f(&best) { u } else { best });
             Ok::<_, ApiError>(fullest.map(|u| NearestClient {
                 client: c.client,
                 count: u.count,

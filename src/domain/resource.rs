@@ -75,7 +75,8 @@ impl ResourceMatch {
         }
     }
 
-    pub(super) fn render(&self) -> String {
+    /// The pattern as a policy document writes it (`/exports`, `PUT /products/*`).
+    pub fn render(&self) -> String {
         match self {
             ResourceMatch::Exact(e) => e.clone(),
             ResourceMatch::Prefix(p) => format!("{p}*"),

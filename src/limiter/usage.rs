@@ -12,7 +12,7 @@ use super::tokens::Carry;
 use super::window::{self, Bucket};
 use super::writes::Writes;
 use super::Limiter;
-use crate::domain::{ClientId, Limit, LimitId, Policy, TenantId};
+use crate::domain::{ClientId, Limit, LimitId, Policy, Scope, TenantId};
 use crate::store::{CounterRange, StoreError};
 
 /// How long a read waits for sync writes under way before it sums what it has: a write takes
@@ -23,6 +23,9 @@ const WAIT_FOR_WRITES: Duration = Duration::from_secs(2);
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Usage {
     pub limit_id: LimitId,
+    pub scope: Scope,
+    /// The limit's resource pattern, as its policy writes it; None when it has none.
+    pub resource: Option<String>,
     pub count: u64,
     pub limit: u64,
     pub remaining: u64,
@@ -62,7 +65,21 @@ impl Limiter {
         client: &ClientId,
         resource: Option<&str>,
     ) -> Result<Vec<Usage>, StoreError> {
-        self.between_writes(|| self.usage_now(policy, tenant, client, resource))
+        let pick = |l: &Limit| l.applies_to(resource);
+        self.between_writes(|| self.usage_now(policy, tenant, client, &pick))
+            .await
+    }
+
+    /// [`Limiter::usage`] of every limit of the policy, whatever resource it names: what a
+    /// console shows of a client.
+    pub async fn usage_of_every_limit(
+        &self,
+        policy: &Policy,
+        tenant: &TenantId,
+        client: &ClientId,
+    ) -> Result<Vec<Usage>, StoreError> {
+        let pick = |_: &Limit| true;
+        self.between_writes(|| self.usage_now(policy, tenant, client, &pick))
             .await
     }
 
@@ -105,20 +122,16 @@ impl Limiter {
         }
     }
 
-    /// [`Limiter::usage`], read once, whatever the sync task does meanwhile.
+    /// The usage of the limits `pick` takes, read once, whatever the sync task does meanwhile.
     async fn usage_now(
         &self,
         policy: &Policy,
         tenant: &TenantId,
         client: &ClientId,
-        resource: Option<&str>,
+        pick: &dyn Fn(&Limit) -> bool,
     ) -> Result<Vec<Usage>, StoreError> {
         let now = self.clock.now_ms();
-        let limits: Vec<&Limit> = policy
-            .limits
-            .iter()
-            .filter(|l| l.applies_to(resource))
-            .collect();
+        let limits: Vec<&Limit> = policy.limits.iter().filter(|l| pick(l)).collect();
         let ranges: Vec<CounterRange> = limits
             .iter()
             .map(|l| Self::range_of(tenant, client, l, now))
@@ -131,6 +144,8 @@ impl Limiter {
             let count = window::estimate(l.kind, &buckets, carry, now);
             out.push(Usage {
                 limit_id: l.id.clone(),
+                scope: l.scope,
+                resource: l.resource.as_ref().map(|r| r.render()),
                 count: count.max(0) as u64,
                 limit: l.max,
                 remaining: (l.max as i128 - count as i128).clamp(0, u64::MAX as i128) as u64,

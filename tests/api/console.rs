@@ -333,6 +333,22 @@ async fn the_console_in_a_real_chromium() {
         json!({"id": "per-minute", "max": 5, "window": "1m", "scope": "client"})
     );
 
+    // A second limit, tenant-wide and on one resource only, filled by another client.
+    let r = app
+        .put_quota(
+            "acme",
+            json!({"limits": [
+                {"id": "per-minute", "max": 5, "window": "1m"},
+                {"id": "exports", "max": 2, "window": "1h", "scope": "tenant", "resource": "POST /exports"}]}),
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    for want in [200, 200, 429] {
+        let r = app
+            .check(json!({"tenant": "acme", "client": "k2", "resource": "POST /exports"}))
+            .await;
+        assert_eq!(r.status(), want);
+    }
     // Checks: 5 admitted, the 6th denied.
     let mut statuses = Vec::new();
     for _ in 0..6 {
@@ -341,6 +357,7 @@ async fn the_console_in_a_real_chromium() {
     assert_eq!(statuses, [200, 200, 200, 200, 200, 429]);
     // The usage history is written in the sync rounds.
     app.history_reaches("acme", "k1", 5, 1).await;
+    app.history_reaches("acme", "k2", 2, 1).await;
 
     // The client's page: a full bar, and the chart's hour holding 5 admitted and 1 denied.
     b.go(&app.url("/console/#/tenants/acme/clients/k1")).await;
@@ -352,6 +369,15 @@ async fn the_console_in_a_real_chromium() {
         .script("return document.querySelector(\"#usage tr[data-limit='per-minute'] .bar > div\").style.width")
         .await;
     assert_eq!(width, json!("100%"));
+    // The resource-scoped, tenant-wide limit is on the client's page too, full, saying what
+    // it counts.
+    let exports = b
+        .wait_text("#usage tr[data-limit='exports']", "2 / 2")
+        .await;
+    assert!(
+        exports.contains("checks on POST /exports of all the tenant's clients"),
+        "{exports}"
+    );
     b.wait_text("#chart-hours .summary", "5 admitted, 1 denied")
         .await;
     b.wait("#chart-hours canvas").await;
@@ -361,7 +387,9 @@ async fn the_console_in_a_real_chromium() {
     b.go(&app.url("/console/#/tenants/acme")).await;
     b.wait_text("#nearest", "k1").await;
     b.wait_text("#nearest", "5 / 5").await;
-    b.wait_text("#tenant-charts .summary", "5 admitted, 1 denied")
+    // k2 is nearest to the tenant-wide limit on exports, which its own checks filled.
+    b.wait_text("#nearest", "k2 exports 2 / 2").await;
+    b.wait_text("#tenant-charts .summary", "7 admitted, 2 denied")
         .await;
     b.screenshot("06-tenant").await;
 

@@ -8,7 +8,7 @@ use crate::helpers::*;
 async fn put_creates_then_replaces_with_a_new_version_and_get_and_delete_follow() {
     let app = spawn_app().await;
     let policy = json!({"limits": [{"id": "per-second", "max": 10, "window": "1s"}]});
-    let r = app.put_quota("acme", policy.clone()).await;
+    let r = app.put_quota("acme", policy).await;
     assert_eq!(r.status(), 201);
     let b: serde_json::Value = r.json().await.unwrap();
     assert_eq!(b["tenant"], "acme");
@@ -19,7 +19,18 @@ async fn put_creates_then_replaces_with_a_new_version_and_get_and_delete_follow(
     assert_eq!(b["limits"][0]["scope"], "client");
     assert!(chrono::DateTime::parse_from_rfc3339(b["updated_at"].as_str().unwrap()).is_ok());
 
-    let r = app.put_quota("acme", policy).await;
+    // The same policy again (in another spelling) changes nothing: no version, no audit entry.
+    let same =
+        json!({"limits": [{"window": "1s", "max": 10, "id": "per-second", "scope": "client"}]});
+    let r = app.put_quota("acme", same).await;
+    assert_eq!(r.status(), 200);
+    let b: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(b["version"], 1);
+    let audit = app.get_json("/v1/audit?tenant=acme").await;
+    assert_eq!(audit["entries"].as_array().unwrap().len(), 1, "{audit}");
+
+    let changed = json!({"limits": [{"id": "per-second", "max": 20, "window": "1s"}]});
+    let r = app.put_quota("acme", changed).await;
     assert_eq!(r.status(), 200);
     assert_eq!(r.json::<serde_json::Value>().await.unwrap()["version"], 2);
 
@@ -28,6 +39,7 @@ async fn put_creates_then_replaces_with_a_new_version_and_get_and_delete_follow(
     let b: serde_json::Value = r.json().await.unwrap();
     assert_eq!(b["version"], 2);
     assert_eq!(b["limits"][0]["window"], "1s");
+    assert_eq!(b["limits"][0]["max"], 20);
 
     let del = |path: &str| app.http.delete(app.url(path)).bearer_auth(ADMIN).send();
     assert_eq!(del("/v1/quotas/acme").await.unwrap().status(), 204);
@@ -193,6 +205,25 @@ async fn usage_reports_each_applicable_limit_and_consumes_nothing() {
     let r = app.admin_get("/v1/usage/acme/k1?resource=PUT%20/x/1").await;
     let u: serde_json::Value = r.json().await.unwrap();
     assert_eq!(u["limits"].as_array().unwrap().len(), 2);
+    // Every limit, whatever its resource, with what it counts: a console's view of a client.
+    for _ in 0..2 {
+        let r = app
+            .check(json!({"tenant": "acme", "client": "k1", "resource": "PUT /x/2"}))
+            .await;
+        assert_eq!(r.status(), 429, "hourly is full");
+    }
+    let all = app.get_json("/v1/usage/acme/k1?all=true").await;
+    let limits = all["limits"].as_array().unwrap();
+    assert_eq!(limits.len(), 2, "{all}");
+    assert_eq!(limits[0]["resource"], serde_json::Value::Null);
+    assert_eq!(limits[0]["scope"], "client");
+    assert_eq!(limits[1]["limit_id"], "writes");
+    assert_eq!(limits[1]["resource"], "PUT /x*");
+    assert_eq!(limits[1]["count"], 0, "denied checks count nothing");
+    for bad in ["all=yes", "all=true&resource=PUT%20/x/1"] {
+        let r = app.admin_get(&format!("/v1/usage/acme/k1?{bad}")).await;
+        assert_error(r, 400, "invalid_argument").await;
+    }
     assert_error(app.admin_get("/v1/usage/nobody/k1").await, 404, "not_found").await;
     assert_error(
         app.admin_get("/v1/usage/acme/bad%20id").await,

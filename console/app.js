@@ -74,7 +74,7 @@ async function api(method, path, body) {
   try { json = await r.json(); } catch (_) { json = null; }
   if (r.status === 401) {
     sessionStorage.removeItem(TOKEN_KEY);
-    signin("Signed out: the server no longer accepts this token.");
+    signin("Signed out: the server no longer accepts this token.", location.hash);
     throw new ApiError(401, json);
   }
   if (!r.ok) throw new ApiError(r.status, json);
@@ -92,7 +92,9 @@ function failure(e) {
 
 // ---- sign-in ------------------------------------------------------------------------------
 
-function signin(message) {
+/** The sign-in form; once signed in, the page at `next` (a hash: a deep link survives). */
+function signin(message, next) {
+  const target = next && next !== "#/signin" && next !== "#" ? next : "#/tenants";
   document.getElementById("nav").hidden = true;
   const input = h("input", { type: "password", id: "token", autocomplete: "off", size: 40, placeholder: "admin or tenant_admin token" });
   const note = h("p", { id: "signin-error", class: "error" }, message || "");
@@ -112,8 +114,8 @@ function signin(message) {
       if (r.ok) {
         sessionStorage.setItem(TOKEN_KEY, t);
         // A changed hash routes by itself; an unchanged one needs a nudge.
-        if (location.hash === "#/tenants") route();
-        else location.hash = "#/tenants";
+        if (location.hash === target) route();
+        else location.hash = target;
       } else {
         note.textContent = r.status === 401 ? "Unknown token." : (r.status === 403 ? "This token cannot manage quotas." : "The server answered " + r.status + ".");
       }
@@ -531,7 +533,7 @@ async function route() {
   const hash = location.hash.replace(/^#/, "") || "/tenants";
   const [path, query] = hash.split("?");
   const params = new URLSearchParams(query || "");
-  if (!token() || path === "/signin") { signin(); return; }
+  if (!token() || path === "/signin") { signin("", location.hash); return; }
   document.getElementById("nav").hidden = false;
   let parts;
   try {

@@ -429,6 +429,16 @@ async fn the_console_in_a_real_chromium() {
     b.wait("#audit-entries tr").await;
     let entries = b.text("#audit-entries").await;
     assert!(!entries.contains("acme"), "{entries}");
+
+    // A deep link opened signed out lands on its page after sign-in.
+    b.click("#signout").await;
+    b.wait("#signin").await;
+    b.go(&app.url("/console/#/tenants/acme/clients/k1")).await;
+    b.wait("#signin").await;
+    b.type_into("#token", ADMIN).await;
+    b.click("#signin-submit").await;
+    b.wait_text("#usage tr[data-limit='exports']", "2 / 2")
+        .await;
     b.quit().await;
 }
 

@@ -166,6 +166,15 @@ async function tenants(params) {
 
 const KINDS = [["window", "sliding window"], ["period", "calendar period"], ["bucket", "token bucket"]];
 const PERIODS = ["second", "minute", "hour", "day", "month"];
+/** What a value of each limit field looks like, shown until one is typed. */
+const EXAMPLES = { id: "per-minute", max: "100", window: "1m, 90s, 1h", burst: "20", rate: "10", per: "1s", resource: "POST /exports, GET /items/*" };
+
+let fieldIds = 0;
+/** A labelled control: the label names it for assistive technology (`for` and `id`). */
+function field(label, control, attrs, ...rest) {
+  if (!control.id) control.id = "field-" + (++fieldIds);
+  return h("div", Object.assign({ class: "field" }, attrs || {}), h("label", { for: control.id }, label), control, ...rest);
+}
 
 function select(attrs, options, value) {
   const s = h("select", attrs, options.map(([v, label]) => h("option", { value: v }, label || v)));
@@ -182,25 +191,23 @@ function typed(v) {
 function limitRow(i, l) {
   const kind = l.rate !== undefined || l.burst !== undefined ? "bucket" : (l.period ? "period" : "window");
   const f = (name, value, extra) => {
-    const input = h("input", Object.assign({ "data-field": "limits[" + i + "]." + name, name, value: value === undefined ? "" : value, class: "small" }, extra || {}));
-    return h("div", { class: "field" }, h("label", {}, name), input, h("span", { class: "field-error" }));
+    const input = h("input", Object.assign({ "data-field": "limits[" + i + "]." + name, name, value: value === undefined ? "" : value, class: "small", placeholder: EXAMPLES[name] || "" }, extra || {}));
+    return field(name, input, {}, h("span", { class: "field-error" }));
   };
   const kindSel = select({ "data-field": "limits[" + i + "]", name: "kind", class: "small" }, KINDS, kind);
   const row = h("div", { class: "row limit", "data-index": i },
     f("id", l.id),
-    h("div", { class: "field" }, h("label", {}, "kind"), kindSel, h("span", { class: "field-error" })),
+    field("kind", kindSel, {}, h("span", { class: "field-error" })),
     f("max", l.max, { "data-kinds": "window period" }),
     f("window", l.window, { "data-kinds": "window" }),
-    h("div", { class: "field", "data-kinds": "period" }, h("label", {}, "period"),
-      select({ "data-field": "limits[" + i + "].period", name: "period", class: "small" }, PERIODS.map((p) => [p]), l.period || "minute"),
-      h("span", { class: "field-error" })),
+    field("period", select({ "data-field": "limits[" + i + "].period", name: "period", class: "small" }, PERIODS.map((p) => [p]), l.period || "minute"),
+      { "data-kinds": "period" }, h("span", { class: "field-error" })),
     f("burst", l.burst, { "data-kinds": "bucket" }),
     f("rate", l.rate, { "data-kinds": "bucket" }),
     f("per", l.per, { "data-kinds": "bucket" }),
     f("resource", l.resource),
-    h("div", { class: "field" }, h("label", {}, "scope"),
-      select({ "data-field": "limits[" + i + "].scope", name: "scope", class: "small" }, [["client"], ["tenant"]], l.scope || "client"),
-      h("span", { class: "field-error" })),
+    field("scope", select({ "data-field": "limits[" + i + "].scope", name: "scope", class: "small" }, [["client"], ["tenant"]], l.scope || "client"),
+      {}, h("span", { class: "field-error" })),
     h("div", { class: "field" }, h("label", {}, "\u00a0"), h("button", { type: "button", class: "remove-limit", onclick: () => { row.remove(); } }, "Remove")));
   const applyKind = () => {
     for (const el of row.querySelectorAll("[data-kinds]")) {
@@ -243,8 +250,8 @@ function policyForm(policy, save) {
     });
   };
   p.limits.forEach((l, i) => rows.append(limitRow(i, l)));
-  const opt = (name, values) => h("div", { class: "field" }, h("label", {}, name),
-    select({ "data-field": name, name }, values.map((v) => [v]), p[name]), h("span", { class: "field-error" }));
+  const opt = (name, values) => field(name,
+    select({ "data-field": name, name }, values.map((v) => [v]), p[name]), {}, h("span", { class: "field-error" }));
   const status = h("p", { id: "policy-status" });
   const form = h("form", {
     id: "policy-form",
@@ -495,9 +502,9 @@ async function audit(params) {
         location.hash = "#/audit?" + q.toString();
       },
     },
-    h("div", { class: "field" }, h("label", {}, "tenant"), tenant),
-    h("div", { class: "field" }, h("label", {}, "from (your time)"), from),
-    h("div", { class: "field" }, h("label", {}, "to (your time)"), to),
+    field("tenant", tenant),
+    field("from (your time)", from),
+    field("to (your time)", to),
     h("div", { class: "field" }, h("label", {}, "\u00a0"), h("button", { type: "submit", id: "audit-filter" }, "Filter"))),
     h("table", {}, h("thead", {}, h("tr", {}, ["When", "Who", "Action", "Tenant", "Client", "Version", "Request"].map((t) => h("th", {}, t)))), body));
   show(page);

@@ -265,10 +265,9 @@ pub async fn nearest(
                 .await?;
             // The fullest; of equally full limits, the one the policy lists first.
             let f = |u: &Usage| u.count as f64 / u.limit.max(1) as f64;
-            let fullest =
-                usage
-                    .into_iter()
-                    .reduce(|best, u| if f(&u) > f(&best) { u } else { best });
+            let fullest = usage
+                .into_iter()
+                .reduce(|best, u| if f(&u) > f(&best) { u } else { best });
             Ok::<_, ApiError>(fullest.map(|u| NearestClient {
                 client: c.client,
                 count: u.count,

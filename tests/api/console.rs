@@ -22,7 +22,7 @@ use crate::helpers::*;
 const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
 const GLOBEX_ADMIN: &str = "globex-admin-secret";
 
-fn which(names: &[&str]) -> Option<PathBuf> {
+pub(crate) fn which(names: &[&str]) -> Option<PathBuf> {
     names.iter().find_map(|n| {
         std::env::var_os("PATH").and_then(|paths| {
             std::env::split_paths(&paths)
@@ -46,7 +46,7 @@ impl Drop for Driver {
 }
 
 /// One browser session over the W3C WebDriver protocol.
-struct Browser {
+pub(crate) struct Browser {
     http: reqwest::Client,
     session: String,
     shots: PathBuf,
@@ -54,7 +54,7 @@ struct Browser {
 }
 
 impl Browser {
-    async fn start(chromium: PathBuf, chromedriver: PathBuf) -> Browser {
+    pub(crate) async fn start(chromium: PathBuf, chromedriver: PathBuf) -> Browser {
         let port = TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -120,7 +120,12 @@ impl Browser {
         }
     }
 
-    async fn cmd(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
+    pub(crate) async fn cmd(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Value {
         let url = format!("{}/session/{}{path}", self.driver.base, self.session);
         let mut req = self.http.request(method, url);
         if let Some(b) = body {
@@ -130,14 +135,14 @@ impl Browser {
         r["value"].clone()
     }
 
-    async fn go(&self, url: &str) {
+    pub(crate) async fn go(&self, url: &str) {
         let v = self
             .cmd(reqwest::Method::POST, "/url", Some(json!({"url": url})))
             .await;
         assert!(v.is_null(), "navigating to {url}: {v}");
     }
 
-    async fn find(&self, css: &str) -> Option<String> {
+    pub(crate) async fn find(&self, css: &str) -> Option<String> {
         let v = self
             .cmd(
                 reqwest::Method::POST,
@@ -149,7 +154,7 @@ impl Browser {
     }
 
     /// The element, once it is there (pages load their data asynchronously).
-    async fn wait(&self, css: &str) -> String {
+    pub(crate) async fn wait(&self, css: &str) -> String {
         let started = Instant::now();
         loop {
             if let Some(e) = self.find(css).await {
@@ -166,7 +171,7 @@ impl Browser {
     }
 
     /// Waits until the text of `css` contains `want`, and returns it.
-    async fn wait_text(&self, css: &str, want: &str) -> String {
+    pub(crate) async fn wait_text(&self, css: &str, want: &str) -> String {
         let started = Instant::now();
         loop {
             let t = self.text(css).await;
@@ -181,7 +186,7 @@ impl Browser {
         }
     }
 
-    async fn text(&self, css: &str) -> String {
+    pub(crate) async fn text(&self, css: &str) -> String {
         match self.find(css).await {
             None => String::new(),
             Some(e) => self
@@ -193,7 +198,7 @@ impl Browser {
         }
     }
 
-    async fn click(&self, css: &str) {
+    pub(crate) async fn click(&self, css: &str) {
         let e = self.wait(css).await;
         self.cmd(
             reqwest::Method::POST,
@@ -203,7 +208,7 @@ impl Browser {
         .await;
     }
 
-    async fn type_into(&self, css: &str, text: &str) {
+    pub(crate) async fn type_into(&self, css: &str, text: &str) {
         let e = self.wait(css).await;
         self.cmd(
             reqwest::Method::POST,
@@ -219,7 +224,7 @@ impl Browser {
         .await;
     }
 
-    async fn script(&self, js: &str) -> Value {
+    pub(crate) async fn script(&self, js: &str) -> Value {
         self.cmd(
             reqwest::Method::POST,
             "/execute/sync",
@@ -228,7 +233,7 @@ impl Browser {
         .await
     }
 
-    async fn screenshot(&self, name: &str) {
+    pub(crate) async fn screenshot(&self, name: &str) {
         let png = self.cmd(reqwest::Method::GET, "/screenshot", None).await;
         let bytes = base64::engine::general_purpose::STANDARD
             .decode(png.as_str().unwrap())
@@ -238,7 +243,7 @@ impl Browser {
         println!("screenshot: {}", path.display());
     }
 
-    async fn quit(self) {
+    pub(crate) async fn quit(self) {
         self.cmd(reqwest::Method::DELETE, "", None).await;
     }
 }

@@ -6,6 +6,7 @@ mod apply;
 mod checks;
 mod conformance;
 mod console;
+mod console_a11y;
 mod deploy;
 mod errors;
 mod fuzz;

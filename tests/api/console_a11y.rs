@@ -1,0 +1,119 @@
+//! The console's accessibility, in a real headless Chromium: axe-core (vendored from npm into
+//! `console/vendor/`, never served) runs on every page, 1280 and 800 pixels wide, and must find
+//! no serious or critical violation of WCAG 2.1 A and AA; at 800 pixels no page scrolls
+//! sideways. Skipped without Chromium, as `console.rs` is, unless QUOTAD_TEST_REQUIRE_CHROMIUM=1.
+
+use serde_json::{json, Value};
+
+use crate::console::{which, Browser};
+use crate::helpers::*;
+
+const AXE: &str = include_str!("../../console/vendor/axe.min.js");
+
+/// Runs axe on the page as it is; returns its serious and critical violations, one line each.
+async fn violations(b: &Browser) -> Vec<String> {
+    if b.script("return typeof axe").await != json!("object") {
+        b.script(&format!("{AXE}\n;return 1;")).await;
+    }
+    let found = b
+        .cmd(
+            reqwest::Method::POST,
+            "/execute/async",
+            Some(json!({"script": "
+                const done = arguments[arguments.length - 1];
+                axe.run(document, {runOnly: {type: 'tag',
+                        values: ['wcag2a', 'wcag2aa', 'wcag21a', 'wcag21aa']}})
+                  .then(r => done(r.violations
+                    .filter(v => v.impact === 'serious' || v.impact === 'critical')
+                    .map(v => v.impact + ' ' + v.id + ': ' + v.help + ' at '
+                         + v.nodes.slice(0, 3).map(n => n.target.join(' ')).join(', '))))
+                  .catch(e => done(['axe failed: ' + e]));",
+                "args": []})),
+        )
+        .await;
+    match found {
+        Value::Array(v) => v
+            .iter()
+            .map(|s| s.as_str().unwrap_or("?").to_owned())
+            .collect(),
+        other => vec![format!("axe did not answer: {other}")],
+    }
+}
+
+/// Whether the page is wider than the window (it scrolls sideways).
+async fn scrolls_sideways(b: &Browser) -> bool {
+    b.script(
+        "return document.documentElement.scrollWidth > document.documentElement.clientWidth + 1",
+    )
+    .await
+        == json!(true)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_console_page_passes_axe_at_1280_and_800_pixels() {
+    let required = std::env::var("QUOTAD_TEST_REQUIRE_CHROMIUM").is_ok_and(|v| v == "1");
+    let (Some(chromium), Some(chromedriver)) = (
+        which(&["chromium", "chromium-browser", "google-chrome"]),
+        which(&["chromedriver"]),
+    ) else {
+        assert!(
+            !required,
+            "QUOTAD_TEST_REQUIRE_CHROMIUM=1 but chromium or chromedriver is not installed"
+        );
+        eprintln!("skipped: chromium and chromedriver are not installed");
+        return;
+    };
+    let app = spawn_app().await;
+    let r = app
+        .put_quota(
+            "acme",
+            json!({"limits": [
+                {"id": "per-minute", "max": 5, "window": "1m"},
+                {"id": "exports", "max": 2, "window": "1h", "scope": "tenant", "resource": "POST /exports"}]}),
+        )
+        .await;
+    assert_eq!(r.status(), 201);
+    for _ in 0..6 {
+        app.check_json("acme", "k1").await;
+    }
+    app.history_reaches("acme", "k1", 5, 1).await;
+    let b = Browser::start(chromium, chromedriver).await;
+    // Each page, and what shows it has loaded.
+    let pages = [
+        ("/console/#/signin", "#signin"),
+        ("/console/#/tenants", "#tenants tr"),
+        ("/console/#/tenants/acme", "#nearest tr"),
+        ("/console/#/tenants/acme/clients/k1", "#usage tr"),
+        ("/console/#/audit", "#audit-entries tr"),
+    ];
+    let mut found = Vec::new();
+    for width in [1280, 800] {
+        b.cmd(
+            reqwest::Method::POST,
+            "/window/rect",
+            Some(json!({"width": width, "height": 1000})),
+        )
+        .await;
+        for (i, (path, ready)) in pages.iter().enumerate() {
+            if i == 1 && width == 1280 {
+                // Signed in once, after the sign-in page was looked at.
+                b.type_into("#token", ADMIN).await;
+                b.click("#signin-submit").await;
+            }
+            b.go(&app.url(path)).await;
+            b.wait(ready).await;
+            for v in violations(&b).await {
+                found.push(format!("{path} at {width} px: {v}"));
+            }
+            if scrolls_sideways(&b).await {
+                found.push(format!("{path} at {width} px scrolls sideways"));
+            }
+            if width == 800 {
+                let name = format!("a11y-800-{}", path.rsplit('/').next().unwrap_or("page"));
+                b.screenshot(&name).await;
+            }
+        }
+    }
+    b.quit().await;
+    assert!(found.is_empty(), "{}", found.join("\n"));
+}

@@ -66,8 +66,8 @@ class ApiError extends Error {
   }
 }
 
-async function api(method, path, body) {
-  const headers = { Authorization: "Bearer " + token() };
+async function api(method, path, body, extra) {
+  const headers = Object.assign({ Authorization: "Bearer " + token() }, extra || {});
   if (body !== undefined) headers["Content-Type"] = "application/json";
   const r = await fetch(path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
   let json = null;
@@ -431,7 +431,8 @@ async function clientPage(tenant, client) {
   const usageBox = h("section", {}, h("h2", {}, "Usage now"));
   const chartBox = h("section", { id: "client-charts" }, h("h2", {}, "Checks"));
   const overBox = h("section", {}, h("h2", {}, "Override"));
-  page.append(usageBox, chartBox, overBox);
+  const actBox = h("section", { id: "actions" }, h("h2", {}, "Act on this client"));
+  page.append(usageBox, actBox, chartBox, overBox);
   try {
     if (RESERVED.includes(client)) {
       usageBox.append(h("p", { class: "muted" }, "A client named " + client + " cannot have its current usage read: that path is another route."));
@@ -447,9 +448,11 @@ async function clientPage(tenant, client) {
         h("td", {}, l.remaining + " left"),
         h("td", {}, resetIn(l.reset_after_ms))));
       usageBox.append(h("table", { id: "usage" }, h("thead", {}, h("tr", {}, h("th", {}, "Limit"), h("th", {}, "Used"), h("th", {}, ""), h("th", {}, "Remaining"), h("th", {}, "Resets in"))), h("tbody", {}, rows)));
+      actions(actBox, tenant, client, u.limits.filter((l) => l.scope === "client"));
     }
   } catch (e) {
     usageBox.append(failure(e));
+    actBox.remove();
     if (e.status === 403) { chartBox.remove(); overBox.remove(); return; }
   }
   try {
@@ -485,6 +488,29 @@ function localInput(iso) {
   return d.getFullYear() + "-" + pad(d.getMonth() + 1) + "-" + pad(d.getDate()) + "T" + pad(d.getHours()) + ":" + pad(d.getMinutes());
 }
 
+/** Every leaf of a JSON value by its path (`limits[0].max`). */
+function leaves(v, path, out) {
+  if (v !== null && typeof v === "object") {
+    for (const [k, x] of Object.entries(v)) leaves(x, Array.isArray(v) ? path + "[" + k + "]" : (path ? path + "." : "") + k, out);
+  } else {
+    out.set(path, v);
+  }
+  return out;
+}
+
+/** What changed between an audit entry's before and after, a line a value. */
+function diffLines(before, after) {
+  if (before == null && after == null) return [];
+  const b = leaves(before ?? {}, "", new Map());
+  const a = leaves(after ?? {}, "", new Map());
+  const show = (x) => (x === undefined ? "–" : JSON.stringify(x));
+  const lines = [];
+  for (const k of new Set([...b.keys(), ...a.keys()])) {
+    if (JSON.stringify(b.get(k)) !== JSON.stringify(a.get(k))) lines.push(k + ": " + show(b.get(k)) + " → " + show(a.get(k)));
+  }
+  return lines.length ? lines : ["no change"];
+}
+
 async function audit(params) {
   const tenant = h("input", { id: "audit-tenant", value: params.get("tenant") || "", placeholder: "every tenant you may see" });
   const from = h("input", { id: "audit-from", type: "datetime-local", value: localInput(params.get("from")) });
@@ -506,7 +532,7 @@ async function audit(params) {
     field("from (your time)", from),
     field("to (your time)", to),
     h("div", { class: "field" }, h("label", {}, "\u00a0"), h("button", { type: "submit", id: "audit-filter" }, "Filter"))),
-    h("table", {}, h("thead", {}, h("tr", {}, ["When", "Who", "Action", "Tenant", "Client", "Version", "Request"].map((t) => h("th", {}, t)))), body));
+    h("div", { class: "scroll" }, h("table", {}, h("thead", {}, h("tr", {}, ["When", "Who", "Action", "Tenant", "Client", "Version", "Change", "Request"].map((t) => h("th", {}, t)))), body)));
   show(page);
   try {
     const q = new URLSearchParams({ limit: "50" });
@@ -514,16 +540,19 @@ async function audit(params) {
     const r = await api("GET", "/v1/audit?" + q.toString());
     for (const e of r.entries) {
       const ver = (e.version_before ?? "–") + " → " + (e.version_after ?? "–");
+      const tenantLink = h("a", { href: "#/tenants/" + enc(e.tenant) }, e.tenant);
+      const clientLink = e.client ? h("a", { href: "#/tenants/" + enc(e.tenant) + "/clients/" + enc(e.client) }, e.client) : "";
       body.append(h("tr", { class: "audit-entry" },
         h("td", {}, when(e.at)),
         h("td", {}, e.actor + " (" + e.role + ")"),
         h("td", { class: "action" }, e.action),
-        h("td", {}, e.tenant),
-        h("td", {}, e.client || ""),
+        h("td", {}, tenantLink),
+        h("td", {}, clientLink),
         h("td", {}, ver),
-        h("td", {}, h("code", { title: e.body_after ? JSON.stringify(e.body_after) : "" }, e.request_id))));
+        h("td", { class: "diff" }, diffLines(e.body_before, e.body_after).map((l) => h("div", {}, l))),
+        h("td", {}, h("code", {}, e.request_id))));
     }
-    if (!r.entries.length) body.append(h("tr", {}, h("td", { colspan: 7, class: "muted" }, "No entries.")));
+    if (!r.entries.length) body.append(h("tr", {}, h("td", { colspan: 8, class: "muted" }, "No entries.")));
     if (r.next) {
       const q2 = new URLSearchParams(params);
       q2.set("after", r.next);
@@ -532,6 +561,61 @@ async function audit(params) {
   } catch (e) {
     page.append(failure(e));
   }
+}
+
+// ---- acting on a client -------------------------------------------------------------------
+
+/** A key that makes a retried request count once (the API's Idempotency-Key). */
+function idempotencyKey() {
+  if (crypto.randomUUID) return crypto.randomUUID();
+  return [...crypto.getRandomValues(new Uint8Array(16))].map((b) => b.toString(16).padStart(2, "0")).join("");
+}
+
+/**
+ * A button that asks before it acts: the first click shows what will happen with Confirm and
+ * Cancel; Confirm runs `act` with one Idempotency-Key per confirmation, so a retry of it counts
+ * once. The outcome is announced (a live region).
+ */
+function confirmed(id, label, question, act) {
+  const status = h("p", { id: id + "-status", role: "status", "aria-live": "polite" });
+  const ask = h("div", { class: "row confirm", hidden: true });
+  let key = null;
+  const start = h("button", { type: "button", id, onclick: () => { key = idempotencyKey(); ask.hidden = false; start.hidden = true; } }, label + "…");
+  const cancel = () => { ask.hidden = true; start.hidden = false; };
+  ask.append(h("span", {}, question), " ",
+    h("button", { type: "button", class: "primary", id: id + "-confirm", onclick: async () => {
+      status.textContent = "Working…";
+      try {
+        status.textContent = await act(key);
+        cancel();
+      } catch (e) {
+        status.textContent = "Not done: " + e.message;
+      }
+    } }, "Confirm"), " ",
+    h("button", { type: "button", onclick: cancel }, "Cancel"));
+  return h("div", {}, start, ask, status);
+}
+
+/** Reset and grant, on the client page (client-scoped limits only: a tenant's are shared). */
+function actions(box, tenant, client, limits) {
+  if (!limits.length) {
+    box.append(h("p", { class: "muted" }, "No client-scoped limit to reset or credit."));
+    return;
+  }
+  const base = "/v1/usage/" + enc(tenant) + "/" + enc(client);
+  box.append(confirmed("reset-usage", "Reset usage", "Bring " + client + "'s use of its client limits to zero, on every instance?", async (key) => {
+    await api("POST", base + "/reset", {}, { "Idempotency-Key": key });
+    setTimeout(route, 600);
+    return "Reset: " + client + " starts again from zero.";
+  }));
+  const limit = select({ id: "grant-limit" }, limits.map((l) => [l.limit_id]), limits[0].limit_id);
+  const amount = h("input", { id: "grant-amount", type: "number", min: "1", value: "1", class: "small" });
+  box.append(h("div", { class: "row" }, field("limit", limit), field("amount (checks)", amount)),
+    confirmed("grant", "Grant", "Credit " + client + " this many checks of this limit, once?", async (key) => {
+      const r = await api("POST", base + "/grant", { limit_id: limit.value, amount: Number(amount.value) }, { "Idempotency-Key": key });
+      setTimeout(route, 600);
+      return "Granted " + (r.granted ?? amount.value) + " of " + limit.value + ".";
+    }));
 }
 
 // ---- routing --------------------------------------------------------------------------------

@@ -413,6 +413,25 @@ async fn the_console_in_a_real_chromium() {
     assert!(title.as_str().unwrap().starts_with("UTC "), "{title}");
     b.screenshot("07-audit").await;
 
+    // Support resets k1 from its page: asked first, then done, and k1 is admitted again.
+    b.go(&app.url("/console/#/tenants/acme/clients/k1")).await;
+    b.wait_text("#usage tr[data-limit='per-minute'] .count", "5 / 5")
+        .await;
+    b.click("#reset-usage").await;
+    b.click("#reset-usage-confirm").await;
+    b.wait_text("#reset-usage-status", "Reset").await;
+    b.wait_text("#usage tr[data-limit='per-minute'] .count", "0 / 5")
+        .await;
+    b.screenshot("08-client-reset").await;
+    assert_eq!(app.check_json("acme", "k1").await.0, 200);
+    // The audit log holds the reset, with what it changed.
+    b.go(&app.url("/console/#/audit?tenant=acme")).await;
+    let entries = b.wait_text("#audit-entries", "usage.reset").await;
+    assert!(entries.contains("per-minute: 5 → 0"), "{entries}");
+    // And the policy change before it, as its diff.
+    assert!(entries.contains("limits[1].max: – → 2"), "{entries}");
+    b.screenshot("09-audit-reset").await;
+
     // A tenant admin of globex: its tenant only; acme's pages say permission denied.
     b.click("#signout").await;
     b.wait("#signin").await;
@@ -429,7 +448,7 @@ async fn the_console_in_a_real_chromium() {
     b.go(&app.url("/console/#/tenants/acme/clients/k1")).await;
     b.wait_text("#error", "Permission denied").await;
     assert!(b.find("#usage").await.is_none());
-    b.screenshot("08-tenant-admin-denied").await;
+    b.screenshot("10-tenant-admin-denied").await;
     b.go(&app.url("/console/#/audit")).await;
     b.wait("#audit-entries tr").await;
     let entries = b.text("#audit-entries").await;

@@ -29,6 +29,11 @@ const FILES: &[(&str, &str, &[u8])] = &[
         include_bytes!("../../console/app.js"),
     ),
     (
+        "support.js",
+        "text/javascript; charset=utf-8",
+        include_bytes!("../../console/support.js"),
+    ),
+    (
         "app.css",
         "text/css; charset=utf-8",
         include_bytes!("../../console/app.css"),

@@ -1,0 +1,144 @@
+// The quotad console, part two: the audit log and the actions support takes on a client. Loaded
+// after app.js (both deferred, in order), whose helpers it uses: h, api, field, select, enc,
+// when, show, failure and route.
+"use strict";
+
+// ---- the audit log --------------------------------------------------------------------------
+
+function localInput(iso) {
+  if (!iso) return "";
+  const d = new Date(iso);
+  const pad = (n) => String(n).padStart(2, "0");
+  return d.getFullYear() + "-" + pad(d.getMonth() + 1) + "-" + pad(d.getDate()) + "T" + pad(d.getHours()) + ":" + pad(d.getMinutes());
+}
+
+/** Every leaf of a JSON value by its path (`limits[0].max`). */
+function leaves(v, path, out) {
+  if (v !== null && typeof v === "object") {
+    for (const [k, x] of Object.entries(v)) leaves(x, Array.isArray(v) ? path + "[" + k + "]" : (path ? path + "." : "") + k, out);
+  } else {
+    out.set(path, v);
+  }
+  return out;
+}
+
+/** What changed between an audit entry's before and after, a line a value. */
+function diffLines(before, after) {
+  if (before == null && after == null) return [];
+  const b = leaves(before ?? {}, "", new Map());
+  const a = leaves(after ?? {}, "", new Map());
+  const show = (x) => (x === undefined ? "–" : JSON.stringify(x));
+  const lines = [];
+  for (const k of new Set([...b.keys(), ...a.keys()])) {
+    if (JSON.stringify(b.get(k)) !== JSON.stringify(a.get(k))) lines.push(k + ": " + show(b.get(k)) + " → " + show(a.get(k)));
+  }
+  return lines.length ? lines : ["no change"];
+}
+
+async function audit(params) {
+  const tenant = h("input", { id: "audit-tenant", value: params.get("tenant") || "", placeholder: "every tenant you may see" });
+  const from = h("input", { id: "audit-from", type: "datetime-local", value: localInput(params.get("from")) });
+  const to = h("input", { id: "audit-to", type: "datetime-local", value: localInput(params.get("to")) });
+  const body = h("tbody", { id: "audit-entries" });
+  const page = h("section", {}, h("h1", {}, "Audit log"),
+    h("form", {
+      class: "row",
+      onsubmit: (ev) => {
+        ev.preventDefault();
+        const q = new URLSearchParams();
+        if (tenant.value.trim()) q.set("tenant", tenant.value.trim());
+        if (from.value) q.set("from", new Date(from.value).toISOString());
+        if (to.value) q.set("to", new Date(to.value).toISOString());
+        location.hash = "#/audit?" + q.toString();
+      },
+    },
+    field("tenant", tenant),
+    field("from (your time)", from),
+    field("to (your time)", to),
+    h("div", { class: "field" }, h("label", {}, "\u00a0"), h("button", { type: "submit", id: "audit-filter" }, "Filter"))),
+    h("div", { class: "scroll" }, h("table", {}, h("thead", {}, h("tr", {}, ["When", "Who", "Action", "Tenant", "Client", "Version", "Change", "Request"].map((t) => h("th", {}, t)))), body)));
+  show(page);
+  try {
+    const q = new URLSearchParams({ limit: "50" });
+    for (const k of ["tenant", "from", "to", "after"]) if (params.get(k)) q.set(k, params.get(k));
+    const r = await api("GET", "/v1/audit?" + q.toString());
+    for (const e of r.entries) {
+      const ver = (e.version_before ?? "–") + " → " + (e.version_after ?? "–");
+      const tenantLink = h("a", { href: "#/tenants/" + enc(e.tenant) }, e.tenant);
+      const clientLink = e.client ? h("a", { href: "#/tenants/" + enc(e.tenant) + "/clients/" + enc(e.client) }, e.client) : "";
+      body.append(h("tr", { class: "audit-entry" },
+        h("td", {}, when(e.at)),
+        h("td", {}, e.actor + " (" + e.role + ")"),
+        h("td", { class: "action" }, e.action),
+        h("td", {}, tenantLink),
+        h("td", {}, clientLink),
+        h("td", {}, ver),
+        h("td", { class: "diff" }, diffLines(e.body_before, e.body_after).map((l) => h("div", {}, l))),
+        h("td", {}, h("code", {}, e.request_id))));
+    }
+    if (!r.entries.length) body.append(h("tr", {}, h("td", { colspan: 8, class: "muted" }, "No entries.")));
+    if (r.next) {
+      const q2 = new URLSearchParams(params);
+      q2.set("after", r.next);
+      page.append(h("p", {}, h("a", { href: "#/audit?" + q2.toString(), id: "older" }, "Older →")));
+    }
+  } catch (e) {
+    page.append(failure(e));
+  }
+}
+
+// ---- acting on a client -------------------------------------------------------------------
+
+/** A key that makes a retried request count once (the API's Idempotency-Key). */
+function idempotencyKey() {
+  if (crypto.randomUUID) return crypto.randomUUID();
+  return [...crypto.getRandomValues(new Uint8Array(16))].map((b) => b.toString(16).padStart(2, "0")).join("");
+}
+
+/**
+ * A button that asks before it acts: the first click shows what will happen with Confirm and
+ * Cancel; Confirm runs `act` with one Idempotency-Key per confirmation, so a retry of it counts
+ * once. The outcome is announced (a live region).
+ */
+function confirmed(id, label, question, act) {
+  const status = h("p", { id: id + "-status", role: "status", "aria-live": "polite" });
+  const ask = h("div", { class: "row confirm", hidden: true });
+  let key = null;
+  const start = h("button", { type: "button", id, onclick: () => { key = idempotencyKey(); ask.hidden = false; start.hidden = true; } }, label + "…");
+  const cancel = () => { ask.hidden = true; start.hidden = false; };
+  ask.append(h("span", {}, question), " ",
+    h("button", { type: "button", class: "primary", id: id + "-confirm", onclick: async () => {
+      status.textContent = "Working…";
+      try {
+        status.textContent = await act(key);
+        cancel();
+      } catch (e) {
+        status.textContent = "Not done: " + e.message;
+      }
+    } }, "Confirm"), " ",
+    h("button", { type: "button", onclick: cancel }, "Cancel"));
+  return h("div", {}, start, ask, status);
+}
+
+/** Reset and grant, on the client page (client-scoped limits only: a tenant's are shared). */
+function actions(box, tenant, client, limits) {
+  if (!limits.length) {
+    box.append(h("p", { class: "muted" }, "No client-scoped limit to reset or credit."));
+    return;
+  }
+  const base = "/v1/usage/" + enc(tenant) + "/" + enc(client);
+  box.append(confirmed("reset-usage", "Reset usage", "Bring " + client + "'s use of its client limits to zero, on every instance?", async (key) => {
+    await api("POST", base + "/reset", {}, { "Idempotency-Key": key });
+    setTimeout(route, 600);
+    return "Reset: " + client + " starts again from zero.";
+  }));
+  const limit = select({ id: "grant-limit" }, limits.map((l) => [l.limit_id]), limits[0].limit_id);
+  const amount = h("input", { id: "grant-amount", type: "number", min: "1", value: "1", class: "small" });
+  box.append(h("div", { class: "row" }, field("limit", limit), field("amount (checks)", amount)),
+    confirmed("grant", "Grant", "Credit " + client + " this many checks of this limit, once?", async (key) => {
+      const r = await api("POST", base + "/grant", { limit_id: limit.value, amount: Number(amount.value) }, { "Idempotency-Key": key });
+      setTimeout(route, 600);
+      return "Granted " + (r.granted ?? amount.value) + " of " + limit.value + ".";
+    }));
+}
+

@@ -300,38 +300,105 @@ function policyForm(policy, save) {
 
 // ---- charts ---------------------------------------------------------------------------------
 
-/** Admitted and denied per hour or day, from a usage history answer. */
+/** The browser's time zone, as the charts name it. */
+const ZONE = Intl.DateTimeFormat().resolvedOptions().timeZone || "local time";
+/** Colours of the refusals, one a limit, in the order limits first refuse. */
+const DENIED_COLOURS = ["#c62828", "#ef6c00", "#6a1b9a", "#ad1457", "#4e342e", "#283593"];
+/** The spans a chart offers: [label, step, points]. */
+const RANGES = [["24 hours by hour", "hour", 24], ["7 days by hour", "hour", 168], ["30 days by day", "day", 30], ["90 days by day", "day", 90]];
+
+/**
+ * Checks per hour or day as stacked bars: admitted at the bottom, then the refusals of each
+ * limit (`denied_by`). Hours are in the browser's zone, days are UTC days (the history's), and
+ * the axis says which. A text summary stands for the chart for screen readers.
+ */
 function historyChart(title, hist, id) {
   const box = h("div", { class: "chart", id });
+  const day = hist.step === "day";
+  const step = day ? 86400 : 3600;
   const xs = hist.points.map((p) => Date.parse(p.start) / 1000);
-  const admitted = hist.points.map((p) => p.admitted);
-  const denied = hist.points.map((p) => p.denied);
+  const limits = Object.keys(hist.total.denied_by || {});
+  const raw = [hist.points.map((p) => p.admitted), ...limits.map((l) => hist.points.map((p) => (p.denied_by || {})[l] || 0))];
+  // Stacked: each series is drawn at the sum of those below it, the tallest first.
+  const stacked = raw.map((_, i) => xs.map((_, j) => raw.slice(0, i + 1).reduce((t, r) => t + r[j], 0)));
+  const names = ["admitted", ...limits.map((l) => "denied by " + l)];
+  const colours = ["#2e7d32", ...limits.map((_, i) => DENIED_COLOURS[i % DENIED_COLOURS.length])];
+  const by = limits.map((l) => hist.total.denied_by[l] + " by " + l).join(", ");
+  const zone = day ? "UTC days" : "hours in " + ZONE;
   box.append(h("h3", {}, title),
-    h("p", { class: "muted summary" }, hist.total.admitted + " admitted, " + hist.total.denied + " denied (" +
-      new Date(hist.from).toLocaleString() + " – " + new Date(hist.to).toLocaleString() + ")"));
-  const width = Math.max(320, Math.min(520, (main().clientWidth || 1000) / 2 - 40));
+    h("p", { class: "muted summary" }, hist.total.admitted + " admitted, " + hist.total.denied + " denied" + (by ? " (" + by + ")" : "") +
+      "; " + zone + ", " + new Date(hist.from).toISOString().slice(0, day ? 10 : 16).replace("T", " ") + " to " +
+      new Date(hist.to).toISOString().slice(0, day ? 10 : 16).replace("T", " ") + " UTC"),
+    h("ul", { class: "legend", "aria-hidden": "true" }, names.map((n, i) => h("li", {}, h("span", { class: "swatch", "data-colour": colours[i] }), n))));
+  for (const sw of box.querySelectorAll(".swatch")) sw.style.background = sw.getAttribute("data-colour");
+  const plot = h("div", { class: "plot", role: "img", "aria-label": title + ": " + box.querySelector(".summary").textContent });
+  box.append(plot);
+  const order = names.map((_, i) => names.length - 1 - i);
   const opts = {
-    width, height: 200,
-    scales: { x: { time: true } },
-    series: [{}, { label: "admitted", stroke: "#2e7d32", fill: "rgba(46,125,50,0.12)" }, { label: "denied", stroke: "#c62828", fill: "rgba(198,40,40,0.12)" }],
-    axes: [{}, { size: 50 }],
+    width: 400, height: 200,
+    legend: { show: false },
+    // Half a step of room each side, so that the first and the last bar show whole.
+    scales: { x: { time: true, range: () => [xs[0] - step / 2, xs[xs.length - 1] + step / 2] } },
+    tzDate: day ? (ts) => uPlot.tzDate(new Date(ts * 1e3), "Etc/UTC") : undefined,
+    series: [{}, ...order.map((i) => ({
+      label: names[i], stroke: colours[i], fill: colours[i], width: 0,
+      points: { show: false },
+      paths: uPlot.paths.bars({ size: [0.7, 40], align: 0 }),
+    }))],
+    axes: [{ label: day ? "day (UTC)" : "hour (" + ZONE + ")", labelSize: 20 }, { label: "checks", labelSize: 20, size: 50 }],
   };
-  // Drawn once this task ends (the caller puts the box in the page first); the width is fixed,
-  // so uPlot needs no layout from the page.
-  queueMicrotask(() => new uPlot(opts, [xs, admitted, denied], box));
+  // Drawn once this task ends (the caller puts the box in the page first), as wide as its box,
+  // and drawn again when the box changes width.
+  queueMicrotask(() => {
+    opts.width = Math.max(260, plot.clientWidth || 400);
+    const u = new uPlot(opts, [xs, ...order.map((i) => stacked[i])], plot);
+    new ResizeObserver(() => {
+      const w = Math.max(260, plot.clientWidth);
+      if (Math.abs(w - u.width) > 4) u.setSize({ width: w, height: 200 });
+    }).observe(plot);
+  });
   return box;
 }
 
+/** Downloads a history as CSV (the API's `Accept: text/csv`), with the token as a header. */
+async function downloadCsv(url, name) {
+  const r = await fetch(url, { headers: { Authorization: "Bearer " + token(), Accept: "text/csv" } });
+  if (!r.ok) throw new ApiError(r.status, null);
+  const a = h("a", { href: URL.createObjectURL(await r.blob()), download: name });
+  document.body.append(a);
+  a.click();
+  a.remove();
+}
+
+/** The checks of `base` (a history route): a range picker, the chart, a CSV link. */
 async function charts(base, what) {
-  const now = new Date();
-  const [hours, days] = await Promise.all([
-    api("GET", base + "?step=hour"),
-    api("GET", base + "?step=day"),
-  ]);
-  return h("div", { class: "charts" },
-    historyChart(what + ": last 24 hours, by hour", hours, "chart-hours"),
-    historyChart(what + ": last 30 days, by day", days, "chart-days"),
-    h("p", { class: "muted" }, "Updated " + now.toLocaleTimeString() + "; history is written every sync round."));
+  const range = select({ id: "chart-range" }, RANGES.map(([label], i) => [String(i), label]), "0");
+  const holder = h("div", { class: "charts" });
+  const status = h("p", { class: "muted", role: "status" });
+  const draw = async () => {
+    const [label, step, points] = RANGES[Number(range.value)];
+    const from = new Date(Date.now() - (points - 1) * (step === "day" ? 86400e3 : 3600e3));
+    const url = base + "?step=" + step + "&from=" + encodeURIComponent(from.toISOString());
+    const hist = await api("GET", url);
+    holder.replaceChildren(historyChart(what + ": " + label, hist, step === "day" ? "chart-days" : "chart-hours"));
+    status.textContent = "Updated " + new Date().toLocaleTimeString() + "; the history is written every few seconds.";
+    csv.onclick = () => downloadCsv(url, what + "-" + step + ".csv").catch((e) => { status.textContent = "CSV: " + e.message; });
+  };
+  const csv = h("button", { type: "button", id: "chart-csv" }, "Download CSV");
+  range.addEventListener("change", () => draw().catch((e) => { status.textContent = e.message; }));
+  await draw();
+  return h("div", {}, h("div", { class: "row" }, field("range", range), h("div", { class: "field" }, h("span", { class: "label-gap" }, "\u00a0"), csv)), holder, status);
+}
+
+/** How often a page's current figures are read again. */
+const REFRESH_MS = 5000;
+
+/** Runs `read` every REFRESH_MS while the tab is visible, until `el` leaves the page. */
+function refreshing(el, read) {
+  const timer = setInterval(() => {
+    if (!el.isConnected) { clearInterval(timer); return; }
+    if (document.visibilityState === "visible") read().catch(() => {});
+  }, REFRESH_MS);
 }
 
 // ---- usage bars -----------------------------------------------------------------------------
@@ -393,15 +460,18 @@ async function tenantPage(tenant) {
       api("GET", "/v1/usage/" + enc(tenant) + "/nearest?limit=10"),
       api("GET", "/v1/quotas/" + enc(tenant) + "/clients?limit=100"),
     ]);
-    for (const c of n.clients) {
-      nearest.append(h("tr", {},
-        h("td", {}, h("a", { href: "#/tenants/" + enc(tenant) + "/clients/" + enc(c.client) }, c.client)),
-        h("td", {}, c.limit_id),
-        h("td", {}, c.count + " / " + c.limit),
-        h("td", {}, bar(c.count, c.limit)),
-        h("td", {}, resetIn(c.reset_after_ms))));
-    }
-    if (!n.clients.length) nearest.append(h("tr", {}, h("td", { colspan: 5, class: "muted" }, "No client was active today or yesterday.")));
+    const nearestRows = (clients) => clients.length ? clients.map((c) => h("tr", {},
+      h("td", {}, h("a", { href: "#/tenants/" + enc(tenant) + "/clients/" + enc(c.client) }, c.client)),
+      h("td", {}, c.limit_id),
+      h("td", {}, c.count + " / " + c.limit),
+      h("td", {}, bar(c.count, c.limit)),
+      h("td", {}, resetIn(c.reset_after_ms))))
+      : [h("tr", {}, h("td", { colspan: 5, class: "muted" }, "No client was active today or yesterday."))];
+    nearest.append(...nearestRows(n.clients));
+    refreshing(nearest, async () => {
+      const again = await api("GET", "/v1/usage/" + enc(tenant) + "/nearest?limit=10");
+      nearest.replaceChildren(...nearestRows(again.clients));
+    });
     for (const p of o.overrides) {
       overrides.append(h("tr", {},
         h("td", {}, h("a", { href: "#/tenants/" + enc(tenant) + "/clients/" + enc(p.client) }, p.client)),
@@ -441,13 +511,19 @@ async function clientPage(tenant, client) {
       const u = await api("GET", "/v1/usage/" + enc(tenant) + "/" + enc(client) + "?all=true");
       const counts = (l) => [l.resource ? "checks on " + l.resource : "every check",
         l.scope === "tenant" ? "of all the tenant's clients" : ""].filter(Boolean).join(" ");
-      const rows = u.limits.map((l) => h("tr", { "data-limit": l.limit_id },
+      const rowsOf = (limits) => limits.map((l) => h("tr", { "data-limit": l.limit_id },
         h("td", {}, l.limit_id, h("div", { class: "muted" }, counts(l))),
         h("td", { class: "count" }, l.count + " / " + l.limit),
         h("td", {}, bar(l.count, l.limit)),
         h("td", {}, l.remaining + " left"),
         h("td", {}, resetIn(l.reset_after_ms))));
-      usageBox.append(h("table", { id: "usage" }, h("thead", {}, h("tr", {}, h("th", {}, "Limit"), h("th", {}, "Used"), h("th", {}, ""), h("th", {}, "Remaining"), h("th", {}, "Resets in"))), h("tbody", {}, rows)));
+      const tbody = h("tbody", {}, rowsOf(u.limits));
+      usageBox.append(h("table", { id: "usage" }, h("thead", {}, h("tr", {}, h("th", {}, "Limit"), h("th", {}, "Used"), h("th", {}, ""), h("th", {}, "Remaining"), h("th", {}, "Resets in"))), tbody),
+        h("p", { class: "muted" }, "Read again every " + REFRESH_MS / 1000 + " s while this tab is visible."));
+      refreshing(usageBox, async () => {
+        const again = await api("GET", "/v1/usage/" + enc(tenant) + "/" + enc(client) + "?all=true");
+        tbody.replaceChildren(...rowsOf(again.limits));
+      });
       actions(actBox, tenant, client, u.limits.filter((l) => l.scope === "client"));
     }
   } catch (e) {

@@ -60,7 +60,10 @@ impl Browser {
             .local_addr()
             .unwrap()
             .port();
+        // The browser in a zone other than UTC, as support staff's often are: charts must say
+        // which zone their hours are in, and keep days in UTC.
         let child = Command::new(chromedriver)
+            .env("TZ", "America/Los_Angeles")
             .arg(format!("--port={port}"))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -394,8 +397,30 @@ async fn the_console_in_a_real_chromium() {
     b.wait_text("#nearest", "5 / 5").await;
     // k2 is nearest to the tenant-wide limit on exports, which its own checks filled.
     b.wait_text("#nearest", "k2 exports 2 / 2").await;
-    b.wait_text("#tenant-charts .summary", "7 admitted, 2 denied")
+    let summary = b
+        .wait_text("#tenant-charts .summary", "7 admitted, 2 denied")
         .await;
+    // Refusals by limit, hours in the browser's zone, and days in UTC, each said so.
+    assert!(
+        summary.contains("1 by per-minute") && summary.contains("1 by exports"),
+        "{summary}"
+    );
+    assert!(
+        summary.contains("hours in America/Los_Angeles"),
+        "{summary}"
+    );
+    let legend = b.text("#tenant-charts .legend").await;
+    assert!(
+        legend.contains("denied by per-minute") && legend.contains("denied by exports"),
+        "{legend}"
+    );
+    b.script("document.getElementById('tenant-charts').scrollIntoView(); return 1")
+        .await;
+    b.screenshot("06-tenant-chart").await;
+    b.script("const r = document.getElementById('chart-range'); r.value = '2'; r.dispatchEvent(new Event('change')); return 1")
+        .await;
+    let days = b.wait_text("#chart-days .summary", "UTC days").await;
+    assert!(days.contains("7 admitted, 2 denied"), "{days}");
     b.screenshot("06-tenant").await;
 
     // The audit log holds the change, by the admin token's name.
@@ -424,6 +449,9 @@ async fn the_console_in_a_real_chromium() {
         .await;
     b.screenshot("08-client-reset").await;
     assert_eq!(app.check_json("acme", "k1").await.0, 200);
+    // The page reads its figures again by itself (every 5 s while visible).
+    b.wait_text("#usage tr[data-limit='per-minute'] .count", "1 / 5")
+        .await;
     // The audit log holds the reset, with what it changed.
     b.go(&app.url("/console/#/audit?tenant=acme")).await;
     let entries = b.wait_text("#audit-entries", "usage.reset").await;

@@ -90,6 +90,13 @@ function failure(e) {
   return h("p", { class: "error", id: "error" }, "Error: " + e.message);
 }
 
+/** Who the token is (`GET /v1/whoami`), asked once a sign-in. */
+let whoami = null;
+async function me() {
+  if (!whoami) whoami = api("GET", "/v1/whoami").catch((e) => { whoami = null; throw e; });
+  return whoami;
+}
+
 // ---- sign-in ------------------------------------------------------------------------------
 
 /** The sign-in form; once signed in, the page at `next` (a hash: a deep link survives). */
@@ -113,6 +120,7 @@ function signin(message, next) {
       }
       if (r.ok) {
         sessionStorage.setItem(TOKEN_KEY, t);
+        whoami = null;
         // A changed hash routes by itself; an unchanged one needs a nudge.
         if (location.hash === target) route();
         else location.hash = target;
@@ -138,9 +146,11 @@ async function tenants(params) {
     h("form", { class: "row", onsubmit: (ev) => { ev.preventDefault(); location.hash = "#/tenants?prefix=" + enc(search.value.trim()); } },
       search, h("button", { type: "submit", id: "search" }, "Search")),
     h("table", {}, h("thead", {}, h("tr", {}, h("th", {}, "Tenant"), h("th", {}, "Limits"), h("th", {}, "Mode"), h("th", {}, "Updated"))), list),
-    h("form", { class: "row", onsubmit: (ev) => { ev.preventDefault(); if (created.value.trim()) location.hash = "#/tenants/" + enc(created.value.trim()); } },
+    h("form", { class: "row", id: "create-form", hidden: true, onsubmit: (ev) => { ev.preventDefault(); if (created.value.trim()) location.hash = "#/tenants/" + enc(created.value.trim()); } },
       created, h("button", { type: "submit", id: "create-tenant" }, "New tenant")));
   show(page);
+  // Only an admin may create a tenant: a tenant_admin manages the ones it is given.
+  me().then((w) => { page.querySelector("#create-form").hidden = w.role !== "admin"; }).catch(() => {});
   try {
     let q = "/v1/quotas?limit=50";
     if (prefix) q += "&prefix=" + enc(prefix);
@@ -563,6 +573,9 @@ async function route() {
   const params = new URLSearchParams(query || "");
   if (!token() || path === "/signin") { signin("", location.hash); return; }
   document.getElementById("nav").hidden = false;
+  me().then((w) => {
+    document.getElementById("who").textContent = "Signed in as " + w.name + " (" + w.role.replace("_", " ") + ")";
+  }).catch(() => {});
   let parts;
   try {
     parts = path.split("/").filter(Boolean).map(decodeURIComponent);
@@ -581,6 +594,8 @@ window.addEventListener("hashchange", route);
 document.addEventListener("DOMContentLoaded", () => {
   document.getElementById("signout").addEventListener("click", () => {
     sessionStorage.removeItem(TOKEN_KEY);
+    whoami = null;
+    document.getElementById("who").textContent = "";
     location.hash = "#/signin";
   });
   route();

@@ -26,6 +26,7 @@ mod responses;
 mod routes;
 mod state;
 mod usage;
+mod whoami;
 
 pub use audit::{audit_entry, AuditView};
 pub use auth::{digest, Auth, Principal};

@@ -19,7 +19,7 @@ use utoipa::openapi::{ContentBuilder, ObjectBuilder, Ref, ResponseBuilder, Type}
 use utoipa::{Modify, OpenApi};
 
 use super::error::ErrorBody;
-use super::{adjust, audit, check, forward_auth, history, ops, quotas, usage};
+use super::{adjust, audit, check, forward_auth, history, ops, quotas, usage, whoami};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -53,6 +53,7 @@ use super::{adjust, audit, check, forward_auth, history, ops, quotas, usage};
         history::tenant_history,
         history::top,
         audit::list,
+        whoami::whoami,
         ops::healthz,
         ops::readyz,
         ops::metrics,

@@ -11,7 +11,7 @@ use actix_web::http::Method;
 use actix_web::{web, HttpResponse};
 
 use super::error::ApiError;
-use super::{adjust, audit, check, history, openapi, ops, quotas, usage};
+use super::{adjust, audit, check, history, openapi, ops, quotas, usage, whoami};
 
 /// One method on one path, and the handler that serves it.
 pub struct Route {
@@ -23,7 +23,7 @@ pub struct Route {
 }
 
 /// Every route of the server. Entries of one path are registered together, in this order.
-pub static ROUTES: [Route; 29] = [
+pub static ROUTES: [Route; 30] = [
     route(Method::POST, "/v1/check", |r| r.to(check::check)),
     route(Method::POST, "/v1/check/batch", |r| r.to(check::batch)),
     route(Method::GET, "/v1/forward-auth", forward_auth),
@@ -80,6 +80,7 @@ pub static ROUTES: [Route; 29] = [
         r.to(adjust::reset)
     }),
     route(Method::GET, "/v1/audit", |r| r.to(audit::list)),
+    route(Method::GET, "/v1/whoami", |r| r.to(whoami::whoami)),
     route(Method::GET, "/healthz", |r| r.to(ops::healthz)),
     route(Method::GET, "/readyz", |r| r.to(ops::readyz)),
     route(Method::GET, "/metrics", |r| r.to(ops::metrics)),

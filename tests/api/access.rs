@@ -121,6 +121,7 @@ async fn every_token_gets_exactly_the_access_of_its_role_and_tenants() {
             [401, 401, 200, 403, 403, 403],
         ),
         (M::GET, "/v1/audit", [401, 401, 200, 200, 403, 403]),
+        (M::GET, "/v1/whoami", [401, 401, 200, 200, 403, 403]),
         (
             M::GET,
             "/v1/audit?tenant=acme",
@@ -163,6 +164,32 @@ async fn every_token_gets_exactly_the_access_of_its_role_and_tenants() {
             assert_eq!(got, want, "{method} {path} with {tok:?}");
         }
     }
+}
+
+#[tokio::test]
+async fn whoami_names_the_token_its_role_and_its_tenants() {
+    let app = app().await;
+    let who = |token: &'static str| {
+        let app = &app;
+        async move {
+            let r = app
+                .http
+                .get(app.url("/v1/whoami"))
+                .bearer_auth(token)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            r.json::<serde_json::Value>().await.unwrap()
+        }
+    };
+    assert_eq!(
+        who(ADMIN).await,
+        json!({"name": "admin_token", "role": "admin", "tenants": null})
+    );
+    let acme = who(ACME_ADMIN).await;
+    assert_eq!(acme["role"], "tenant_admin");
+    assert_eq!(acme["tenants"], json!(["acme"]));
 }
 
 #[tokio::test]

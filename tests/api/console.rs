@@ -294,6 +294,10 @@ async fn the_console_in_a_real_chromium() {
     b.type_into("#token", ADMIN).await;
     b.click("#signin-submit").await;
     b.wait_text("#tenants", "globex").await;
+    // The header says who is signed in; an admin may create tenants.
+    b.wait_text("#who", "Signed in as admin_token (admin)")
+        .await;
+    b.wait("#create-form:not([hidden])").await;
     let url = b.cmd(reqwest::Method::GET, "/url", None).await;
     assert!(!url.as_str().unwrap().contains(ADMIN), "{url}");
     let stored = b
@@ -467,6 +471,10 @@ async fn the_console_in_a_real_chromium() {
     b.click("#signin-submit").await;
     let list = b.wait_text("#tenants", "globex").await;
     assert!(!list.contains("acme"), "{list}");
+    // A tenant admin is told so, and is not offered a new tenant.
+    b.wait_text("#who", "Signed in as globex-admin (tenant admin)")
+        .await;
+    assert!(b.find("#create-form[hidden]").await.is_some());
     b.go(&app.url("/console/#/tenants/acme")).await;
     b.wait_text("#error", "Permission denied").await;
     assert!(

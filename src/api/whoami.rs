@@ -1,0 +1,50 @@
+//! `GET /v1/whoami`: who the request's token is (its name, role and tenants), so that a console
+//! can say who is signed in and offer only what the token may do.
+
+use actix_web::{web, HttpRequest, HttpResponse};
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use super::error::ApiError;
+use super::responses::AdminErrors;
+use super::state::AppState;
+
+/// The token's name (the audit log's actor), role, and the tenants it may manage.
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WhoAmI {
+    /// The token's configured name, as the audit log names its changes.
+    name: String,
+    /// `admin` (every tenant) or `tenant_admin` (the listed tenants).
+    #[schema(pattern = "^(admin|tenant_admin)$")]
+    role: &'static str,
+    /// The tenants a tenant_admin may manage, sorted; null for an admin (every tenant).
+    #[schema(required = true)]
+    tenants: Option<Vec<String>>,
+}
+
+#[utoipa::path(
+    get,
+    path = "/v1/whoami",
+    tag = "ops",
+    operation_id = "whoami",
+    summary = "Who this admin or tenant_admin token is: its name, role and tenants",
+    responses(
+        (status = 200, description = "The token's name, role and tenants", body = WhoAmI),
+        AdminErrors,
+    ),
+    security(("bearer" = [])),
+)]
+pub async fn whoami(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let who = state.auth.admin(&req)?;
+    Ok(HttpResponse::Ok().json(WhoAmI {
+        name: who.name.to_string(),
+        role: who.role.as_str(),
+        tenants: who
+            .tenants()
+            .map(|t| t.into_iter().map(str::to_owned).collect()),
+    }))
+}

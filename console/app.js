@@ -160,7 +160,7 @@ async function tenants(params) {
       list.append(h("tr", {},
         h("td", {}, h("a", { href: "#/tenants/" + enc(p.tenant), class: "tenant-link" }, p.tenant)),
         h("td", {}, p.limits.map((l) => l.id).join(", ")),
-        h("td", {}, p.mode),
+        h("td", {}, p.mode === "dry_run" ? h("span", { class: "badge" }, "dry run") : p.mode),
         h("td", {}, when(p.updated_at))));
     }
     if (!r.quotas.length) list.append(h("tr", {}, h("td", { colspan: 4, class: "muted" }, "No tenants.")));
@@ -198,7 +198,7 @@ function typed(v) {
   return t !== "" && /^-?[0-9.eE+]+$/.test(t) && !Number.isNaN(Number(t)) ? Number(t) : t;
 }
 
-function limitRow(i, l) {
+function limitRow(i, l, override) {
   const kind = l.rate !== undefined || l.burst !== undefined ? "bucket" : (l.period ? "period" : "window");
   const f = (name, value, extra) => {
     const input = h("input", Object.assign({ "data-field": "limits[" + i + "]." + name, name, value: value === undefined ? "" : value, class: "small", placeholder: EXAMPLES[name] || "" }, extra || {}));
@@ -216,7 +216,8 @@ function limitRow(i, l) {
     f("rate", l.rate, { "data-kinds": "bucket" }),
     f("per", l.per, { "data-kinds": "bucket" }),
     f("resource", l.resource),
-    field("scope", select({ "data-field": "limits[" + i + "].scope", name: "scope", class: "small" }, [["client"], ["tenant"]], l.scope || "client"),
+    // An override's limits count its client only: the API refuses `tenant` there.
+    field("scope", select({ "data-field": "limits[" + i + "].scope", name: "scope", class: "small" }, override ? [["client"]] : [["client"], ["tenant"]], l.scope || "client"),
       {}, h("span", { class: "field-error" })),
     h("div", { class: "field" }, h("label", {}, "\u00a0"), h("button", { type: "button", class: "remove-limit", onclick: () => { row.remove(); } }, "Remove")));
   const applyKind = () => {
@@ -248,8 +249,53 @@ function readLimit(row) {
   return l;
 }
 
+/** What a limit counts, in words. */
+function limitWords(l) {
+  if (l.rate !== undefined || l.burst !== undefined) return "token bucket: burst " + l.burst + ", " + l.rate + " per " + (l.per || "1s");
+  return (l.period ? "calendar " + l.period : "sliding window of " + l.window) + ", at most " + l.max;
+}
+
+/** A stored policy or override, read-only. */
+function policyView(p) {
+  return h("div", { id: "policy-view" },
+    h("table", {}, h("thead", {}, h("tr", {}, ["Limit", "Counts", "Checks on", "Whose"].map((t) => h("th", {}, t)))),
+      h("tbody", {}, p.limits.map((l) => h("tr", { "data-limit": l.id },
+        h("td", {}, l.id), h("td", {}, limitWords(l)), h("td", {}, l.resource || "every resource"),
+        h("td", {}, l.scope === "tenant" ? "all the tenant's clients together" : "each client"))))),
+    h("p", { class: "muted" }, "Mode " + p.mode + (p.mode === "dry_run" ? " (refusals are reported, not enforced)" : "") +
+      ", consistency " + p.consistency + ", on a store failure: " + p.on_store_failure + ". Version " + p.version + ", updated ", when(p.updated_at), "."));
+}
+
+/**
+ * A policy (or an override) shown read-only, with Edit (the form) and Delete (asked first);
+ * with no policy yet, the form at once. `url` is its /v1/quotas path.
+ */
+function policySection(policy, url, o) {
+  const box = h("div", { class: "policy" });
+  const status = h("p", { id: "policy-status", role: "status", "aria-live": "polite" });
+  const render = (p) => {
+    const form = policyForm(p, async (doc) => {
+      const saved = await api("PUT", url, doc);
+      render(saved);
+      return saved;
+    }, status, o.override);
+    if (!p) { box.replaceChildren(o.none, form, status); return; }
+    form.hidden = true;
+    const edit = h("button", { type: "button", id: "edit-policy", onclick: () => { form.hidden = false; view.hidden = true; edit.hidden = true; status.textContent = ""; } }, "Edit");
+    const view = policyView(p);
+    const del = confirmed("delete-policy", "Delete", o.deleteQuestion, async () => {
+      await api("DELETE", url);
+      setTimeout(route, 600);
+      return "Deleted.";
+    });
+    box.replaceChildren(view, h("div", { class: "row" }, edit, del), form, status);
+  };
+  render(policy);
+  return box;
+}
+
 /** The policy form; `save` PUTs the document and answers the stored record. */
-function policyForm(policy, save) {
+function policyForm(policy, save, status, override) {
   const p = policy || { limits: [{ id: "", window: "1m" }], mode: "enforce", consistency: "cached", on_store_failure: "local" };
   const rows = h("div", { id: "limits", "data-field": "limits" });
   const renumber = () => {
@@ -259,10 +305,9 @@ function policyForm(policy, save) {
       }
     });
   };
-  p.limits.forEach((l, i) => rows.append(limitRow(i, l)));
+  p.limits.forEach((l, i) => rows.append(limitRow(i, l, override)));
   const opt = (name, values) => field(name,
     select({ "data-field": name, name }, values.map((v) => [v]), p[name]), {}, h("span", { class: "field-error" }));
-  const status = h("p", { id: "policy-status" });
   const form = h("form", {
     id: "policy-form",
     onsubmit: async (ev) => {
@@ -298,13 +343,12 @@ function policyForm(policy, save) {
     },
   },
   rows,
-  h("p", {}, h("button", { type: "button", id: "add-limit", onclick: () => { rows.append(limitRow(rows.children.length, { id: "" })); } }, "Add a limit")),
+  h("p", {}, h("button", { type: "button", id: "add-limit", onclick: () => { rows.append(limitRow(rows.children.length, { id: "" }, override)); } }, "Add a limit")),
   h("div", { class: "row" },
     opt("mode", ["enforce", "dry_run"]),
     opt("consistency", ["cached", "strict"]),
     opt("on_store_failure", ["local", "allow", "deny"])),
-  h("button", { type: "submit", class: "primary", id: "save-policy" }, "Save"),
-  status);
+  h("button", { type: "submit", class: "primary", id: "save-policy" }, "Save"));
   return form;
 }
 
@@ -442,15 +486,11 @@ async function tenantPage(tenant) {
   } catch (e) {
     if (e.status !== 404) { page.append(failure(e)); return; }
   }
-  const version = (p) => [h("p", { class: "muted" }, "Version " + p.version + ", updated ", when(p.updated_at), ".")];
-  const head = h("div", {}, policy
-    ? version(policy)
-    : h("p", { class: "muted", id: "no-policy" }, "No policy yet: fill the form to create one."));
-  page.append(h("section", {}, h("h2", {}, "Policy"), head,
-    policyForm(policy, async (doc) => {
-      const saved = await api("PUT", "/v1/quotas/" + enc(tenant), doc);
-      head.replaceChildren(...version(saved));
-      return saved;
+  if (policy && policy.mode === "dry_run") page.querySelector("h1").append(" ", h("span", { class: "badge" }, "dry run"));
+  page.append(h("section", {}, h("h2", {}, "Policy"),
+    policySection(policy, "/v1/quotas/" + enc(tenant), {
+      none: h("p", { class: "muted", id: "no-policy" }, "No policy yet: fill the form to create one."),
+      deleteQuestion: "Delete " + tenant + "'s policy? Its checks then answer 404 (or meet the default policy); its client overrides are kept.",
     })));
 
   const nearest = h("tbody", { id: "nearest" });
@@ -553,12 +593,10 @@ async function clientPage(tenant, client) {
     } catch (e) {
       if (e.status !== 404) throw e;
     }
-    const version = (p) => [h("p", { class: "muted" }, "Version " + p.version + ", updated ", when(p.updated_at), ".")];
-    const head = h("div", {}, over ? version(over) : h("p", { class: "muted" }, "None: the tenant's policy applies."));
-    overBox.append(head, policyForm(over, async (doc) => {
-      const saved = await api("PUT", "/v1/quotas/" + enc(tenant) + "/clients/" + enc(client), doc);
-      head.replaceChildren(...version(saved));
-      return saved;
+    overBox.append(policySection(over, "/v1/quotas/" + enc(tenant) + "/clients/" + enc(client), {
+      none: h("p", { class: "muted" }, "None: the tenant's policy applies. Fill the form to give " + client + " limits of its own."),
+      deleteQuestion: "Delete " + client + "'s override? The tenant's policy then applies to it.",
+      override: true,
     }));
   } catch (e) {
     overBox.append(failure(e));

@@ -333,6 +333,11 @@ async fn the_console_in_a_real_chromium() {
         b.find("#no-policy").await.is_none(),
         "the header follows the save"
     );
+    // Saved, the policy reads as a view, with an explicit Edit.
+    let view = b.wait_text("#policy-view", "per-minute").await;
+    assert!(view.contains("sliding window of 1m, at most 5"), "{view}");
+    assert!(b.find("#policy-form[hidden]").await.is_some());
+    b.wait("#edit-policy").await;
     b.screenshot("04-policy-saved").await;
     // The CSP's Trusted Types: the page cannot send a string to an HTML sink.
     let sink = b
@@ -394,6 +399,11 @@ async fn the_console_in_a_real_chromium() {
         .await;
     b.wait("#chart-hours canvas").await;
     b.screenshot("05-client").await;
+    // An override's limits may only count the client: the form does not offer `tenant`.
+    let scopes = b
+        .script("return [...document.querySelectorAll(\"#client-page select[name=scope] option\")].map(o => o.value).join(',')")
+        .await;
+    assert_eq!(scopes, json!("client"));
 
     // The tenant's page: k1 nearest to its limit, at 100%.
     b.go(&app.url("/console/#/tenants/acme")).await;

@@ -29,6 +29,11 @@ const FILES: &[(&str, &str, &[u8])] = &[
         include_bytes!("../../console/app.js"),
     ),
     (
+        "policy.js",
+        "text/javascript; charset=utf-8",
+        include_bytes!("../../console/policy.js"),
+    ),
+    (
         "support.js",
         "text/javascript; charset=utf-8",
         include_bytes!("../../console/support.js"),

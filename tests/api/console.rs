@@ -541,6 +541,7 @@ async fn console_files_carry_a_strict_content_security_policy() {
     );
     for (path, ctype) in [
         ("/console/app.js", "text/javascript; charset=utf-8"),
+        ("/console/policy.js", "text/javascript; charset=utf-8"),
         ("/console/support.js", "text/javascript; charset=utf-8"),
         (
             "/console/vendor/uPlot.iife.min.js",

@@ -26,6 +26,9 @@ function h(tag, attrs, ...children) {
 
 function show(...nodes) {
   main().replaceChildren(...nodes);
+  // Each page its own title, from its heading (for tabs, history and screen readers).
+  const h1 = main().querySelector("h1");
+  document.title = (h1 ? h1.textContent + " · " : "") + "quotad console";
 }
 
 /** An instant in the browser's zone, with UTC on hover. */
@@ -145,7 +148,7 @@ async function tenants(params) {
     h("h1", {}, "Tenants"),
     h("form", { class: "row", onsubmit: (ev) => { ev.preventDefault(); location.hash = "#/tenants?prefix=" + enc(search.value.trim()); } },
       search, h("button", { type: "submit", id: "search" }, "Search")),
-    h("table", {}, h("thead", {}, h("tr", {}, h("th", {}, "Tenant"), h("th", {}, "Limits"), h("th", {}, "Mode"), h("th", {}, "Updated"))), list),
+    h("table", {}, h("thead", {}, h("tr", {}, ["Tenant", "Limits", "Mode", "Today (UTC)", "Updated"].map((t) => h("th", {}, t)))), list),
     h("form", { class: "row", id: "create-form", hidden: true, onsubmit: (ev) => { ev.preventDefault(); if (created.value.trim()) location.hash = "#/tenants/" + enc(created.value.trim()); } },
       created, h("button", { type: "submit", id: "create-tenant" }, "New tenant")));
   show(page);
@@ -156,17 +159,28 @@ async function tenants(params) {
     if (prefix) q += "&prefix=" + enc(prefix);
     if (after) q += "&after=" + enc(after);
     const r = await api("GET", q);
+    const today = new Date(new Date().toISOString().slice(0, 10) + "T00:00:00Z").toISOString();
     for (const p of r.quotas) {
-      list.append(h("tr", {},
+      const day = h("td", { class: "today" }, "…");
+      list.append(h("tr", { "data-tenant": p.tenant },
         h("td", {}, h("a", { href: "#/tenants/" + enc(p.tenant), class: "tenant-link" }, p.tenant)),
         h("td", {}, p.limits.map((l) => l.id).join(", ")),
         h("td", {}, p.mode === "dry_run" ? h("span", { class: "badge" }, "dry run") : p.mode),
+        day,
         h("td", {}, when(p.updated_at))));
+      // Each tenant's day from its usage history, filled in as it comes.
+      api("GET", "/v1/usage/" + enc(p.tenant) + "/history?step=day&from=" + encodeURIComponent(today))
+        .then((d) => { day.replaceChildren(d.total.admitted + " admitted, ", h("span", { class: d.total.denied ? "error" : "" }, d.total.denied + " refused")); })
+        .catch(() => { day.textContent = "–"; });
     }
-    if (!r.quotas.length) list.append(h("tr", {}, h("td", { colspan: 4, class: "muted" }, "No tenants.")));
-    if (r.next) {
-      page.append(h("p", {}, h("a", { href: "#/tenants?prefix=" + enc(prefix) + "&after=" + enc(r.next), id: "next" }, "Next page →")));
-    }
+    if (!r.quotas.length) list.append(h("tr", {}, h("td", { colspan: 5, class: "muted" }, "No tenants.")));
+    // The cursors of the pages before this one ride in `trail`, so that Previous can go back.
+    const trail = (params.get("trail") || "").split(",").filter(Boolean);
+    const pageLink = (a, t, id, label) => h("a", { href: "#/tenants?prefix=" + enc(prefix) + (a ? "&after=" + enc(a) : "") + (t.length ? "&trail=" + enc(t.join(",")) : ""), id }, label);
+    const nav = h("p", { class: "row" });
+    if (after) nav.append(pageLink(trail[trail.length - 1] === "-" ? "" : trail[trail.length - 1] || "", trail.slice(0, -1), "previous", "← Previous page"));
+    if (r.next) nav.append(pageLink(r.next, [...trail, after || "-"], "next", "Next page →"));
+    if (nav.children.length) page.append(nav);
   } catch (e) {
     page.append(failure(e));
   }
@@ -324,7 +338,8 @@ async function tenantPage(tenant) {
     h("section", {}, h("h2", {}, "Client overrides"),
       h("table", {}, h("thead", {}, h("tr", {}, h("th", {}, "Client"), h("th", {}, "Limits"), h("th", {}, "Updated"))), overrides)));
   const chartBox = h("section", { id: "tenant-charts" }, h("h2", {}, "Checks"));
-  page.append(chartBox);
+  const topBox = h("section", { id: "top-clients" }, h("h2", {}, "Busiest clients today (UTC)"));
+  page.append(chartBox, topBox);
   try {
     const [n, o] = await Promise.all([
       api("GET", "/v1/usage/" + enc(tenant) + "/nearest?limit=10"),
@@ -342,18 +357,43 @@ async function tenantPage(tenant) {
       const again = await api("GET", "/v1/usage/" + enc(tenant) + "/nearest?limit=10");
       nearest.replaceChildren(...nearestRows(again.clients));
     });
-    for (const p of o.overrides) {
-      overrides.append(h("tr", {},
+    // The first ten; the rest behind a button, so that many overrides do not push the charts away.
+    o.overrides.forEach((p, i) => {
+      overrides.append(h("tr", { class: i >= OVERRIDES_SHOWN ? "more" : "", hidden: i >= OVERRIDES_SHOWN },
         h("td", {}, h("a", { href: "#/tenants/" + enc(tenant) + "/clients/" + enc(p.client) }, p.client)),
         h("td", {}, p.limits.map((l) => l.id).join(", ")),
         h("td", {}, when(p.updated_at))));
+    });
+    if (o.overrides.length > OVERRIDES_SHOWN) {
+      const all = h("button", { type: "button", id: "all-overrides", onclick: () => {
+        for (const tr of overrides.querySelectorAll("tr.more")) tr.hidden = false;
+        all.remove();
+      } }, "Show all " + o.overrides.length + (o.next ? "+" : ""));
+      overrides.parentElement.after(all);
     }
     if (!o.overrides.length) overrides.append(h("tr", {}, h("td", { colspan: 3, class: "muted" }, "None.")));
-    if (o.next) overrides.append(h("tr", {}, h("td", { colspan: 3, class: "muted" }, "The first 100 are shown: open another client by its id above.")));
+    if (o.next) overrides.append(h("tr", { class: "more", hidden: true }, h("td", { colspan: 3, class: "muted" }, "The first 100 are shown: open another client by its id above.")));
+    if (policy && policy.mode === "dry_run") {
+      chartBox.append(h("p", { class: "muted", id: "dry-run-note" }, "Dry run: checks a limit would refuse are answered allowed (flagged dry_run_denied) and counted here as admitted; the bars above show which limits are full."));
+    }
     chartBox.append(await charts("/v1/usage/" + enc(tenant) + "/history", "All clients"));
+    topBox.append(await topClients(tenant));
   } catch (e) {
     page.append(failure(e));
   }
+}
+
+/** Overrides listed before "Show all". */
+const OVERRIDES_SHOWN = 10;
+
+/** The tenant's busiest clients of the UTC day, with their refusals. */
+async function topClients(tenant) {
+  const t = await api("GET", "/v1/usage/" + enc(tenant) + "/top?limit=10");
+  const rows = t.clients.map((c) => h("tr", {},
+    h("td", {}, h("a", { href: "#/tenants/" + enc(tenant) + "/clients/" + enc(c.client) }, c.client)),
+    h("td", {}, String(c.admitted)), h("td", {}, String(c.cost)), h("td", { class: c.denied ? "error" : "" }, String(c.denied))));
+  return h("table", {}, h("thead", {}, h("tr", {}, ["Client", "Admitted", "Cost", "Refused"].map((x) => h("th", {}, x)))),
+    h("tbody", { id: "top" }, rows.length ? rows : [h("tr", {}, h("td", { colspan: 4, class: "muted" }, "No checks today."))]));
 }
 
 // ---- a client -------------------------------------------------------------------------------

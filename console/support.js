@@ -77,11 +77,20 @@ async function audit(params) {
         h("td", {}, h("code", {}, e.request_id))));
     }
     if (!r.entries.length) body.append(h("tr", {}, h("td", { colspan: 8, class: "muted" }, "No entries.")));
-    if (r.next) {
+    // The cursors of the newer pages ride in `trail` ("-": the newest), so that Newer can go back.
+    const trail = (params.get("trail") || "").split(",").filter(Boolean);
+    const link = (after, t, id, label) => {
       const q2 = new URLSearchParams(params);
-      q2.set("after", r.next);
-      page.append(h("p", {}, h("a", { href: "#/audit?" + q2.toString(), id: "older" }, "Older →")));
-    }
+      q2.delete("after");
+      q2.delete("trail");
+      if (after && after !== "-") q2.set("after", after);
+      if (t.length) q2.set("trail", t.join(","));
+      return h("a", { href: "#/audit?" + q2.toString(), id }, label);
+    };
+    const nav = h("p", { class: "row" });
+    if (params.get("after")) nav.append(link(trail[trail.length - 1] || "-", trail.slice(0, -1), "newer", "← Newer"));
+    if (r.next) nav.append(link(r.next, [...trail, params.get("after") || "-"], "older", "Older →"));
+    if (nav.children.length) page.append(nav);
   } catch (e) {
     page.append(failure(e));
   }

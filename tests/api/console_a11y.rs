@@ -117,3 +117,85 @@ async fn every_console_page_passes_axe_at_1280_and_800_pixels() {
     b.quit().await;
     assert!(found.is_empty(), "{}", found.join("\n"));
 }
+
+/// Navigation a support desk leans on: pages of tenants both ways, each tenant's refusals of
+/// the day in the list, many overrides folded away, the busiest clients, and a title a page.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_pages_both_ways_and_folds_what_is_long() {
+    let (Some(chromium), Some(chromedriver)) = (
+        which(&["chromium", "chromium-browser", "google-chrome"]),
+        which(&["chromedriver"]),
+    ) else {
+        let required = std::env::var("QUOTAD_TEST_REQUIRE_CHROMIUM").is_ok_and(|v| v == "1");
+        assert!(
+            !required,
+            "QUOTAD_TEST_REQUIRE_CHROMIUM=1 but chromium is missing"
+        );
+        return;
+    };
+    let app = spawn_app().await;
+    let limits = json!({"limits": [{"id": "daily", "max": 2, "period": "day"}]});
+    // 55 tenants: the list shows 50 a page.
+    for i in 0..55 {
+        let r = app.put_quota(&format!("t{i:02}"), limits.clone()).await;
+        assert_eq!(r.status(), 201);
+    }
+    for _ in 0..3 {
+        app.check_json("t00", "k1").await;
+    }
+    app.history_reaches("t00", "k1", 2, 1).await;
+    for i in 0..12 {
+        let path = format!("/v1/quotas/t00/clients/c{i:02}");
+        let r = app
+            .http
+            .put(app.url(&path))
+            .bearer_auth(ADMIN)
+            .json(&limits)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 201);
+    }
+    let b = Browser::start(chromium, chromedriver).await;
+    b.go(&app.url("/console/")).await;
+    b.type_into("#token", ADMIN).await;
+    b.click("#signin-submit").await;
+    let today = b
+        .wait_text("#tenants tr[data-tenant='t00'] .today", "refused")
+        .await;
+    assert_eq!(today, "2 admitted, 1 refused");
+    let title = b.script("return document.title").await;
+    assert_eq!(title, json!("Tenants · quotad console"));
+    b.click("#next").await;
+    b.wait_text("#tenants", "t54").await;
+    assert!(!b.text("#tenants").await.contains("t00"));
+    b.click("#previous").await;
+    b.wait_text("#tenants", "t00").await;
+    assert!(
+        b.find("#previous").await.is_none(),
+        "the first page has no previous"
+    );
+    // A tenant with 12 overrides shows 10, and the rest on demand.
+    b.go(&app.url("/console/#/tenants/t00")).await;
+    b.wait("#overrides tr").await;
+    let shown = b
+        .script(
+            "return [...document.querySelectorAll('#overrides tr')].filter(r => !r.hidden).length",
+        )
+        .await;
+    assert_eq!(shown, json!(10));
+    b.click("#all-overrides").await;
+    let shown = b
+        .script(
+            "return [...document.querySelectorAll('#overrides tr')].filter(r => !r.hidden).length",
+        )
+        .await;
+    assert_eq!(shown, json!(12));
+    let top = b.wait_text("#top", "k1").await;
+    assert!(top.contains("k1 2 2 1"), "{top}");
+    assert_eq!(
+        b.script("return document.title").await,
+        json!("Tenant t00 · quotad console")
+    );
+    b.quit().await;
+}

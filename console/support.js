@@ -35,10 +35,16 @@ function diffLines(before, after) {
   return lines.length ? lines : ["no change"];
 }
 
+/** The actions the audit log records. */
+const ACTIONS = ["quota.put", "quota.delete", "override.put", "override.delete", "usage.reset", "usage.grant"];
+
 async function audit(params) {
   const tenant = h("input", { id: "audit-tenant", value: params.get("tenant") || "", placeholder: "every tenant you may see" });
   const from = h("input", { id: "audit-from", type: "datetime-local", value: localInput(params.get("from")) });
   const to = h("input", { id: "audit-to", type: "datetime-local", value: localInput(params.get("to")) });
+  const action = select({ id: "audit-action" }, [["", "every action"], ...ACTIONS.map((a) => [a])], params.get("action") || "");
+  const client = h("input", { id: "audit-client", value: params.get("client") || "", placeholder: "every client" });
+  const actor = h("input", { id: "audit-actor", value: params.get("actor") || "", placeholder: "every token" });
   const body = h("tbody", { id: "audit-entries" });
   const page = h("section", {}, h("h1", {}, "Audit log"),
     h("form", {
@@ -49,18 +55,24 @@ async function audit(params) {
         if (tenant.value.trim()) q.set("tenant", tenant.value.trim());
         if (from.value) q.set("from", new Date(from.value).toISOString());
         if (to.value) q.set("to", new Date(to.value).toISOString());
+        if (action.value) q.set("action", action.value);
+        if (client.value.trim()) q.set("client", client.value.trim());
+        if (actor.value.trim()) q.set("actor", actor.value.trim());
         location.hash = "#/audit?" + q.toString();
       },
     },
     field("tenant", tenant),
     field("from (your time)", from),
     field("to (your time)", to),
+    field("action", action),
+    field("client", client),
+    field("by (token name)", actor),
     h("div", { class: "field" }, h("label", {}, "\u00a0"), h("button", { type: "submit", id: "audit-filter" }, "Filter"))),
     h("div", { class: "scroll" }, h("table", {}, h("thead", {}, h("tr", {}, ["When", "Who", "Action", "Tenant", "Client", "Version", "Change", "Request"].map((t) => h("th", {}, t)))), body)));
   show(page);
   try {
     const q = new URLSearchParams({ limit: "50" });
-    for (const k of ["tenant", "from", "to", "after"]) if (params.get(k)) q.set(k, params.get(k));
+    for (const k of ["tenant", "from", "to", "after", "action", "client", "actor"]) if (params.get(k)) q.set(k, params.get(k));
     const r = await api("GET", "/v1/audit?" + q.toString());
     for (const e of r.entries) {
       const ver = (e.version_before ?? "–") + " → " + (e.version_after ?? "–");
@@ -68,7 +80,7 @@ async function audit(params) {
       const clientLink = e.client ? h("a", { href: "#/tenants/" + enc(e.tenant) + "/clients/" + enc(e.client) }, e.client) : "";
       body.append(h("tr", { class: "audit-entry" },
         h("td", {}, when(e.at)),
-        h("td", {}, e.actor + " (" + e.role + ")"),
+        h("td", {}, h("a", { href: "#/audit?actor=" + enc(e.actor) }, e.actor), " (" + e.role + ")"),
         h("td", { class: "action" }, e.action),
         h("td", {}, tenantLink),
         h("td", {}, clientLink),

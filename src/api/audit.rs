@@ -153,6 +153,73 @@ struct AuditParams {
     /// Continue after this entry: the previous page's `next`.
     #[param(pattern = "^[0-9]{1,16}\\.[0-9a-f]{1,64}$")]
     after: Option<String>,
+    /// Only this action (`quota.put`, `quota.delete`, `override.put`, `override.delete`,
+    /// `usage.reset`, `usage.grant`).
+    #[param(pattern = "^[a-z_.]{1,64}$", example = "usage.reset")]
+    action: Option<String>,
+    /// Only changes of this client (overrides, resets, grants).
+    #[param(pattern = "^[A-Za-z0-9._~:@-]{1,128}$")]
+    client: Option<String>,
+    /// Only changes made by this token name.
+    #[param(pattern = "^[ -~]{1,128}$")]
+    actor: Option<String>,
+}
+
+/// With a filter, the most entries one request reads looking for its page: past it, the page
+/// may hold fewer than `limit` entries, and `next` continues the search.
+const FILTER_SCAN_MAX: usize = 5_000;
+/// Entries read a round while filtering.
+const FILTER_BATCH: usize = 200;
+
+/// What `action`, `client` and `actor` keep.
+struct Filter {
+    action: Option<String>,
+    client: Option<String>,
+    actor: Option<String>,
+}
+
+impl Filter {
+    fn of(q: &AuditParams) -> Result<Option<Filter>, ApiError> {
+        if let Some(a) = &q.action {
+            if a.is_empty()
+                || a.len() > 64
+                || !a
+                    .bytes()
+                    .all(|c| c.is_ascii_lowercase() || c == b'.' || c == b'_')
+            {
+                return Err(ApiError::invalid(
+                    "action",
+                    "action is like quota.put or usage.reset",
+                ));
+            }
+        }
+        if let Some(c) = &q.client {
+            ClientId::parse_field(c, "client")?;
+        }
+        if let Some(a) = &q.actor {
+            if a.is_empty() || a.len() > 128 || !a.bytes().all(|c| (0x20..0x7f).contains(&c)) {
+                return Err(ApiError::invalid(
+                    "actor",
+                    "actor must be 1 to 128 printable ASCII characters",
+                ));
+            }
+        }
+        let f = Filter {
+            action: q.action.clone(),
+            client: q.client.clone(),
+            actor: q.actor.clone(),
+        };
+        Ok((f.action.is_some() || f.client.is_some() || f.actor.is_some()).then_some(f))
+    }
+
+    fn keeps(&self, e: &AuditEntry) -> bool {
+        self.action.as_ref().is_none_or(|a| *a == e.action)
+            && self
+                .client
+                .as_ref()
+                .is_none_or(|c| e.client.as_ref() == Some(c))
+            && self.actor.as_ref().is_none_or(|a| *a == e.actor)
+    }
 }
 
 /// A page of the audit log, newest first.
@@ -246,6 +313,35 @@ fn parse_cursor(s: &str) -> Result<AuditCursor, ApiError> {
     }
 }
 
+/// The newest `limit` entries of the scopes before `before`, newest first: each scope's newest
+/// `limit`, merged (any of the overall newest is among its own scope's).
+async fn newest(
+    state: &AppState,
+    scopes: &[Option<String>],
+    from: i64,
+    to: i64,
+    before: Option<AuditCursor>,
+    limit: usize,
+) -> Result<Vec<AuditEntry>, ApiError> {
+    let mut entries = Vec::new();
+    for scope in scopes {
+        let page = state
+            .store
+            .audit_page(&AuditQuery {
+                tenant: scope.clone(),
+                from,
+                to,
+                before: before.clone(),
+                limit,
+            })
+            .await?;
+        entries.extend(page);
+    }
+    entries.sort_by_key(|e| std::cmp::Reverse(e.cursor()));
+    entries.truncate(limit);
+    Ok(entries)
+}
+
 #[utoipa::path(
     get,
     path = "/v1/audit",
@@ -285,26 +381,46 @@ pub async fn list(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpRe
         // A tenant admin's view of "all": its own tenants' logs, merged.
         (None, Some(own)) => own.into_iter().map(|t| Some(t.to_owned())).collect(),
     };
-    let mut entries = Vec::new();
-    for scope in scopes {
-        let page = state
-            .store
-            .audit_page(&AuditQuery {
-                tenant: scope,
-                from,
-                to,
-                before: before.clone(),
-                limit: limit + 1,
-            })
-            .await?;
-        entries.extend(page);
-    }
-    entries.sort_by_key(|e| std::cmp::Reverse(e.cursor()));
-    let more = entries.len() > limit;
-    entries.truncate(limit);
-    let next = more
-        .then(|| entries.last().map(|e| cursor_text(&e.cursor())))
-        .flatten();
+    let filter = Filter::of(&q)?;
+    let (entries, next) = match filter {
+        None => {
+            let mut entries = newest(&state, &scopes, from, to, before, limit + 1).await?;
+            let more = entries.len() > limit;
+            entries.truncate(limit);
+            let next = more
+                .then(|| entries.last().map(|e| cursor_text(&e.cursor())))
+                .flatten();
+            (entries, next)
+        }
+        Some(f) => {
+            // Read newest first a batch at a time, keeping what the filter keeps, until the
+            // page is full, the log ends, or FILTER_SCAN_MAX entries were read.
+            let (mut kept, mut scanned, mut cursor) = (Vec::new(), 0usize, before);
+            let mut next = None;
+            loop {
+                let batch = newest(&state, &scopes, from, to, cursor.clone(), FILTER_BATCH).await?;
+                let ended = batch.len() < FILTER_BATCH;
+                for e in batch {
+                    scanned += 1;
+                    cursor = Some(e.cursor());
+                    if f.keeps(&e) {
+                        kept.push(e);
+                        if kept.len() == limit {
+                            break;
+                        }
+                    }
+                }
+                if kept.len() == limit || (!ended && scanned >= FILTER_SCAN_MAX) {
+                    next = cursor.as_ref().map(cursor_text);
+                    break;
+                }
+                if ended {
+                    break;
+                }
+            }
+            (kept, next)
+        }
+    };
     Ok(HttpResponse::Ok().json(AuditPage {
         entries: entries.into_iter().map(AuditView::of).collect(),
         next,

@@ -386,3 +386,60 @@ fn hash_token_prints_the_sha256_of_stdin() {
         hex::encode(quotad::api::digest("s3cret"))
     );
 }
+
+#[tokio::test]
+async fn the_audit_log_filters_by_action_client_and_actor() {
+    let app = app().await;
+    let limits = json!({"limits": [{"id": "daily", "max": 5, "period": "day"}]});
+    for c in ["k1", "k2"] {
+        let path = format!("/v1/quotas/acme/clients/{c}");
+        let r = app
+            .http
+            .put(app.url(&path))
+            .bearer_auth(ACME_ADMIN)
+            .json(&limits)
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success());
+    }
+    let r = app
+        .http
+        .post(app.url("/v1/usage/acme/k1/reset"))
+        .bearer_auth(ADMIN)
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let actions = |v: &serde_json::Value| -> Vec<String> {
+        v["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| format!("{} {} {}", e["action"], e["client"], e["actor"]))
+            .collect()
+    };
+    let v = app.get_json("/v1/audit?tenant=acme&client=k1").await;
+    assert_eq!(
+        actions(&v),
+        [
+            "\"usage.reset\" \"k1\" \"admin_token\"",
+            "\"override.put\" \"k1\" \"acme-admin\""
+        ]
+    );
+    let v = app.get_json("/v1/audit?action=usage.reset").await;
+    assert_eq!(actions(&v).len(), 1, "{v}");
+    let v = app.get_json("/v1/audit?actor=acme-admin&limit=1").await;
+    assert_eq!(actions(&v), ["\"override.put\" \"k2\" \"acme-admin\""]);
+    // A full page says where to go on; the next holds the other one.
+    let next = v["next"].as_str().unwrap().to_owned();
+    let v = app
+        .get_json(&format!("/v1/audit?actor=acme-admin&limit=1&after={next}"))
+        .await;
+    assert_eq!(actions(&v), ["\"override.put\" \"k1\" \"acme-admin\""]);
+    for bad in ["action=Quota.Put", "client=bad%20id", "actor="] {
+        let r = app.admin_get(&format!("/v1/audit?{bad}")).await;
+        assert_error(r, 400, "invalid_argument").await;
+    }
+}

@@ -473,6 +473,24 @@ async fn the_console_in_a_real_chromium() {
     // And the policy change before it, as its diff.
     assert!(entries.contains("limits[1].max: – → 2"), "{entries}");
     b.screenshot("09-audit-reset").await;
+    // Filtered by action through the form: the reset alone.
+    b.script(
+        "const a = document.getElementById('audit-action'); a.value = 'usage.reset'; return 1",
+    )
+    .await;
+    b.click("#audit-filter").await;
+    let only_reset = "const t = document.getElementById('audit-entries'); \
+        return location.hash.includes('action=usage.reset') && !!t && \
+        t.textContent.includes('usage.reset') && !t.textContent.includes('quota.put')";
+    let started = Instant::now();
+    while b.script(only_reset).await != json!(true) {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the action filter: {}",
+            b.text("#audit-entries").await
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 
     // A tenant admin of globex: its tenant only; acme's pages say permission denied.
     b.click("#signout").await;

@@ -6,6 +6,8 @@
 
 const KINDS = [["window", "sliding window"], ["period", "calendar period"], ["bucket", "token bucket"]];
 const PERIODS = ["second", "minute", "hour", "day", "month"];
+/** Each limit field's label: the API's key, and what it holds. */
+const LABELS = { max: "max (checks)", window: "window (duration)", burst: "burst (checks)", rate: "rate (checks)", per: "per (duration)", resource: "resource (pattern)" };
 /** What a value of each limit field looks like, shown until one is typed. */
 const EXAMPLES = { id: "per-minute", max: "100", window: "1m, 90s, 1h", burst: "20", rate: "10", per: "1s", resource: "POST /exports, GET /items/*" };
 
@@ -13,6 +15,13 @@ let fieldIds = 0;
 /** A labelled control: the label names it for assistive technology (`for` and `id`). */
 function field(label, control, attrs, ...rest) {
   if (!control.id) control.id = "field-" + (++fieldIds);
+  // A field's error is read out with it (and announced when it appears).
+  const error = rest.find((r) => r && r.classList && r.classList.contains("field-error"));
+  if (error) {
+    error.id = control.id + "-error";
+    error.setAttribute("aria-live", "polite");
+    control.setAttribute("aria-describedby", error.id);
+  }
   return h("div", Object.assign({ class: "field" }, attrs || {}), h("label", { for: control.id }, label), control, ...rest);
 }
 
@@ -32,7 +41,7 @@ function limitRow(i, l, override) {
   const kind = l.rate !== undefined || l.burst !== undefined ? "bucket" : (l.period ? "period" : "window");
   const f = (name, value, extra) => {
     const input = h("input", Object.assign({ "data-field": "limits[" + i + "]." + name, name, value: value === undefined ? "" : value, class: "small", placeholder: EXAMPLES[name] || "" }, extra || {}));
-    return field(name, input, {}, h("span", { class: "field-error" }));
+    return field(LABELS[name] || name, input, {}, h("span", { class: "field-error" }));
   };
   const kindSel = select({ "data-field": "limits[" + i + "]", name: "kind", class: "small" }, KINDS, kind);
   const row = h("div", { class: "row limit", "data-index": i },

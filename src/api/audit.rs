@@ -155,14 +155,32 @@ struct AuditParams {
     after: Option<String>,
     /// Only this action (`quota.put`, `quota.delete`, `override.put`, `override.delete`,
     /// `usage.reset`, `usage.grant`).
-    #[param(pattern = "^[a-z_.]{1,64}$", example = "usage.reset")]
+    #[param(value_type = Option<AuditAction>)]
     action: Option<String>,
     /// Only changes of this client (overrides, resets, grants).
     #[param(pattern = "^[A-Za-z0-9._~:@-]{1,128}$")]
     client: Option<String>,
     /// Only changes made by this token name.
-    #[param(pattern = "^[ -~]{1,128}$")]
+    #[param(min_length = 1, max_length = 128)]
     actor: Option<String>,
+}
+
+/// What an audit entry records (for the document: the filter takes these).
+#[derive(serde::Serialize, ToSchema)]
+#[allow(dead_code)]
+pub enum AuditAction {
+    #[serde(rename = "quota.put")]
+    QuotaPut,
+    #[serde(rename = "quota.delete")]
+    QuotaDelete,
+    #[serde(rename = "override.put")]
+    OverridePut,
+    #[serde(rename = "override.delete")]
+    OverrideDelete,
+    #[serde(rename = "usage.reset")]
+    UsageReset,
+    #[serde(rename = "usage.grant")]
+    UsageGrant,
 }
 
 /// With a filter, the most entries one request reads looking for its page: past it, the page

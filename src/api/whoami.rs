@@ -16,11 +16,20 @@ pub struct WhoAmI {
     /// The token's configured name, as the audit log names its changes.
     name: String,
     /// `admin` (every tenant) or `tenant_admin` (the listed tenants).
-    #[schema(pattern = "^(admin|tenant_admin)$")]
+    #[schema(value_type = WhoRole)]
     role: &'static str,
     /// The tenants a tenant_admin may manage, sorted; null for an admin (every tenant).
     #[schema(required = true)]
     tenants: Option<Vec<String>>,
+}
+
+/// The roles that may ask (for the document).
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+#[allow(dead_code)]
+pub enum WhoRole {
+    Admin,
+    TenantAdmin,
 }
 
 #[utoipa::path(

@@ -457,6 +457,21 @@ async fn history_and_audit_answers(c: &mut Conformance, app: &TestApp) {
         a,
     )
     .await;
+    let (_, v) = c
+        .send(
+            app,
+            "get",
+            "/v1/audit",
+            "/v1/audit?action=quota.put&actor=admin_token",
+            None,
+            a,
+        )
+        .await;
+    assert!(!v["entries"].as_array().unwrap().is_empty(), "{v}");
+    let (_, v) = c
+        .send(app, "get", "/v1/whoami", "/v1/whoami", None, a)
+        .await;
+    assert_eq!(v["role"], "admin");
 }
 
 /// The forward-auth check under every method a proxy may forward, admitted and denied.

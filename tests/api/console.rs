@@ -435,6 +435,7 @@ async fn the_console_in_a_real_chromium() {
         .await;
     let days = b.wait_text("#chart-days .summary", "UTC days").await;
     assert!(days.contains("7 admitted, 2 denied"), "{days}");
+    b.screenshot("06-tenant-chart-days").await;
     b.screenshot("06-tenant").await;
 
     // The audit log holds the change, by the admin token's name.

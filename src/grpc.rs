@@ -172,9 +172,9 @@ fn header(key: &str, value: String) -> HeaderValue {
     }
 }
 
-#[tonic::async_trait]
-impl RateLimitService for RateLimiter {
-    async fn should_rate_limit(
+impl RateLimiter {
+    /// The decision of one `ShouldRateLimit` call.
+    async fn rate_limit(
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
@@ -337,6 +337,36 @@ impl RateLimitService for RateLimiter {
             response_headers_to_add: headers,
             ..Default::default()
         }))
+    }
+}
+
+#[tonic::async_trait]
+impl RateLimitService for RateLimiter {
+    async fn should_rate_limit(
+        &self,
+        request: Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, Status> {
+        let Some(traces) = &self.state.traces else {
+            return self.rate_limit(request).await;
+        };
+        // The caller's trace, from the W3C `traceparent` (and `tracestate`) metadata.
+        let meta = |k: &str| {
+            request
+                .metadata()
+                .get(k)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        let (parent, state) = (meta("traceparent"), meta("tracestate"));
+        let tenant = request.get_ref().domain.clone();
+        let span = traces.start_span("should_rate_limit", parent.as_deref(), state.as_deref());
+        let res = self.rate_limit(request).await;
+        let allowed = res
+            .as_ref()
+            .ok()
+            .map(|r| r.get_ref().overall_code == Code::Ok as i32);
+        traces.end_call(span, &tenant, allowed);
+        res
     }
 }
 

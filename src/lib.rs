@@ -27,3 +27,4 @@ pub mod sched;
 pub mod startup;
 pub mod store;
 pub mod sync;
+pub mod traces;

@@ -84,6 +84,8 @@ pub struct Application {
     retention: JoinHandle<()>,
     /// The fleet heartbeat (scylla store), told to release the lease after the drain.
     fleet: Option<(watch::Sender<bool>, JoinHandle<()>)>,
+    /// OpenTelemetry traces: their last spans are sent at shutdown.
+    traces: Option<Arc<crate::traces::Traces>>,
 }
 
 impl Application {
@@ -125,6 +127,9 @@ impl Application {
             settings.auth.check_token.expose(),
             &settings.auth.tokens,
         );
+        let traces = crate::traces::Traces::start(&settings.traces, settings.metrics.tenant_labels)
+            .map_err(StartError)?
+            .map(Arc::new);
         let state = AppState {
             limiter: limiter.clone(),
             policies: policies.clone(),
@@ -134,6 +139,7 @@ impl Application {
             store_timeout: settings.store.check_timeout(),
             fleet: membership,
             forward_auth: Arc::new(api::ForwardAuth::new(&settings.forward_auth)),
+            traces: traces.clone(),
         };
         let grpc = match &settings.server.grpc_bind {
             Some(bind) => Some(grpc_server(bind, state.clone(), &settings.grpc.client_key)?),
@@ -168,6 +174,7 @@ impl Application {
             refresh,
             retention,
             fleet,
+            traces,
         })
     }
 
@@ -217,6 +224,10 @@ impl Application {
         if let Some((leave, task)) = self.fleet {
             let _ = leave.send(true);
             let _ = task.await;
+        }
+        if let Some(t) = self.traces {
+            // The exporter's thread blocks on its last batch: not on a runtime thread.
+            let _ = tokio::task::spawn_blocking(move || t.shutdown()).await;
         }
         served.map(|_| unsynced)
     }

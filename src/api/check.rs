@@ -244,9 +244,17 @@ pub async fn check(req: HttpRequest, payload: web::Payload) -> Result<HttpRespon
     if let Some(w) = &who {
         w.may_check(p.tenant.as_str())?;
     }
-    let d = decide(state, &p)
-        .await
-        .ok_or_else(|| ApiError::no_quota(&p.tenant))?;
+    let d = match &state.traces {
+        None => decide(state, &p).await,
+        Some(t) => {
+            let header = |n: &str| req.headers().get(n).and_then(|v| v.to_str().ok());
+            let span = t.start_span("check", header("traceparent"), header("tracestate"));
+            let d = decide(state, &p).await;
+            t.end_check(span, p.tenant.as_str(), d.as_ref());
+            d
+        }
+    };
+    let d = d.ok_or_else(|| ApiError::no_quota(&p.tenant))?;
     let status = if d.allowed {
         StatusCode::OK
     } else {

@@ -26,6 +26,8 @@ pub struct AppState {
     pub fleet: Arc<Membership>,
     /// Where `/v1/forward-auth` finds its inputs, and what it answers a denial with.
     pub forward_auth: Arc<ForwardAuth>,
+    /// OpenTelemetry traces, when `traces.otlp_endpoint` is set.
+    pub traces: Option<Arc<crate::traces::Traces>>,
 }
 
 impl AppState {

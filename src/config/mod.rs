@@ -18,7 +18,7 @@ pub use auth::{AuthSettings, Role, TokenSettings};
 pub use sections::{
     AuditSettings, FleetSettings, ForwardAuthSettings, GrpcSettings, HistorySettings,
     LimiterSettings, LogSettings, MetricsSettings, QuotaSettings, ServerSettings, StoreKind,
-    StoreSettings, SyncSettings, HEADER_BYTES_CEILING,
+    StoreSettings, SyncSettings, TracesSettings, HEADER_BYTES_CEILING,
 };
 pub use values::{DurationMs, Secret};
 
@@ -37,6 +37,7 @@ pub struct Settings {
     pub audit: AuditSettings,
     pub forward_auth: ForwardAuthSettings,
     pub grpc: GrpcSettings,
+    pub traces: TracesSettings,
     pub log: LogSettings,
 }
 

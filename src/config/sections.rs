@@ -244,6 +244,28 @@ pub struct MetricsSettings {
     pub tenant_labels: bool,
 }
 
+/// OpenTelemetry traces (src/traces.rs): off unless an endpoint is set.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TracesSettings {
+    /// The OTLP/HTTP traces endpoint, e.g. `http://otel-collector:4318/v1/traces`.
+    pub otlp_endpoint: Option<String>,
+    /// The share of new traces recorded, 0 to 1; a caller's sampled trace is always continued.
+    pub sample_ratio: f64,
+    /// How often recorded spans are sent.
+    pub export_interval_ms: DurationMs,
+}
+
+impl Default for TracesSettings {
+    fn default() -> Self {
+        Self {
+            otlp_endpoint: None,
+            sample_ratio: 0.01,
+            export_interval_ms: DurationMs(5_000),
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LogSettings {

@@ -15,8 +15,26 @@ impl Settings {
         self.validate_limits()?;
         self.validate_tokens()?;
         self.validate_forward_auth()?;
+        self.validate_traces()?;
         self.default_policy()?;
         Ok(())
+    }
+
+    fn validate_traces(&self) -> Result<(), ConfigError> {
+        let t = &self.traces;
+        if !(0.0..=1.0).contains(&t.sample_ratio) {
+            return bad("traces.sample_ratio", "must be 0..=1".into());
+        }
+        if t.export_interval_ms.0 == 0 || t.export_interval_ms.0 > 3_600_000 {
+            return bad("traces.export_interval_ms", "must be 1ms..=1h".into());
+        }
+        match &t.otlp_endpoint {
+            Some(e) if !(e.starts_with("http://") || e.starts_with("https://")) => bad(
+                "traces.otlp_endpoint",
+                "must be an http:// or https:// URL (OTLP over HTTP)".into(),
+            ),
+            _ => Ok(()),
+        }
     }
 
     fn validate_server(&self) -> Result<(), ConfigError> {

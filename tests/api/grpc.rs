@@ -12,7 +12,7 @@ use tonic::transport::Channel;
 
 use crate::helpers::*;
 
-fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+pub(crate) fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
     RateLimitDescriptor {
         entries: entries
             .iter()
@@ -25,7 +25,7 @@ fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
     }
 }
 
-async fn client(app: &TestApp) -> RateLimitServiceClient<Channel> {
+pub(crate) async fn client(app: &TestApp) -> RateLimitServiceClient<Channel> {
     let port = app.grpc_port.expect("grpc_bind is set");
     RateLimitServiceClient::connect(format!("http://127.0.0.1:{port}"))
         .await

@@ -23,3 +23,4 @@ mod quotas;
 mod reset;
 mod routing;
 mod tokens;
+mod traces;

@@ -153,7 +153,8 @@ impl Application {
             store.clone(),
             metrics.clone(),
             sync_config(&settings),
-        );
+        )
+        .with_traces(traces.clone());
         let sync = tokio::spawn(syncer.run(rx.clone()));
         let retention = Retention::new(store.clone(), clock, metrics, retention_config(&settings));
         let retention = tokio::spawn(retention.run(rx.clone()));
@@ -321,6 +322,7 @@ fn http_server(settings: &Settings, state: AppState) -> Result<(Server, u16), St
         .local_addr()
         .map_err(|e| StartError(e.to_string()))?
         .port();
+    let traces = state.traces.clone();
     let data = web::Data::new(state);
     let max_header_bytes = settings.server.max_header_bytes;
     let slice = settings.server.worker_slice_us;
@@ -330,6 +332,14 @@ fn http_server(settings: &Settings, state: AppState) -> Result<(Server, u16), St
         App::new()
             .wrap(middleware::from_fn(move |req, next| {
                 api::limit_header_bytes(max_header_bytes, req, next)
+            }))
+            // Admin requests' spans, with traces on (off: the condition's one branch).
+            .wrap(middleware::Condition::new(traces.is_some(), {
+                let traces = traces.clone();
+                middleware::from_fn(move |req, next| {
+                    let t = traces.clone().expect("enabled only with traces");
+                    api::admin_span(t, req, next)
+                })
             }))
             // The last wrapped runs first: every answer, a 431 included, carries the id.
             .wrap(middleware::from_fn(api::request_id))

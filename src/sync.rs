@@ -87,6 +87,8 @@ pub struct Syncer {
     store: DynHistoryStore,
     metrics: Arc<Metrics>,
     cfg: SyncConfig,
+    /// OpenTelemetry traces of the rounds, when on.
+    traces: Option<Arc<crate::traces::Traces>>,
 }
 
 impl Syncer {
@@ -101,7 +103,14 @@ impl Syncer {
             store,
             metrics,
             cfg,
+            traces: None,
         }
+    }
+
+    /// Traces each round (`sync_round`, with its store write and read as children).
+    pub fn with_traces(mut self, traces: Option<Arc<crate::traces::Traces>>) -> Self {
+        self.traces = traces;
+        self
     }
 
     /// One sync round of everything, write then read back at once: every pending hit is
@@ -360,7 +369,15 @@ impl Syncer {
                 _ = shutdown.wait_for(|stop| *stop) => break,
             }
             let history = tokio::time::Instant::now() >= next_history;
-            match self.write_round(history, false).await {
+            let t = self.traces.as_deref();
+            let round = t.map(|t| t.start_span("sync_round", None, None));
+            let write = t.zip(round.as_ref()).map(|(t, r)| t.child(r, "sync.write"));
+            let written = self.write_round(history, false).await;
+            if let (Some(t), Some(w)) = (t, write) {
+                let hits = written.as_ref().ok().map(|(_, r)| r.written_hits);
+                t.end_store(w, hits, written.as_ref().err().map(ToString::to_string));
+            }
+            match written {
                 Ok((ranges, _)) => {
                     if history {
                         next_history = tokio::time::Instant::now() + self.cfg.history_interval;
@@ -370,12 +387,19 @@ impl Syncer {
                         _ = tokio::time::sleep(self.cfg.settle) => {}
                         _ = shutdown.wait_for(|stop| *stop) => {}
                     }
+                    let read = t.zip(round.as_ref()).map(|(t, r)| t.child(r, "sync.read"));
                     self.read_back(&ranges).await;
+                    if let (Some(t), Some(r)) = (t, read) {
+                        t.end_store(r, Some(ranges.len() as u64), None);
+                    }
                 }
                 Err(e) => {
                     failures += 1;
                     tracing::warn!(error = %e, failures, "sync: write failed; hits stay pending");
                 }
+            }
+            if let (Some(t), Some(r)) = (t, round) {
+                t.end_store(r, None, None);
             }
             if tokio::time::Instant::now() >= next_janitor {
                 self.janitor().await;

@@ -12,7 +12,9 @@ use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
 
 use opentelemetry::propagation::TextMapPropagator;
-use opentelemetry::trace::{Span as _, SpanKind, Status, Tracer as _, TracerProvider as _};
+use opentelemetry::trace::{
+    Span as _, SpanKind, Status, TraceContextExt as _, Tracer as _, TracerProvider as _,
+};
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_otlp::{Protocol, WithExportConfig};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
@@ -130,6 +132,52 @@ impl Traces {
             }
             if self.tenant_attributes {
                 s.set_attribute(KeyValue::new("quotad.tenant", tenant.to_owned()));
+            }
+        }
+        s.end();
+    }
+
+    /// Ends an admin request's span with its method, route template and status (None: it
+    /// failed before an answer).
+    pub fn end_admin(&self, mut span: CheckSpan, method: &str, route: &str, status: Option<u16>) {
+        let s = &mut span.0;
+        if s.is_recording() {
+            s.set_attribute(KeyValue::new("http.request.method", method.to_owned()));
+            s.set_attribute(KeyValue::new("http.route", route.to_owned()));
+            match status {
+                Some(code) => {
+                    s.set_attribute(KeyValue::new("http.response.status_code", code as i64));
+                    if code >= 500 {
+                        s.set_status(Status::error("server error"));
+                    }
+                }
+                None => s.set_status(Status::error("no answer")),
+            }
+        }
+        s.end();
+    }
+
+    /// A span in `parent`'s trace (a store call of a sync round, say).
+    pub fn child(&self, parent: &CheckSpan, name: &'static str) -> CheckSpan {
+        let cx = Context::new().with_remote_span_context(parent.0.span_context().clone());
+        CheckSpan(
+            self.tracer
+                .span_builder(name)
+                .with_kind(SpanKind::Internal)
+                .start_with_context(&self.tracer, &cx),
+        )
+    }
+
+    /// Ends a sync round's span or one of its store calls: `count` what it wrote or read,
+    /// `error` why it failed.
+    pub fn end_store(&self, mut span: CheckSpan, count: Option<u64>, error: Option<String>) {
+        let s = &mut span.0;
+        if s.is_recording() {
+            if let Some(n) = count {
+                s.set_attribute(KeyValue::new("quotad.count", n as i64));
+            }
+            if let Some(e) = error {
+                s.set_status(Status::error(e));
             }
         }
         s.end();

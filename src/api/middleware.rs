@@ -1,5 +1,5 @@
-//! Middleware that runs before routing: the request id, and the limit on the size of a
-//! request's header fields.
+//! Middleware that runs before routing: the request id, the limit on the size of a request's
+//! header fields, and (with traces on) a span per admin request.
 
 use actix_web::body::{EitherBody, MessageBody};
 use actix_web::dev::{ServiceRequest, ServiceResponse};
@@ -89,6 +89,39 @@ pub async fn request_id<B: MessageBody>(
     let mut res = next.call(req).await?;
     res.headers_mut().insert(X_REQUEST_ID, id);
     Ok(res)
+}
+
+/// Paths of the admin API: what [`admin_span`] traces.
+fn is_admin(path: &str) -> bool {
+    ["/v1/quotas", "/v1/usage", "/v1/audit", "/v1/whoami"]
+        .iter()
+        .any(|p| path.starts_with(p))
+}
+
+/// Middleware, with traces on: a span (`admin`) per admin request, in the caller's trace when
+/// it sends a W3C `traceparent`, with its method, route template and status.
+pub async fn admin_span<B: MessageBody>(
+    traces: std::sync::Arc<crate::traces::Traces>,
+    req: ServiceRequest,
+    next: Next<B>,
+) -> Result<ServiceResponse<B>, actix_web::Error> {
+    if !is_admin(req.path()) {
+        return next.call(req).await;
+    }
+    let header = |n: &str| {
+        req.headers()
+            .get(n)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let (parent, state) = (header("traceparent"), header("tracestate"));
+    let span = traces.start_span("admin", parent.as_deref(), state.as_deref());
+    let method = req.method().to_string();
+    let route = req.match_pattern().unwrap_or_else(|| req.path().to_owned());
+    let res = next.call(req).await;
+    let status = res.as_ref().map(|r| r.status().as_u16()).ok();
+    traces.end_admin(span, &method, &route, status);
+    res
 }
 
 #[cfg(test)]

@@ -33,7 +33,7 @@ pub use auth::{digest, Auth, Principal};
 pub use body::{json_body, parse_json, MAX_BODY};
 pub(crate) use check::ceil_secs;
 pub use error::ApiError;
-pub use middleware::{header_bytes, limit_header_bytes, request_id, RequestId};
+pub use middleware::{admin_span, header_bytes, limit_header_bytes, request_id, RequestId};
 pub use routes::{query_config, routes, Route, ROUTES};
 pub use state::AppState;
 pub use state::ForwardAuth;

@@ -156,6 +156,8 @@ async fn a_grpc_rate_limit_calls_span_continues_the_traceparent_of_its_metadata(
         s.server.grpc_bind = Some("127.0.0.1:0".into());
         s.traces.otlp_endpoint = Some(url.clone());
         s.traces.export_interval_ms = quotad::config::DurationMs(100);
+        // Every new trace recorded: the admin request and the sync rounds too.
+        s.traces.sample_ratio = 1.0;
         // Tenant ids may leave the process: the span says the tenant too.
         s.metrics.tenant_labels = true;
     })
@@ -201,4 +203,35 @@ async fn a_grpc_rate_limit_calls_span_continues_the_traceparent_of_its_metadata(
         attribute(&span, "quotad.tenant").unwrap()["stringValue"],
         "acme"
     );
+    // The admin request that put the policy, by its route template and status.
+    let all = spans(&got);
+    let admin = all
+        .iter()
+        .find(|s| s["name"] == "admin")
+        .expect("an admin span");
+    assert_eq!(
+        attribute(admin, "http.route").unwrap()["stringValue"],
+        "/v1/quotas/{tenant}"
+    );
+    let status = &attribute(admin, "http.response.status_code").unwrap()["intValue"];
+    // OTLP JSON writes a 64-bit integer as a string or a number.
+    assert!(status == &json!("201") || status == &json!(201), "{status}");
+    // A sync round, its store write a child of it.
+    let started = Instant::now();
+    loop {
+        let all = spans(&got);
+        let child_of_a_round = all.iter().any(|w| {
+            w["name"] == "sync.write"
+                && all.iter().any(|r| {
+                    r["name"] == "sync_round"
+                        && r["spanId"] == w["parentSpanId"]
+                        && r["traceId"] == w["traceId"]
+                })
+        });
+        if child_of_a_round {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(20), "no sync spans");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

@@ -115,11 +115,8 @@ impl Traces {
                 }
                 None => s.set_status(Status::error("no quota for the tenant")),
             }
-            if self.tenant_attributes {
-                s.set_attribute(KeyValue::new("quotad.tenant", tenant.to_owned()));
-            }
         }
-        s.end();
+        self.end_with_tenant(span, tenant);
     }
 
     /// Ends a span of a call that decided (`Some(allowed)`) or failed (`None`).
@@ -130,9 +127,15 @@ impl Traces {
                 Some(a) => s.set_attribute(KeyValue::new("quotad.allowed", a)),
                 None => s.set_status(Status::error("refused")),
             }
-            if self.tenant_attributes {
-                s.set_attribute(KeyValue::new("quotad.tenant", tenant.to_owned()));
-            }
+        }
+        self.end_with_tenant(span, tenant);
+    }
+
+    /// Ends a check's or a call's span, naming its tenant where tenant ids may leave.
+    fn end_with_tenant(&self, mut span: CheckSpan, tenant: &str) {
+        let s = &mut span.0;
+        if self.tenant_attributes && s.is_recording() {
+            s.set_attribute(KeyValue::new("quotad.tenant", tenant.to_owned()));
         }
         s.end();
     }

@@ -22,7 +22,7 @@ use crate::helpers::*;
 const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
 const GLOBEX_ADMIN: &str = "globex-admin-secret";
 
-pub(crate) fn which(names: &[&str]) -> Option<PathBuf> {
+fn which(names: &[&str]) -> Option<PathBuf> {
     names.iter().find_map(|n| {
         std::env::var_os("PATH").and_then(|paths| {
             std::env::split_paths(&paths)
@@ -251,6 +251,22 @@ impl Browser {
     }
 }
 
+/// Chromium and its driver, or None (said on stderr) when they are not installed; with
+/// QUOTAD_TEST_REQUIRE_CHROMIUM=1 their absence fails the test instead.
+pub(crate) fn browsers() -> Option<(PathBuf, PathBuf)> {
+    let found =
+        which(&["chromium", "chromium-browser", "google-chrome"]).zip(which(&["chromedriver"]));
+    if found.is_none() {
+        let required = std::env::var("QUOTAD_TEST_REQUIRE_CHROMIUM").is_ok_and(|v| v == "1");
+        assert!(
+            !required,
+            "QUOTAD_TEST_REQUIRE_CHROMIUM=1 but chromium or chromedriver is not installed"
+        );
+        eprintln!("skipped: chromium and chromedriver are not installed (apt-get install chromium chromium-driver)");
+    }
+    found
+}
+
 fn tenant_admin(secret: &str, tenants: &[&str]) -> TokenSettings {
     TokenSettings {
         name: secret.trim_end_matches("-secret").to_owned(),
@@ -262,16 +278,7 @@ fn tenant_admin(secret: &str, tenants: &[&str]) -> TokenSettings {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_console_in_a_real_chromium() {
-    let required = std::env::var("QUOTAD_TEST_REQUIRE_CHROMIUM").is_ok_and(|v| v == "1");
-    let (Some(chromium), Some(chromedriver)) = (
-        which(&["chromium", "chromium-browser", "google-chrome"]),
-        which(&["chromedriver"]),
-    ) else {
-        assert!(
-            !required,
-            "QUOTAD_TEST_REQUIRE_CHROMIUM=1 but chromium or chromedriver is not installed"
-        );
-        eprintln!("skipped: chromium and chromedriver are not installed (apt-get install chromium chromium-driver)");
+    let Some((chromium, chromedriver)) = browsers() else {
         return;
     };
     let app = spawn_with(|s| s.auth.tokens = vec![tenant_admin(GLOBEX_ADMIN, &["globex"])]).await;

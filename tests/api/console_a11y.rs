@@ -5,7 +5,7 @@
 
 use serde_json::{json, Value};
 
-use crate::console::{which, Browser};
+use crate::console::{browsers, Browser};
 use crate::helpers::*;
 
 const AXE: &str = include_str!("../../console/vendor/axe.min.js");
@@ -51,16 +51,7 @@ async fn scrolls_sideways(b: &Browser) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_console_page_passes_axe_at_1280_and_800_pixels() {
-    let required = std::env::var("QUOTAD_TEST_REQUIRE_CHROMIUM").is_ok_and(|v| v == "1");
-    let (Some(chromium), Some(chromedriver)) = (
-        which(&["chromium", "chromium-browser", "google-chrome"]),
-        which(&["chromedriver"]),
-    ) else {
-        assert!(
-            !required,
-            "QUOTAD_TEST_REQUIRE_CHROMIUM=1 but chromium or chromedriver is not installed"
-        );
-        eprintln!("skipped: chromium and chromedriver are not installed");
+    let Some((chromium, chromedriver)) = browsers() else {
         return;
     };
     let app = spawn_app().await;
@@ -122,15 +113,7 @@ async fn every_console_page_passes_axe_at_1280_and_800_pixels() {
 /// the day in the list, many overrides folded away, the busiest clients, and a title a page.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_console_pages_both_ways_and_folds_what_is_long() {
-    let (Some(chromium), Some(chromedriver)) = (
-        which(&["chromium", "chromium-browser", "google-chrome"]),
-        which(&["chromedriver"]),
-    ) else {
-        let required = std::env::var("QUOTAD_TEST_REQUIRE_CHROMIUM").is_ok_and(|v| v == "1");
-        assert!(
-            !required,
-            "QUOTAD_TEST_REQUIRE_CHROMIUM=1 but chromium is missing"
-        );
+    let Some((chromium, chromedriver)) = browsers() else {
         return;
     };
     let app = spawn_app().await;

@@ -157,6 +157,31 @@ async fn two_instances_share_counts(a: &dyn Store, b: &dyn Store) {
     );
 }
 
+/// Runs `check` on a fresh keyspace of the cluster, migrated, and drops the keyspace after it,
+/// also when the check fails.
+async fn in_migrated_keyspace<F, Fut>(tag: &str, check: F)
+where
+    F: FnOnce(Vec<String>, ScyllaOptions) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let nodes = nodes();
+    let ks = unique_keyspace(tag);
+    let opts = ScyllaOptions {
+        nodes: nodes.clone(),
+        keyspace: ks.clone(),
+        ..ScyllaOptions::default()
+    };
+    let run = async {
+        migrate::run(&opts, false, &mut Vec::new()).await.unwrap();
+        check(nodes.clone(), opts.clone()).await;
+    };
+    let result = std::panic::AssertUnwindSafe(run).catch_unwind().await;
+    drop_keyspace(&nodes, &ks).await;
+    if let Err(panic) = result {
+        std::panic::resume_unwind(panic);
+    }
+}
+
 async fn drop_keyspace(nodes: &[String], ks: &str) {
     // `ks` comes from unique_keyspace(): a plain identifier.
     match SessionBuilder::new().known_nodes(nodes).build().await {
@@ -272,43 +297,19 @@ async fn scylla_store_passes_the_contract() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs a Cassandra/ScyllaDB cluster: set QUOTAD_TEST_SCYLLA_NODES=host:port and run with --ignored"]
 async fn an_upgrade_keeps_the_counts_of_the_old_layout() {
-    let nodes = nodes();
-    let ks = unique_keyspace("u");
-    let opts = ScyllaOptions {
-        nodes: nodes.clone(),
-        keyspace: ks.clone(),
-        ..ScyllaOptions::default()
-    };
-    let run = async {
-        migrate::run(&opts, false, &mut Vec::new()).await.unwrap();
+    in_migrated_keyspace("u", |nodes, opts| async move {
         upgrade::counts_of_the_old_layout_survive_the_upgrade(&nodes, &opts).await;
-    };
-    let result = std::panic::AssertUnwindSafe(run).catch_unwind().await;
-    drop_keyspace(&nodes, &ks).await;
-    if let Err(panic) = result {
-        std::panic::resume_unwind(panic);
-    }
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs a Cassandra/ScyllaDB node on this machine: set QUOTAD_TEST_SCYLLA_NODES=host:port and QUOTAD_TEST_SCYLLA_PID=<its process id>, run with --ignored"]
 async fn strict_checks_hold_through_node_pauses() {
-    let nodes = nodes();
-    let ks = unique_keyspace("s");
-    let opts = ScyllaOptions {
-        nodes: nodes.clone(),
-        keyspace: ks.clone(),
-        ..ScyllaOptions::default()
-    };
-    let run = async {
-        migrate::run(&opts, false, &mut Vec::new()).await.unwrap();
+    in_migrated_keyspace("s", |_, opts| async move {
         stalls::strict_checks_hold_through_node_pauses(&opts).await;
-    };
-    let result = std::panic::AssertUnwindSafe(run).catch_unwind().await;
-    drop_keyspace(&nodes, &ks).await;
-    if let Err(panic) = result {
-        std::panic::resume_unwind(panic);
-    }
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

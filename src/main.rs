@@ -36,6 +36,10 @@ enum Command {
         /// Print what would be applied, change nothing.
         #[arg(long)]
         dry_run: bool,
+        /// Create a missing keyspace across data centres (NetworkTopologyStrategy), each with
+        /// its replicas, e.g. `eu:3,us:3`; instead of `store.replication`.
+        #[arg(long, value_name = "DC:REPLICAS,...")]
+        datacenters: Option<String>,
     },
     /// Print the SHA-256 of a token read from standard input, for `[[auth.tokens]] sha256`.
     HashToken,
@@ -224,18 +228,30 @@ async fn run(cli: Cli, tuned: Option<memory::Tuned>) -> ExitCode {
                 }
             }
         }
-        Command::Migrate { dry_run } => {
+        Command::Migrate {
+            dry_run,
+            datacenters,
+        } => {
             let settings = match setup(config) {
                 Ok(s) => s,
                 Err(code) => return code,
             };
-            let opts = match quotad::startup::scylla_options(&settings) {
+            let mut opts = match quotad::startup::scylla_options(&settings) {
                 Ok(o) => o,
                 Err(e) => {
                     eprintln!("quotad migrate: {e}");
                     return ExitCode::from(2);
                 }
             };
+            if let Some(spec) = datacenters {
+                match quotad::migrate::datacenters_replication(&spec) {
+                    Ok(r) => opts.replication = r,
+                    Err(e) => {
+                        eprintln!("quotad migrate: {e}");
+                        return ExitCode::from(2);
+                    }
+                }
+            }
             match quotad::migrate::run(&opts, dry_run, &mut std::io::stdout()).await {
                 Ok(_) => ExitCode::SUCCESS,
                 Err(e) => {

@@ -37,6 +37,10 @@ pub const MIGRATION_FILES: &[(&str, &str)] = &[
         "0006_client_counters.cql",
         include_str!("../../migrations/0006_client_counters.cql"),
     ),
+    (
+        "0007_regions.cql",
+        include_str!("../../migrations/0007_regions.cql"),
+    ),
 ];
 
 /// One migration file.

@@ -68,6 +68,34 @@ pub fn render_replication(s: &str) -> Result<String, String> {
     Ok(format!("{{{}}}", body.join(", ")))
 }
 
+/// The replication map of `--datacenters eu:3,us:3`: NetworkTopologyStrategy with each data
+/// centre's replication factor, for a fleet in several regions.
+pub fn datacenters_replication(spec: &str) -> Result<String, String> {
+    let bad = |why: &str| format!("--datacenters {spec:?}: {why}");
+    let mut map = vec!["'class': 'NetworkTopologyStrategy'".to_owned()];
+    let mut names: Vec<&str> = Vec::new();
+    for part in spec.split(',').map(str::trim) {
+        let (dc, rf) = part
+            .split_once(':')
+            .ok_or_else(|| bad("each entry is name:replicas, e.g. eu:3"))?;
+        let dc = dc.trim();
+        let rf: u8 = rf
+            .trim()
+            .parse()
+            .ok()
+            .filter(|n| *n >= 1)
+            .ok_or_else(|| bad("replicas are a whole number from 1"))?;
+        quoted_word(&format!("'{dc}'"))
+            .ok_or_else(|| bad("a data centre is named with A-Z a-z 0-9 . _ -"))?;
+        if names.contains(&dc) {
+            return Err(bad("a data centre appears twice"));
+        }
+        names.push(dc);
+        map.push(format!("'{dc}': {rf}"));
+    }
+    render_replication(&format!("{{{}}}", map.join(", ")))
+}
+
 fn quoted_word(s: &str) -> Option<String> {
     let w = s.strip_prefix('\'')?.strip_suffix('\'')?;
     let ok = !w.is_empty()
@@ -147,6 +175,13 @@ mod tests {
             "{'class': 'a b'}",
         ] {
             assert!(render_replication(bad).is_err(), "{bad:?} accepted");
+        }
+        assert_eq!(
+            datacenters_replication("dc1:1, dc2:3").unwrap(),
+            "{'class': 'NetworkTopologyStrategy', 'dc1': 1, 'dc2': 3}"
+        );
+        for bad in ["dc1", "dc1:0", "dc1:x", "dc1:1,dc1:2", "d c:1", ""] {
+            assert!(datacenters_replication(bad).is_err(), "{bad:?} accepted");
         }
     }
 

@@ -32,7 +32,8 @@ pub use files::{
 };
 pub use history::SCHEMA_MIGRATIONS_CQL;
 pub use keyspace::{
-    create_keyspace_cql, detect_server, render_replication, ServerKind, KEYSPACE_FILE,
+    create_keyspace_cql, datacenters_replication, detect_server, render_replication, ServerKind,
+    KEYSPACE_FILE,
 };
 pub use plan::{plan, AppliedMigration};
 

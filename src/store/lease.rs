@@ -23,9 +23,28 @@ use async_trait::async_trait;
 
 use super::StoreResult;
 
-/// The shard space: shards are `0..MAX_SHARDS`. A read sums the used ones, so the bound keeps
-/// a read's cost bounded too.
+/// The shard space of one region: its shards are `slot x MAX_SHARDS` and the `MAX_SHARDS - 1`
+/// after it (a fleet in one region writes `0..MAX_SHARDS`). A read sums the used ones, so the
+/// bound keeps a read's cost bounded too.
 pub const MAX_SHARDS: i16 = 256;
+
+/// Most regions one keyspace serves: their shard ranges fill the `smallint` of a shard.
+pub const MAX_REGIONS: i16 = 128;
+
+/// The region (slot) a shard belongs to.
+#[inline]
+pub fn slot_of(shard: i16) -> i16 {
+    shard.div_euclid(MAX_SHARDS)
+}
+
+/// One region's last heartbeat, as this region's replicas hold it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RegionBeat {
+    pub region: String,
+    pub slot: i16,
+    /// When it was written, Unix ms (the writer's clock).
+    pub at_ms: i64,
+}
 
 /// What a claim came to.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -57,8 +76,9 @@ pub struct Roster {
 /// Leases on write shards. Both stores implement it; the store contract suite tests it.
 #[async_trait]
 pub trait LeaseStore: Send + Sync + 'static {
-    /// Claims `pin` if given, else `prefer` if it is free, else the lowest free shard, for
-    /// `ttl`; records the shard as used.
+    /// Claims `pin` (a shard of this region's range, counted from its start) if given, else
+    /// `prefer` if it is free, else the lowest free shard of the region's range, for `ttl`;
+    /// records the shard as used. The range is slot 0's until [`LeaseStore::join_region`].
     async fn claim(
         &self,
         owner: &str,
@@ -80,18 +100,49 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// Tells the store which shard this instance writes now (`None`: it holds no lease, so
     /// increments must fail as unavailable and stay pending) and which shards a read sums.
     fn adopt(&self, write: Option<i16>, read: &[i16]);
+
+    /// The region (data centre) this store's session is local to: the configured one, else the
+    /// data centre of the node it reached. `None`: the store has no regions (embedded).
+    async fn local_region(&self) -> StoreResult<Option<String>> {
+        Ok(None)
+    }
+
+    /// Finds `region`'s slot, claiming the lowest free one the first time any instance of it
+    /// starts, and makes claims and reads use it.
+    async fn join_region(&self, _region: &str) -> StoreResult<i16> {
+        Ok(0)
+    }
+
+    /// Writes this region's heartbeat (`at_ms`), which the store replicates to the others.
+    async fn beat(&self, _at_ms: i64) -> StoreResult<()> {
+        Ok(())
+    }
+
+    /// Every region's last heartbeat as this region's replicas hold it, this one's included.
+    async fn regions(&self) -> StoreResult<Vec<RegionBeat>> {
+        Ok(Vec::new())
+    }
+
+    /// The heartbeats `region` wrote in `[from, to)` (Unix ms) that this region's replicas
+    /// hold, in order (every heartbeat is kept a day).
+    async fn beats_between(&self, _region: &str, _from: i64, _to: i64) -> StoreResult<Vec<i64>> {
+        Ok(Vec::new())
+    }
 }
 
-/// The shard a claim should try first: the pin, else the preferred one if free, else the
-/// lowest shard not held. `None`: every shard is held.
-pub fn pick_shard(held: &[i16], pin: Option<i16>, prefer: Option<i16>) -> Option<i16> {
-    if pin.is_some() {
-        return pin;
+/// The shard a claim should try first, in region `slot`'s range: the pin (counted from the
+/// range's start), else the preferred one if free and in the range, else the lowest shard of
+/// the range not held. `None`: every shard of the range is held.
+pub fn pick_shard(held: &[i16], slot: i16, pin: Option<i16>, prefer: Option<i16>) -> Option<i16> {
+    let base = slot * MAX_SHARDS;
+    if let Some(p) = pin {
+        return Some(base + p);
     }
     let free = |s: &i16| !held.contains(s);
     prefer
+        .filter(|s| slot_of(*s) == slot)
         .filter(free)
-        .or_else(|| (0..MAX_SHARDS).find(|s| free(s)))
+        .or_else(|| (0..MAX_SHARDS).map(|i| base + i).find(|s| free(s)))
 }
 
 /// A lease's time to live in whole seconds, as CQL's `USING TTL` takes it: rounded up, so a
@@ -106,12 +157,28 @@ mod tests {
 
     #[test]
     fn a_claim_takes_the_pin_then_the_preferred_free_shard_then_the_lowest_free() {
-        assert_eq!(pick_shard(&[3], Some(3), None), Some(3));
-        assert_eq!(pick_shard(&[0, 1], None, Some(5)), Some(5));
-        assert_eq!(pick_shard(&[0, 1], None, Some(1)), Some(2));
-        assert_eq!(pick_shard(&[0, 2], None, None), Some(1));
+        assert_eq!(pick_shard(&[3], 0, Some(3), None), Some(3));
+        assert_eq!(pick_shard(&[0, 1], 0, None, Some(5)), Some(5));
+        assert_eq!(pick_shard(&[0, 1], 0, None, Some(1)), Some(2));
+        assert_eq!(pick_shard(&[0, 2], 0, None, None), Some(1));
         let all: Vec<i16> = (0..MAX_SHARDS).collect();
-        assert_eq!(pick_shard(&all, None, Some(4)), None);
+        assert_eq!(pick_shard(&all, 0, None, Some(4)), None);
+    }
+
+    #[test]
+    fn each_region_claims_in_its_own_range() {
+        // Region 1's range starts at 256: region 0's shards do not fill it.
+        let held: Vec<i16> = (0..MAX_SHARDS).collect();
+        assert_eq!(pick_shard(&held, 1, None, None), Some(256));
+        assert_eq!(pick_shard(&[256], 1, Some(3), None), Some(259));
+        // A preferred shard of another region's range is not taken.
+        assert_eq!(pick_shard(&[], 1, None, Some(4)), Some(256));
+        assert_eq!(slot_of(259), 1);
+        assert_eq!(slot_of(255), 0);
+        // The last region's range ends at the largest smallint.
+        let last = MAX_REGIONS - 1;
+        let held: Vec<i16> = (last * MAX_SHARDS..i16::MAX).collect();
+        assert_eq!(pick_shard(&held, last, None, None), Some(i16::MAX));
     }
 
     #[test]

@@ -76,6 +76,31 @@ pub struct BucketTotal {
     pub total: i64,
     /// The part this instance wrote (its own shard); equal to `total` on the embedded store.
     pub mine: i64,
+    /// The part this instance's region wrote (the shards of its slot, `lease`); equal to
+    /// `total` where there is one region.
+    pub region: i64,
+}
+
+impl BucketTotal {
+    /// A bucket nobody counted in.
+    pub fn empty(start: i64) -> Self {
+        BucketTotal {
+            start,
+            total: 0,
+            mine: 0,
+            region: 0,
+        }
+    }
+
+    /// A bucket of one region with one writer: every part is `total`.
+    pub fn alone(start: i64, total: i64) -> Self {
+        BucketTotal {
+            start,
+            total,
+            mine: total,
+            region: total,
+        }
+    }
 }
 
 /// Where a policy belongs: a tenant, or one client's override of it.

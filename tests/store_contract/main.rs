@@ -27,6 +27,7 @@
 mod counters;
 mod fleet;
 mod history;
+mod regions;
 mod stalls;
 mod upgrade;
 
@@ -54,8 +55,17 @@ use scylla::client::session_builder::SessionBuilder;
 use counters::*;
 use fleet::*;
 use history::*;
+use regions::*;
 
 const ENV: &str = "QUOTAD_TEST_SCYLLA_NODES";
+
+/// The test keyspaces' replication: `QUOTAD_TEST_SCYLLA_REPLICATION` (a CQL map, e.g.
+/// `{'class': 'NetworkTopologyStrategy', 'dc1': 1, 'dc2': 1}` on a cluster of two data
+/// centres), else the store's default.
+fn replication() -> String {
+    std::env::var("QUOTAD_TEST_SCYLLA_REPLICATION")
+        .unwrap_or_else(|_| ScyllaOptions::default().replication)
+}
 
 /// The cluster's contact points. Only the ignored tests call this, so a run that asked for
 /// them (`--ignored`) without naming a cluster fails plainly instead of passing untested.
@@ -144,7 +154,8 @@ async fn two_instances_share_counts(a: &dyn Store, b: &dyn Store) {
         vec![BucketTotal {
             start: T0,
             total: 7,
-            mine: 3
+            mine: 3,
+            region: 7
         }]
     );
     assert_eq!(
@@ -152,7 +163,8 @@ async fn two_instances_share_counts(a: &dyn Store, b: &dyn Store) {
         vec![BucketTotal {
             start: T0,
             total: 7,
-            mine: 4
+            mine: 4,
+            region: 7
         }]
     );
 }
@@ -169,6 +181,7 @@ where
     let opts = ScyllaOptions {
         nodes: nodes.clone(),
         keyspace: ks.clone(),
+        replication: replication(),
         ..ScyllaOptions::default()
     };
     let run = async {
@@ -223,6 +236,7 @@ async fn scylla_store_passes_the_contract() {
     let opts = ScyllaOptions {
         nodes: nodes.clone(),
         keyspace: ks.clone(),
+        replication: replication(),
         ..ScyllaOptions::default()
     };
     let run = async {
@@ -320,6 +334,7 @@ async fn migrate_dry_run_writes_nothing_and_an_unmigrated_keyspace_is_refused() 
     let opts = ScyllaOptions {
         nodes: nodes.clone(),
         keyspace: ks.clone(),
+        replication: replication(),
         ..ScyllaOptions::default()
     };
     let mut out = Vec::new();
@@ -341,6 +356,18 @@ async fn migrate_dry_run_writes_nothing_and_an_unmigrated_keyspace_is_refused() 
 // ---- embedded --------------------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Cassandra/ScyllaDB cluster: set QUOTAD_TEST_SCYLLA_NODES=host:port and run with --ignored"]
+async fn scylla_regions_split_the_shard_space() {
+    in_migrated_keyspace("r", |_, opts| async move {
+        let eu = ScyllaStore::connect(opts.clone()).await.unwrap();
+        let us = ScyllaStore::connect(opts.clone()).await.unwrap();
+        let us2 = ScyllaStore::connect(opts).await.unwrap();
+        regions_split_the_shard_space_and_hear_each_other(&eu, &us, &us2).await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn embedded_store_passes_the_contract() {
     let dir = tempfile::tempdir().unwrap();
     let store = quotad::store::embedded::EmbeddedStore::open(dir.path()).unwrap();
@@ -360,6 +387,7 @@ async fn embedded_store_passes_the_contract() {
     delete_expired_removes_only_expired_buckets(&store).await;
     totals_may_go_below_zero(&store).await;
     overrides_list_by_tenant(&store).await;
+    a_store_without_regions_is_one(&store).await;
     let store: Arc<dyn Store> = Arc::new(store);
     idempotency_keys_claim_once(store).await;
 }

@@ -289,11 +289,7 @@ fn with_waiting(
             buckets
                 .into_iter()
                 .filter(|b| r.from <= b.0 && b.0 <= r.to)
-                .map(|(start, total)| BucketTotal {
-                    start,
-                    total,
-                    mine: total,
-                })
+                .map(|(start, total)| BucketTotal::alone(start, total))
                 .collect()
         })
         .collect()

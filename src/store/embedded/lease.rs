@@ -63,7 +63,7 @@ impl LeaseStore for EmbeddedStore {
                 let mut members = tx.open_table(MEMBERS).map_err(err)?;
                 let held = live(&members, now_ms())?;
                 let shards: Vec<i16> = held.iter().map(|m| m.shard).collect();
-                match pick_shard(&shards, pin, prefer) {
+                match pick_shard(&shards, 0, pin, prefer) {
                     None => Claim::Full,
                     Some(s) => match held.into_iter().find(|m| m.shard == s) {
                         Some(m) if m.owner != owner => Claim::Taken {

@@ -21,6 +21,7 @@ use super::errors::combine_write_outcomes;
 use super::partition::{group_by_client, starts_in, ClientWrite, MAX_IN_VALUES};
 use super::statements::{CounterRow, IncrementValues, ReadSpanValues, ReadStartsValues};
 use super::ScyllaStore;
+use crate::store::lease::slot_of;
 use crate::store::{BucketTotal, CounterRange, Delta, StoreError, StoreResult};
 
 /// Most rows in one COUNTER batch: Cassandra warns above 5 KiB of batch by default, and a
@@ -123,6 +124,7 @@ impl ScyllaStore {
         ranges: &[CounterRange],
     ) -> StoreResult<Vec<Vec<BucketTotal>>> {
         let mine = self.shard.load(Ordering::Relaxed);
+        let region = self.region_slot.load(Ordering::Relaxed) as i16;
         let queries = plan_reads(ranges);
         let queries = &queries;
         let answers: Vec<(usize, Vec<CounterRow>)> = stream::iter(0..queries.len())
@@ -130,7 +132,7 @@ impl ScyllaStore {
             .buffer_unordered(self.max_concurrency)
             .try_collect()
             .await?;
-        let mut sums: Vec<BTreeMap<i64, (i64, i64)>> = vec![BTreeMap::new(); ranges.len()];
+        let mut sums: Vec<BTreeMap<i64, BucketTotal>> = vec![BTreeMap::new(); ranges.len()];
         for (q, rows) in answers {
             for (start, limit, grain, shard, hits) in rows {
                 let n = hits.map_or(0, |Counter(n)| n);
@@ -140,10 +142,13 @@ impl ScyllaStore {
                         && r.key.grain.code() == grain
                         && (r.from..=r.to).contains(&start)
                     {
-                        let e = sums[i].entry(start).or_insert((0, 0));
-                        e.0 += n;
+                        let e = sums[i].entry(start).or_insert(BucketTotal::empty(start));
+                        e.total += n;
                         if i32::from(shard) == mine {
-                            e.1 += n;
+                            e.mine += n;
+                        }
+                        if slot_of(shard) == region {
+                            e.region += n;
                         }
                     }
                 }
@@ -152,11 +157,7 @@ impl ScyllaStore {
         self.add_legacy(ranges, &mut sums).await?;
         Ok(sums
             .into_iter()
-            .map(|m| {
-                m.into_iter()
-                    .map(|(start, (total, mine))| BucketTotal { start, total, mine })
-                    .collect()
-            })
+            .map(|m| m.into_values().collect())
             .collect())
     }
 

@@ -15,11 +15,17 @@ use scylla::value::CqlTimestamp;
 
 use super::errors::{internal, map_exec, Op};
 use super::statements::{
-    ClaimShardValues, ListUsedValues, MarkUsedValues, MemberRow, ReleaseShardValues,
-    RenewShardValues, UsedRow, USED_PART,
+    BeatRegionValues, ClaimRegionSlotValues, ClaimShardValues, ListUsedValues, LogRegionBeatValues,
+    MarkUsedValues, MemberRow, ReadRegionBeatsValues, RegionBeatAtRow, RegionBeatRow,
+    RegionSlotRow, ReleaseShardValues, RenewShardValues, UsedRow, LOCAL_DC_CQL, USED_PART,
 };
+
+/// The heartbeat log's partitions are a minute each.
+const MINUTE_MS: i64 = 60_000;
 use super::ScyllaStore;
-use crate::store::lease::{pick_shard, ttl_secs, Claim, LeaseStore, Member, Roster};
+use crate::store::lease::{
+    pick_shard, ttl_secs, Claim, LeaseStore, Member, RegionBeat, Roster, MAX_REGIONS,
+};
 use crate::store::{StoreError, StoreResult};
 
 /// Claims tried in one call before answering: other instances may take each free shard
@@ -73,7 +79,8 @@ impl LeaseStore for ScyllaStore {
         for _ in 0..MAX_CLAIM_ATTEMPTS {
             let members = self.members().await?;
             let held: Vec<i16> = members.iter().map(|m| m.shard).collect();
-            let Some(shard) = pick_shard(&held, pin, prefer) else {
+            let slot = self.region_slot.load(std::sync::atomic::Ordering::Relaxed) as i16;
+            let Some(shard) = pick_shard(&held, slot, pin, prefer) else {
                 return Ok(Claim::Full);
             };
             if self.try_claim(shard, owner, ttl).await? {
@@ -126,5 +133,129 @@ impl LeaseStore for ScyllaStore {
 
     fn adopt(&self, write: Option<i16>, read: &[i16]) {
         self.set_shards(write, read);
+    }
+
+    async fn local_region(&self) -> StoreResult<Option<String>> {
+        if let Some(dc) = &self.local_dc {
+            return Ok(Some(dc.clone()));
+        }
+        let res = self
+            .session
+            .query_unpaged(LOCAL_DC_CQL, ())
+            .await
+            .map_err(|e| map_exec(e, Op::Read))?;
+        let rows = res.into_rows_result().map_err(internal)?;
+        let dc = rows
+            .maybe_first_row::<(Option<String>,)>()
+            .map_err(internal)?
+            .and_then(|(dc,)| dc);
+        Ok(dc)
+    }
+
+    async fn join_region(&self, region: &str) -> StoreResult<i16> {
+        let mut tried = Vec::new();
+        for _ in 0..MAX_CLAIM_ATTEMPTS {
+            let slots = self.region_slots().await?;
+            // The lowest slot naming the region: two of its instances starting at once may
+            // both have claimed one, and all of them then agree on the lowest.
+            let slot = match slots.iter().find(|(_, r)| r == region) {
+                Some(&(slot, _)) => slot,
+                None => {
+                    let taken = |s: &i16| slots.iter().any(|(t, _)| t == s) || tried.contains(s);
+                    let Some(free) = (0..MAX_REGIONS).find(|s| !taken(s)) else {
+                        return Err(StoreError::Internal(format!(
+                            "no free region slot: {MAX_REGIONS} regions hold them all"
+                        )));
+                    };
+                    let values: ClaimRegionSlotValues<'_> = (free, region);
+                    if !self.lwt(&self.st.claim_region_slot, values).await? {
+                        tried.push(free);
+                        continue;
+                    }
+                    match self.region_slots().await?.iter().find(|(_, r)| r == region) {
+                        Some(&(slot, _)) => slot,
+                        None => free,
+                    }
+                }
+            };
+            self.region_slot
+                .store(i32::from(slot), std::sync::atomic::Ordering::Relaxed);
+            let _ = self.region.set((region.to_owned(), slot));
+            return Ok(slot);
+        }
+        Err(StoreError::Unavailable(
+            "every free region slot was taken by another region while claiming; try again".into(),
+        ))
+    }
+
+    async fn beat(&self, at_ms: i64) -> StoreResult<()> {
+        let Some((region, slot)) = self.region.get() else {
+            return Ok(());
+        };
+        let values: BeatRegionValues<'_> = (region, *slot, CqlTimestamp(at_ms));
+        let logged: LogRegionBeatValues<'_> =
+            (region, at_ms.div_euclid(MINUTE_MS), CqlTimestamp(at_ms));
+        let (row, log) = futures::join!(
+            self.session.execute_unpaged(&self.st.beat_region, values),
+            self.session
+                .execute_unpaged(&self.st.log_region_beat, logged),
+        );
+        row.and(log).map(|_| ()).map_err(|e| map_exec(e, Op::Write))
+    }
+
+    async fn beats_between(&self, region: &str, from: i64, to: i64) -> StoreResult<Vec<i64>> {
+        let mut out = Vec::new();
+        if from >= to {
+            return Ok(out);
+        }
+        for minute in from.div_euclid(MINUTE_MS)..=(to - 1).div_euclid(MINUTE_MS) {
+            let values: ReadRegionBeatsValues<'_> =
+                (region, minute, CqlTimestamp(from), CqlTimestamp(to));
+            let rows: Vec<RegionBeatAtRow> =
+                self.read_rows(&self.st.read_region_beats, values).await?;
+            out.extend(rows.into_iter().map(|(at,)| at.0));
+        }
+        Ok(out)
+    }
+
+    async fn regions(&self) -> StoreResult<Vec<RegionBeat>> {
+        let res = self
+            .session
+            .execute_unpaged(&self.st.list_region_beats, ())
+            .await
+            .map_err(|e| map_exec(e, Op::Read))?;
+        let rows = res.into_rows_result().map_err(internal)?;
+        let mut out = Vec::new();
+        for row in rows.rows::<RegionBeatRow>().map_err(internal)? {
+            if let (region, Some(slot), Some(at)) = row.map_err(internal)? {
+                out.push(RegionBeat {
+                    region,
+                    slot,
+                    at_ms: at.0,
+                });
+            }
+        }
+        out.sort_by_key(|r| r.slot);
+        Ok(out)
+    }
+}
+
+impl ScyllaStore {
+    /// Every claimed region slot, by slot.
+    async fn region_slots(&self) -> StoreResult<Vec<(i16, String)>> {
+        let res = self
+            .session
+            .execute_unpaged(&self.st.list_region_slots, ())
+            .await
+            .map_err(|e| map_exec(e, Op::Read))?;
+        let rows = res.into_rows_result().map_err(internal)?;
+        let mut out = Vec::new();
+        for row in rows.rows::<RegionSlotRow>().map_err(internal)? {
+            if let (slot, Some(region)) = row.map_err(internal)? {
+                out.push((slot, region));
+            }
+        }
+        out.sort_unstable();
+        Ok(out)
     }
 }

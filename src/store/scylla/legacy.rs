@@ -21,7 +21,7 @@ use super::statements::{
     BucketRow, ClaimLayoutValues, LayoutRow, PartitionRow, ReadBucketsValues, ReadLayoutValues,
 };
 use super::ScyllaStore;
-use crate::store::{CounterKey, CounterRange, StoreError, StoreResult};
+use crate::store::{BucketTotal, CounterKey, CounterRange, StoreError, StoreResult};
 
 /// How long after the new layout first served a keyspace the old one is still read: a rolling
 /// upgrade's old instances write there until they are replaced.
@@ -63,7 +63,7 @@ impl ScyllaStore {
     pub(super) async fn add_legacy(
         &self,
         ranges: &[CounterRange],
-        sums: &mut [BTreeMap<i64, (i64, i64)>],
+        sums: &mut [BTreeMap<i64, BucketTotal>],
     ) -> StoreResult<()> {
         let until = self.legacy_until.load(Ordering::Relaxed);
         if until == NO_LEGACY {
@@ -95,11 +95,13 @@ impl ScyllaStore {
             .await?;
         for (i, shard, rows) in results {
             for (start, n) in rows {
-                let e = sums[i].entry(start).or_insert((0, 0));
-                e.0 += n;
+                let e = sums[i].entry(start).or_insert(BucketTotal::empty(start));
+                e.total += n;
                 if i32::from(shard) == mine {
-                    e.1 += n;
+                    e.mine += n;
                 }
+                // The old layout predates regions: its counts were all written in one.
+                e.region += n;
             }
         }
         Ok(())

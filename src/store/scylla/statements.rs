@@ -168,6 +168,34 @@ pub(crate) type ListUsedValues = (i8,);
 pub(crate) type UsedRow = (i16,);
 pub(crate) const USED_PART: i8 = 0;
 
+/// Regions (`store::lease`, `migrations/0007_regions.cql`). A slot is claimed at SERIAL: the
+/// one write every region's quorum must agree on, once per region.
+pub(crate) const LIST_REGION_SLOTS_CQL: &str = "SELECT slot, region FROM region_slots";
+pub(crate) type RegionSlotRow = (i16, Option<String>);
+
+pub(crate) const CLAIM_REGION_SLOT_CQL: &str =
+    "INSERT INTO region_slots (slot, region) VALUES (?, ?) IF NOT EXISTS";
+pub(crate) type ClaimRegionSlotValues<'a> = (i16, &'a str);
+
+/// A heartbeat lives a day: a region unheard that long is taken as gone.
+pub(crate) const BEAT_REGION_CQL: &str =
+    "INSERT INTO region_heartbeats (region, slot, at) VALUES (?, ?, ?) USING TTL 86400";
+pub(crate) type BeatRegionValues<'a> = (&'a str, i16, CqlTimestamp);
+
+pub(crate) const LIST_REGION_BEATS_CQL: &str = "SELECT region, slot, at FROM region_heartbeats";
+
+pub(crate) const LOG_REGION_BEAT_CQL: &str =
+    "INSERT INTO region_beats (region, minute, at) VALUES (?, ?, ?) USING TTL 86400";
+pub(crate) type LogRegionBeatValues<'a> = (&'a str, i64, CqlTimestamp);
+
+pub(crate) const READ_REGION_BEATS_CQL: &str =
+    "SELECT at FROM region_beats WHERE region = ? AND minute = ? AND at >= ? AND at < ?";
+pub(crate) type ReadRegionBeatsValues<'a> = (&'a str, i64, CqlTimestamp, CqlTimestamp);
+pub(crate) type RegionBeatAtRow = (CqlTimestamp,);
+pub(crate) type RegionBeatRow = (String, Option<i16>, Option<CqlTimestamp>);
+
+pub(crate) const LOCAL_DC_CQL: &str = "SELECT data_center FROM system.local";
+
 /// Usage history (`store::history`, `migrations/0004_history_audit.cql`): one counter cell
 /// of a point. `month` is `yyyymm` of `start`; `step` is `Step::as_str`.
 pub(crate) const ADD_USAGE_POINT_CQL: &str = "UPDATE usage_history SET n = n + ? WHERE \
@@ -411,6 +439,14 @@ statements! {
         binds: GetIdempotencyValues<'static>, row: IdempotencyRow, setup: at_local_serial;
     mark_used: MARK_USED_CQL, idempotent: true, binds: MarkUsedValues;
     list_used: LIST_USED_CQL, idempotent: true, binds: ListUsedValues, row: UsedRow;
+    list_region_slots: LIST_REGION_SLOTS_CQL, idempotent: true, binds: (), row: RegionSlotRow;
+    claim_region_slot: CLAIM_REGION_SLOT_CQL, idempotent: false,
+        binds: ClaimRegionSlotValues<'static>, setup: at_serial;
+    beat_region: BEAT_REGION_CQL, idempotent: true, binds: BeatRegionValues<'static>;
+    list_region_beats: LIST_REGION_BEATS_CQL, idempotent: true, binds: (), row: RegionBeatRow;
+    log_region_beat: LOG_REGION_BEAT_CQL, idempotent: true, binds: LogRegionBeatValues<'static>;
+    read_region_beats: READ_REGION_BEATS_CQL, idempotent: true,
+        binds: ReadRegionBeatsValues<'static>, row: RegionBeatAtRow;
     add_usage_point: ADD_USAGE_POINT_CQL, idempotent: false,
         binds: AddUsagePointValues<'static>;
     read_usage_points: READ_USAGE_POINTS_CQL, idempotent: true,
@@ -454,6 +490,11 @@ statements! {
 
 fn at_local_serial(p: &mut PreparedStatement) {
     p.set_consistency(Consistency::LocalSerial);
+}
+
+/// Paxos among every region's replicas, not only this region's.
+fn at_serial(p: &mut PreparedStatement) {
+    p.set_serial_consistency(Some(scylla::statement::SerialConsistency::Serial));
 }
 
 fn in_janitor_pages(p: &mut PreparedStatement) {

@@ -41,6 +41,13 @@ pub struct ScyllaStore {
     pub(super) shard: AtomicI32,
     /// The shards a read sums: every shard ever claimed.
     pub(super) read_shards: ArcSwap<Vec<i16>>,
+    /// This region's slot (`store::lease`): its shards are the ones a read counts as the
+    /// region's part. 0 until the fleet joins a region.
+    pub(super) region_slot: AtomicI32,
+    /// The region joined, and its slot: what heartbeats write.
+    pub(super) region: std::sync::OnceLock<(String, i16)>,
+    /// `store.local_dc`, if set.
+    pub(super) local_dc: Option<String>,
     pub(super) max_concurrency: usize,
     /// Token after which the janitor's next sweep of the old counter table continues. A std
     /// mutex: it is only read and written between awaits, never held across one.
@@ -85,6 +92,9 @@ impl ScyllaStore {
             st,
             shard: AtomicI32::new(-1),
             read_shards: ArcSwap::from_pointee(Vec::new()),
+            region_slot: AtomicI32::new(0),
+            region: std::sync::OnceLock::new(),
+            local_dc: opts.local_dc.clone(),
             max_concurrency: opts.max_concurrency,
             janitor_cursor: Mutex::new(i64::MIN),
             client_cursor: Mutex::new(i64::MIN),

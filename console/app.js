@@ -150,7 +150,8 @@ async function tenants(params) {
       search, h("button", { type: "submit", id: "search" }, "Search")),
     h("table", {}, h("thead", {}, h("tr", {}, ["Tenant", "Limits", "Mode", "Today (UTC)", "Updated"].map((t) => h("th", {}, t)))), list),
     h("form", { class: "row", id: "create-form", hidden: true, onsubmit: (ev) => { ev.preventDefault(); if (created.value.trim()) location.hash = "#/tenants/" + enc(created.value.trim()); } },
-      created, h("button", { type: "submit", id: "create-tenant" }, "New tenant")));
+      created, h("button", { type: "submit", id: "create-tenant" }, "New tenant")),
+    fleetPanel());
   show(page);
   // Only an admin may create a tenant: a tenant_admin manages the ones it is given.
   me().then((w) => { page.querySelector("#create-form").hidden = w.role !== "admin"; }).catch(() => {});

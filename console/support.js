@@ -1,6 +1,6 @@
 // The quotad console, part two: the audit log and the actions support takes on a client. Loaded
 // after app.js (both deferred, in order), whose helpers it uses: h, api, field, select, enc,
-// when, show, failure and route.
+// when, show, failure and route; app.js calls fleetPanel back once the page is built.
 "use strict";
 
 // ---- the audit log --------------------------------------------------------------------------
@@ -163,3 +163,24 @@ function actions(box, tenant, client, limits) {
     }));
 }
 
+
+// ---- the fleet ------------------------------------------------------------------------------
+
+/**
+ * The fleet's regions as this instance sees them (`GET /readyz`, which needs no token): members,
+ * replication lag and whether a region is cut off. Nothing on a store without regions.
+ */
+function fleetPanel() {
+  const box = h("section", { id: "fleet", hidden: true }, h("h2", {}, "Fleet"));
+  fetch("/readyz").then((r) => r.json()).then((r) => {
+    if (!r.regions || !r.regions.length) return;
+    const rows = r.regions.map((g) => h("tr", { "data-region": g.region },
+      h("td", {}, g.region + (g.local ? " (this instance)" : "")),
+      h("td", {}, String(g.members)),
+      h("td", {}, g.local ? "–" : (g.lag_ms / 1000).toFixed(2) + " s"),
+      h("td", { class: g.cut_off ? "error" : "" }, g.cut_off ? "cut off: each region keeps to its budget" : "heard")));
+    box.append(h("table", {}, h("thead", {}, h("tr", {}, ["Region", "Instances", "Replication lag", "State"].map((t) => h("th", {}, t)))), h("tbody", {}, rows)));
+    box.hidden = false;
+  }).catch(() => {});
+  return box;
+}

@@ -249,6 +249,10 @@ async fn join_fleet(
     let cfg = FleetConfig {
         heartbeat: settings.fleet.heartbeat_ms.get(),
         lease_ttl: settings.fleet.lease_ttl_ms.get(),
+        region_heartbeat: settings.fleet.region_heartbeat_ms.get(),
+        region_stale: settings.fleet.region_stale_ms.get(),
+        heal_grace: std::time::Duration::from_millis(settings.sync_max_delay_ms())
+            + 2 * settings.sync.interval_ms.get(),
         pin: settings.store.shard,
         timeout: settings.store.request_timeout_ms.get(),
     };

@@ -34,6 +34,36 @@ pub struct Ready {
     /// Instances holding a lease, this one included (1 on the embedded store).
     #[schema(example = 1)]
     members: u32,
+    /// The region (Cassandra/ScyllaDB data centre) this instance serves; absent on the
+    /// embedded store.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(example = "eu")]
+    region: Option<String>,
+    /// Every region of the fleet as this one sees it, its own first; absent on the embedded
+    /// store. A region cut off does not make this instance unready: it keeps answering within
+    /// its budget.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    regions: Vec<RegionState>,
+}
+
+/// One region of the fleet, in `/readyz`.
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RegionState {
+    #[schema(example = "us")]
+    region: String,
+    /// This instance's own region.
+    local: bool,
+    /// Instances holding a lease there, as this region's replicas show the leases.
+    #[schema(example = 2)]
+    members: u32,
+    /// How old its newest heartbeat is here, ms: its replication lag plus up to one
+    /// heartbeat (`fleet.region_heartbeat_ms`); 0 for this region.
+    #[schema(example = 180)]
+    lag_ms: i64,
+    /// Unheard for longer than `fleet.region_stale_ms` (or heard again for less than the heal
+    /// grace): counters keep to their region's budget.
+    cut_off: bool,
 }
 
 /// 200 while the process serves.
@@ -75,6 +105,19 @@ pub async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, ApiError
             store: state.store.kind(),
             shard,
             members: state.fleet.members(),
+            region: state.fleet.region().map(|r| r.to_string()),
+            regions: state
+                .fleet
+                .regions_seen()
+                .iter()
+                .map(|r| RegionState {
+                    region: r.region.clone(),
+                    local: r.local,
+                    members: r.members,
+                    lag_ms: r.lag_ms,
+                    cut_off: r.cut_off,
+                })
+                .collect(),
         })),
         Ok(Err(e)) => Err(ApiError::Unavailable(format!(
             "the store does not answer: {e}"

@@ -226,6 +226,11 @@ pub struct FleetSettings {
     pub heartbeat_ms: DurationMs,
     /// How long a lease lives unrenewed: a killed instance leaves N this long after it died.
     pub lease_ttl_ms: DurationMs,
+    /// How often an instance writes its region's heartbeat and reads the others'.
+    pub region_heartbeat_ms: DurationMs,
+    /// Another region's heartbeat older than this, as read here, means the region is cut off
+    /// (or its writes lag this far behind): counters keep to their region's budget.
+    pub region_stale_ms: DurationMs,
 }
 
 impl Default for FleetSettings {
@@ -233,6 +238,8 @@ impl Default for FleetSettings {
         Self {
             heartbeat_ms: DurationMs(1_000),
             lease_ttl_ms: DurationMs(5_000),
+            region_heartbeat_ms: DurationMs(250),
+            region_stale_ms: DurationMs(1_000),
         }
     }
 }

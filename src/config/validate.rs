@@ -120,6 +120,15 @@ impl Settings {
                 "must be at least 1s and at least two heartbeats (fleet.heartbeat_ms)".into(),
             );
         }
+        if f.region_heartbeat_ms.0 == 0 {
+            return bad("fleet.region_heartbeat_ms", "must be more than 0".into());
+        }
+        if f.region_stale_ms.0 < 2 * f.region_heartbeat_ms.0 {
+            return bad(
+                "fleet.region_stale_ms",
+                "must be at least two region heartbeats (fleet.region_heartbeat_ms)".into(),
+            );
+        }
         Ok(())
     }
 

@@ -3,6 +3,12 @@
 //!
 //! It writes what it learns into the limiter's [`Membership`] (N, its shard, whether its lease
 //! may have ended), which the check path and `/readyz` read; that module says what follows.
+//!
+//! On a store with regions (Cassandra/ScyllaDB data centres) it first joins its region, whose
+//! slot fixes the range of shards it claims from, and keeps the regions' heartbeats
+//! ([`regions`]).
+
+pub mod regions;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,7 +27,15 @@ pub struct FleetConfig {
     pub heartbeat: Duration,
     /// How long a lease lives without renewal; several heartbeats.
     pub lease_ttl: Duration,
-    /// A shard this instance must hold (`store.shard`), or any free one.
+    /// How often the region's heartbeat is written and the others' read.
+    pub region_heartbeat: Duration,
+    /// Another region's heartbeat older than this means it is cut off.
+    pub region_stale: Duration,
+    /// How long a region heard again stays cut off: until every counter was read back with
+    /// what it wrote meanwhile (`sync.max_delay_ms` and two intervals).
+    pub heal_grace: Duration,
+    /// A shard this instance must hold (`store.shard`, counted from its region's first), or
+    /// any free one.
     pub pin: Option<i16>,
     /// How long one store call of the task may take.
     pub timeout: Duration,
@@ -57,6 +71,13 @@ pub struct Fleet {
     lease: Option<Lease>,
     /// The last shard held, tried first when claiming again.
     last: Option<i16>,
+    /// This instance's region and its slot, on a store with regions.
+    region: Option<(String, i16)>,
+    /// The live leases at the last roster read.
+    live: Vec<crate::store::lease::Member>,
+    /// The regions unheard at the last heartbeat reading (for one log line per change).
+    cut_off: Vec<String>,
+    watch: regions::Watch,
 }
 
 impl Fleet {
@@ -73,9 +94,25 @@ impl Fleet {
             view: Arc::new(Membership::joining()),
             metrics,
             lease: None,
-            last: cfg.pin,
+            last: None,
+            region: None,
+            live: Vec::new(),
+            cut_off: Vec::new(),
+            watch: regions::Watch::default(),
             cfg,
         };
+        let region = fleet
+            .call(fleet.store.local_region())
+            .await
+            .map_err(JoinError::Store)?;
+        if let Some(region) = region {
+            let slot = fleet
+                .call(fleet.store.join_region(&region))
+                .await
+                .map_err(JoinError::Store)?;
+            fleet.view.set_region(&region);
+            fleet.region = Some((region, slot));
+        }
         let started = Instant::now();
         match fleet
             .call(
@@ -91,7 +128,8 @@ impl Fleet {
             Err(e) => return Err(JoinError::Store(e)),
         }
         fleet.refresh_roster().await;
-        tracing::info!(owner = %fleet.owner, shard = ?fleet.lease.map(|l| l.shard), members = fleet.view.members(), "joined the fleet");
+        fleet.region_round().await;
+        tracing::info!(owner = %fleet.owner, region = ?fleet.region.as_ref().map(|r| &r.0), shard = ?fleet.lease.map(|l| l.shard), members = fleet.view.members(), "joined the fleet");
         Ok(fleet)
     }
 
@@ -105,12 +143,21 @@ impl Fleet {
         let mut tick = tokio::time::interval(self.cfg.heartbeat);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tick.tick().await;
+        let mut region_tick = tokio::time::interval(self.cfg.region_heartbeat);
+        region_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        region_tick.tick().await;
+        let regions = self.region.is_some();
         loop {
-            tokio::select! {
+            let lease = tokio::select! {
                 _ = leave.wait_for(|stop| *stop) => break,
-                _ = tick.tick() => {}
+                _ = tick.tick() => true,
+                _ = region_tick.tick(), if regions => false,
+            };
+            if lease {
+                self.heartbeat().await;
+            } else {
+                self.region_round().await;
             }
-            self.heartbeat().await;
         }
         self.release().await;
     }
@@ -224,7 +271,10 @@ impl Fleet {
         self.apply(Some(&roster));
     }
 
-    fn apply(&self, roster: Option<&Roster>) {
+    fn apply(&mut self, roster: Option<&Roster>) {
+        if let Some(r) = roster {
+            self.live.clone_from(&r.members);
+        }
         let write = self
             .lease
             .map(|l| l.shard)
@@ -238,6 +288,13 @@ impl Fleet {
             self.store.adopt(write, &read);
             let n = (r.members.len() as u32).max(1);
             self.view.set_members(n);
+            let slot = self.region.as_ref().map_or(0, |r| r.1);
+            let here = r
+                .members
+                .iter()
+                .filter(|m| crate::store::lease::slot_of(m.shard) == slot)
+                .count() as u32;
+            self.view.set_region_members(here);
             self.metrics.fleet(n, write);
         } else {
             self.metrics.fleet(self.view.members(), write);

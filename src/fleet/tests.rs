@@ -9,6 +9,9 @@ fn cfg(pin: Option<i16>) -> FleetConfig {
     FleetConfig {
         heartbeat: Duration::from_millis(100),
         lease_ttl: Duration::from_millis(1_000),
+        region_heartbeat: Duration::from_millis(100),
+        region_stale: Duration::from_millis(400),
+        heal_grace: Duration::from_millis(500),
         pin,
         timeout: Duration::from_secs(2),
     }

@@ -6,8 +6,30 @@
 //! An instance that cannot renew stops admitting from a share it may no longer hold: once its
 //! lease may have ended, `holds_lease` turns false, the limiter decides as the policy's
 //! `on_store_failure` says, and `/readyz` answers 503 until a lease is held again.
+//!
+//! In a fleet of several regions (data centres) it also knows its region, the members there,
+//! and since when another region has gone unheard ([`Membership::cut_since`]): from then on
+//! every counter keeps to its region's budget (`share`).
 
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicI64, AtomicU32, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use arc_swap::ArcSwap;
+
+/// A region as this instance last saw it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RegionSeen {
+    pub region: String,
+    /// This instance's own region.
+    pub local: bool,
+    /// Instances holding a lease there, as this region's replicas show the leases.
+    pub members: u32,
+    /// How old its newest heartbeat is here (replication lag plus up to one heartbeat); 0 for
+    /// this region.
+    pub lag_ms: i64,
+    /// Unheard for longer than `fleet.region_stale_ms`: counters keep to their budgets.
+    pub cut_off: bool,
+}
 
 /// What the process knows of the fleet, read on the check path.
 #[derive(Debug)]
@@ -16,6 +38,16 @@ pub struct Membership {
     /// The shard held, or -1.
     shard: AtomicI32,
     held: AtomicBool,
+    /// Regions heard of, this one included; 1 without regions.
+    regions: AtomicU32,
+    /// Members of this instance's region (all of them without regions).
+    region_members: AtomicU32,
+    /// Since when (Unix ms) another region has gone unheard; 0 while every one is heard.
+    cut_since: AtomicI64,
+    /// The replication lag from the regions heard, ms.
+    lag_ms: AtomicI64,
+    region: OnceLock<Arc<str>>,
+    seen: ArcSwap<Vec<RegionSeen>>,
 }
 
 impl Membership {
@@ -25,6 +57,7 @@ impl Membership {
             members: AtomicU32::new(1),
             shard: AtomicI32::new(0),
             held: AtomicBool::new(true),
+            ..Self::joining()
         }
     }
 
@@ -34,6 +67,12 @@ impl Membership {
             members: AtomicU32::new(1),
             shard: AtomicI32::new(-1),
             held: AtomicBool::new(false),
+            regions: AtomicU32::new(1),
+            region_members: AtomicU32::new(1),
+            cut_since: AtomicI64::new(0),
+            lag_ms: AtomicI64::new(0),
+            region: OnceLock::new(),
+            seen: ArcSwap::from_pointee(Vec::new()),
         }
     }
 
@@ -76,5 +115,67 @@ impl Membership {
     pub fn release(&self) {
         self.shard.store(-1, Ordering::Relaxed);
         self.held.store(false, Ordering::Relaxed);
+    }
+
+    /// Regions heard of, this one included: R in the regions' budgets; 1 without regions.
+    #[inline]
+    pub fn regions(&self) -> u32 {
+        self.regions.load(Ordering::Relaxed)
+    }
+
+    /// Members of this instance's region: N in the shares within the region.
+    #[inline]
+    pub fn region_members(&self) -> u32 {
+        self.region_members.load(Ordering::Relaxed)
+    }
+
+    /// Since when (Unix ms) another region has gone unheard, while one is.
+    #[inline]
+    pub fn cut_since(&self) -> Option<i64> {
+        let c = self.cut_since.load(Ordering::Relaxed);
+        (c != 0).then_some(c)
+    }
+
+    /// How far behind the other regions' writes reach this region's replicas, ms (0 alone).
+    pub fn replication_lag_ms(&self) -> i64 {
+        self.lag_ms.load(Ordering::Relaxed)
+    }
+
+    /// The replication lag the regions' heartbeats show.
+    pub fn set_replication_lag_ms(&self, lag: i64) {
+        self.lag_ms.store(lag.max(0), Ordering::Relaxed);
+    }
+
+    /// This instance's region, once it joined one.
+    pub fn region(&self) -> Option<&Arc<str>> {
+        self.region.get()
+    }
+
+    /// The regions as last seen (empty without regions).
+    pub fn regions_seen(&self) -> Arc<Vec<RegionSeen>> {
+        self.seen.load_full()
+    }
+
+    /// Names this instance's region (once).
+    pub fn set_region(&self, region: &str) {
+        let _ = self.region.set(Arc::from(region));
+    }
+
+    /// N within this instance's region.
+    pub fn set_region_members(&self, n: u32) {
+        self.region_members.store(n.max(1), Ordering::Relaxed);
+    }
+
+    /// What the last reading of the regions' heartbeats found: how many regions there are,
+    /// and since when one has been unheard (`None`: every one is heard).
+    pub fn set_regions(&self, regions: u32, cut_since: Option<i64>) {
+        self.regions.store(regions.max(1), Ordering::Relaxed);
+        self.cut_since
+            .store(cut_since.map_or(0, |c| c.max(1)), Ordering::Relaxed);
+    }
+
+    /// The regions for `/readyz` and the console.
+    pub fn set_seen(&self, seen: Vec<RegionSeen>) {
+        self.seen.store(Arc::new(seen));
     }
 }

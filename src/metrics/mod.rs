@@ -74,6 +74,10 @@ struct FleetMetrics {
     instance: IntGaugeVec,
     renewals_failed: IntCounter,
     conflicts: IntCounter,
+    /// Per region: its members, how far behind its writes are here, whether it is cut off.
+    region_members: IntGaugeVec,
+    region_lag: prometheus::GaugeVec,
+    region_cut_off: IntGaugeVec,
 }
 
 impl FleetMetrics {
@@ -103,11 +107,38 @@ impl FleetMetrics {
              one shard: counts stay exact, shares are off until one claims another shard).",
         )
         .expect("valid metric");
+        let region_members = IntGaugeVec::new(
+            Opts::new(
+                "quotad_region_members",
+                "Instances holding a shard lease in each region, as this region's replicas show                  the leases (a fleet in several data centres).",
+            ),
+            &["region"],
+        )
+        .expect("valid metric");
+        let region_lag = prometheus::GaugeVec::new(
+            Opts::new(
+                "quotad_region_replication_lag_seconds",
+                "How old the newest heartbeat of each other region is in this region's                  replicas: how far its writes lag behind here, plus up to one heartbeat.",
+            ),
+            &["region"],
+        )
+        .expect("valid metric");
+        let region_cut_off = IntGaugeVec::new(
+            Opts::new(
+                "quotad_region_cut_off",
+                "1 while a region has been unheard for fleet.region_stale_ms: counters keep to                  their region's budget.",
+            ),
+            &["region"],
+        )
+        .expect("valid metric");
         for c in [
             Box::new(members.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(instance.clone()),
             Box::new(renewals_failed.clone()),
             Box::new(conflicts.clone()),
+            Box::new(region_members.clone()),
+            Box::new(region_lag.clone()),
+            Box::new(region_cut_off.clone()),
         ] {
             registry.register(c).expect("unique metric");
         }
@@ -118,6 +149,9 @@ impl FleetMetrics {
             instance,
             renewals_failed,
             conflicts,
+            region_members,
+            region_lag,
+            region_cut_off,
         }
     }
 }
@@ -317,6 +351,24 @@ impl Metrics {
         self.fleet.instance.reset();
         let label = shard.map_or_else(|| "none".to_owned(), |s| s.to_string());
         self.fleet.instance.with_label_values(&[&label]).set(1);
+    }
+
+    /// A region as this instance last saw it (`fleet::regions`): its members, and for another
+    /// region how old its heartbeat is here and whether it is cut off.
+    pub fn region(&self, region: &str, members: u32, remote: Option<(i64, bool)>) {
+        let f = &self.fleet;
+        let l = [region];
+        f.region_members
+            .with_label_values(&l)
+            .set(i64::from(members));
+        if let Some((lag_ms, cut_off)) = remote {
+            f.region_lag
+                .with_label_values(&l)
+                .set(lag_ms as f64 / 1_000.0);
+            f.region_cut_off
+                .with_label_values(&l)
+                .set(i64::from(cut_off));
+        }
     }
 
     pub fn lease_renewal_failed(&self) {

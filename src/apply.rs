@@ -49,6 +49,8 @@ pub struct TenantEntry {
     pub consistency: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_store_failure: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub regions: Option<BTreeMap<String, f64>>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub clients: BTreeMap<String, PolicyDoc>,
 }
@@ -90,14 +92,16 @@ pub fn parse(name: &str, text: &str) -> Result<Desired, ApplyError> {
                 mode: entry.mode.clone(),
                 consistency: entry.consistency.clone(),
                 on_store_failure: entry.on_store_failure.clone(),
+                regions: entry.regions.clone(),
             };
             out.insert((tenant.clone(), None), canonical(&doc, false, &at)?);
         } else if entry.mode.is_some()
             || entry.consistency.is_some()
             || entry.on_store_failure.is_some()
+            || entry.regions.is_some()
         {
             return Err(ApplyError(format!(
-                "{at}.limits: a tenant with mode, consistency or on_store_failure needs limits"
+                "{at}.limits: a tenant with mode, consistency, on_store_failure or regions needs limits"
             )));
         }
         for (client, doc) in &entry.clients {
@@ -209,6 +213,7 @@ pub async fn plan(
                     mode: None,
                     consistency: None,
                     on_store_failure: None,
+                    regions: None,
                 };
                 limit_lines(&nothing, want, true)
             }
@@ -275,6 +280,15 @@ fn limit_lines(have: &PolicyDoc, want: &PolicyDoc, new: bool) -> Vec<String> {
                 let s = |v: &Option<String>| v.clone().unwrap_or_default();
                 out.push(format!("~ {name}: {} -> {}", s(a), s(b)));
             }
+        }
+        if have.regions != want.regions {
+            let s =
+                |v: &Option<BTreeMap<String, f64>>| serde_json::to_string(v).unwrap_or_default();
+            out.push(format!(
+                "~ regions: {} -> {}",
+                s(&have.regions),
+                s(&want.regions)
+            ));
         }
     }
     out

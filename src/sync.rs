@@ -357,6 +357,16 @@ impl Syncer {
         }
     }
 
+    /// How long a round's read back waits after its write: the settle time, plus, in a fleet of
+    /// several regions, the replication lag the regions' heartbeats show, so that the read sees
+    /// every region's writes of the tick. At most nine tenths of the interval: a lag longer than
+    /// that is read at the next round.
+    pub fn settle(&self) -> Duration {
+        let lag = Duration::from_millis(self.limiter.replication_lag_ms().max(0) as u64);
+        let most = self.cfg.interval.mul_f64(0.9).max(self.cfg.settle);
+        (self.cfg.settle + lag).min(most)
+    }
+
     /// Runs rounds every interval (backing off while the store fails) until `shutdown` turns
     /// true, then drains.
     pub async fn run(self, mut shutdown: watch::Receiver<bool>) -> u64 {
@@ -384,7 +394,7 @@ impl Syncer {
                     }
                     failures = 0;
                     tokio::select! {
-                        _ = tokio::time::sleep(self.cfg.settle) => {}
+                        _ = tokio::time::sleep(self.settle()) => {}
                         _ = shutdown.wait_for(|stop| *stop) => {}
                     }
                     let read = t.zip(round.as_ref()).map(|(t, r)| t.child(r, "sync.read"));

@@ -42,6 +42,13 @@ pub struct PolicyDoc {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<OnStoreFailure>)]
     pub on_store_failure: Option<String>,
+    /// A fleet in several regions (data centres): each region's fixed part of every limit
+    /// while another region is unheard, by region name, e.g. `{"eu": 0.6, "us": 0.4}`. Parts
+    /// are above 0, at most 1, and add up to at most 1; a region left out gets nothing then.
+    /// Absent (or null): each region's part is the share of the limit its traffic earned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<std::collections::BTreeMap<String, f64>>, example = json!({"eu": 0.6, "us": 0.4}))]
+    pub regions: Option<std::collections::BTreeMap<String, f64>>,
 }
 
 /// One limit: a sliding `window`, a calendar `period` (UTC), or a token bucket (`burst`, `rate`,
@@ -111,6 +118,7 @@ impl Policy {
                 OnStoreFailure::from_name,
                 OnStoreFailure::expected,
             )?,
+            regions: parse_regions(doc.regions.as_ref())?,
         };
         if p.consistency == Consistency::Strict && p.limits.iter().any(|l| l.kind.is_tokens()) {
             return Err(FieldError::new(
@@ -128,8 +136,60 @@ impl Policy {
             mode: Some(self.mode.as_str().to_owned()),
             consistency: Some(self.consistency.as_str().to_owned()),
             on_store_failure: Some(self.on_store_failure.as_str().to_owned()),
+            regions: (!self.regions.is_empty()).then(|| {
+                self.regions
+                    .iter()
+                    .map(|(r, f)| (r.to_string(), *f))
+                    .collect()
+            }),
         }
     }
+}
+
+/// Most regions a policy splits its limits between.
+pub const MAX_REGION_SPLIT: usize = 16;
+
+/// A policy's split between regions: names of 1 to 64 characters `[A-Za-z0-9._-]` (Cassandra
+/// data centre names), parts in (0, 1], adding up to at most 1.
+fn parse_regions(
+    split: Option<&std::collections::BTreeMap<String, f64>>,
+) -> Result<Vec<(SmolStr, f64)>, FieldError> {
+    let Some(split) = split else {
+        return Ok(Vec::new());
+    };
+    if split.is_empty() || split.len() > MAX_REGION_SPLIT {
+        return Err(FieldError::new(
+            "regions",
+            format!("name 1 to {MAX_REGION_SPLIT} regions, or leave it out"),
+        ));
+    }
+    let mut sum = 0.0;
+    for (name, &part) in split {
+        let ok = (1..=64).contains(&name.len())
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+        if !ok {
+            return Err(FieldError::new(
+                "regions",
+                format!("{name:?} is not a region name: 1 to 64 of A-Z a-z 0-9 . _ -"),
+            ));
+        }
+        if !(part.is_finite() && part > 0.0 && part <= 1.0) {
+            return Err(FieldError::new(
+                format!("regions.{name}"),
+                "a region's part is above 0 and at most 1".to_owned(),
+            ));
+        }
+        sum += part;
+    }
+    if sum > 1.0 + 1e-9 {
+        return Err(FieldError::new(
+            "regions",
+            format!("the parts add up to {sum}: at most 1, or regions could admit more than max together"),
+        ));
+    }
+    Ok(split.iter().map(|(n, f)| (SmolStr::new(n), *f)).collect())
 }
 
 /// The limits of a policy: 1 to `MAX_LIMITS`, ids unique.

@@ -6,6 +6,8 @@
 //! built, so a check reads one merged policy.
 
 use super::wire::wire_enum;
+use smol_str::SmolStr;
+
 use super::{Limit, Scope};
 
 /// Most limits in one policy.
@@ -50,9 +52,22 @@ pub struct Policy {
     pub mode: Mode,
     pub consistency: Consistency,
     pub on_store_failure: OnStoreFailure,
+    /// Each region's fixed part of the limits while another region is unheard, by name;
+    /// empty: each region's part is what its traffic earned (`limiter::share`).
+    pub regions: Vec<(SmolStr, f64)>,
 }
 
 impl Policy {
+    /// This region's fixed part of the limits while another is unheard, if the policy splits
+    /// them: 0 for a region it leaves out.
+    pub fn region_split(&self, region: &str) -> Option<f32> {
+        if self.regions.is_empty() {
+            return None;
+        }
+        let part = self.regions.iter().find(|(r, _)| r == region);
+        Some(part.map_or(0.0, |(_, f)| *f as f32))
+    }
+
     /// The policy that applies to one client: the tenant's, with the override's limits replacing
     /// the tenant's client-scoped limits of the same id and adding the others. The override's
     /// mode, consistency and store-failure rule apply to that client.
@@ -89,6 +104,11 @@ impl Policy {
             mode: over.mode,
             consistency,
             on_store_failure: over.on_store_failure,
+            regions: if over.regions.is_empty() {
+                self.regions.clone()
+            } else {
+                over.regions.clone()
+            },
         }
     }
 }
@@ -100,6 +120,53 @@ mod tests {
 
     fn doc(json: serde_json::Value) -> PolicyDoc {
         serde_json::from_value(json).unwrap()
+    }
+
+    #[test]
+    fn a_split_between_regions_is_checked_and_read_by_region() {
+        let one = |regions: serde_json::Value| {
+            Policy::from_doc(
+                &doc(
+                    serde_json::json!({"limits": [{"id": "a", "max": 10, "window": "1s"}],
+                    "regions": regions}),
+                ),
+                false,
+            )
+        };
+        let p = one(serde_json::json!({"eu": 0.6, "us": 0.4})).unwrap();
+        assert_eq!(p.region_split("eu"), Some(0.6));
+        assert_eq!(
+            p.region_split("ap"),
+            Some(0.0),
+            "a region left out gets nothing"
+        );
+        // The canonical document keeps it; a policy without one has none.
+        let back = Policy::from_doc(&p.to_doc(), false).unwrap();
+        assert_eq!(back, p);
+        let none = one(serde_json::Value::Null).unwrap();
+        assert_eq!(none.region_split("eu"), None);
+        assert!(none.to_doc().regions.is_none());
+        for (bad, field) in [
+            (serde_json::json!({"eu": 0.6, "us": 0.5}), "regions"),
+            (serde_json::json!({"eu": 0.0}), "regions.eu"),
+            (serde_json::json!({"eu": 1.5}), "regions.eu"),
+            (serde_json::json!({"e u": 0.5}), "regions"),
+            (serde_json::json!({}), "regions"),
+        ] {
+            let e = one(bad.clone()).unwrap_err();
+            assert_eq!(e.field, field, "{bad}");
+        }
+        // An override's split replaces the tenant's; without one, the tenant's holds.
+        let over = Policy::from_doc(
+            &doc(
+                serde_json::json!({"limits": [{"id": "a", "max": 5, "window": "1s"}],
+                "regions": {"us": 1.0}}),
+            ),
+            true,
+        )
+        .unwrap();
+        assert_eq!(p.merged_with(&over).region_split("us"), Some(1.0));
+        assert_eq!(p.merged_with(&none).region_split("us"), Some(0.4));
     }
 
     #[test]

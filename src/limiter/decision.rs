@@ -10,7 +10,7 @@
 use smallvec::SmallVec;
 use smol_str::SmolStr;
 
-use super::share::{share_use, Fleet};
+use super::share::{self, share_use, Fleet};
 use super::state::{LimitState, TOKEN_SETTLE_ROUNDS};
 use super::window;
 use crate::domain::{Limit, Mode, OnStoreFailure, Policy, MAX_LIMITS};
@@ -104,9 +104,17 @@ fn judge(l: &Limit, s: &LimitState, now: i64, cost: u64, fleet: Fleet) -> Verdic
         return verdict(false, Some(wait), false);
     }
     if !(fleet.shares && cost > 0) {
+        // A strict check while another region is unheard keeps to this region's budget.
+        let over = fleet
+            .budget
+            .filter(|_| cost > 0 && !l.kind.is_tokens())
+            .is_some_and(|b| (cost as i128) > share::regional_allowance(l, s, now, b, true));
+        if over {
+            return verdict(false, Some(fleet.sync_interval_ms), false);
+        }
         return verdict(true, Some(0), false);
     }
-    let u = share_use(l, s, now, cost);
+    let u = share_use(l, s, now, cost, fleet.budget);
     if u.within {
         verdict(true, Some(0), u.pressing)
     } else {

@@ -59,7 +59,7 @@ use smallvec::SmallVec;
 pub use ahead::AHEAD;
 pub use decision::{Binding, Decision};
 pub use key::CLOCK_SKEW_MS;
-pub use membership::Membership;
+pub use membership::{Membership, RegionSeen};
 pub use reset::Granted;
 pub use share::share_of;
 pub use sync::SyncBatch;
@@ -501,7 +501,7 @@ impl Limiter {
         let need_t = limits.iter().any(|l| l.scope == Scope::Tenant);
         let (force_admit, fleet) = match failing {
             None => (false, self.fleet(policy)),
-            Some(rule) => (rule == OnStoreFailure::Allow, self.fleet_failing()),
+            Some(rule) => (rule == OnStoreFailure::Allow, self.fleet_failing(policy)),
         };
         let mut j = Judging::new(limits, now, input.cost, force_admit, fleet);
         let mut gc = need_c.then(|| lock(self.shard_of(kc)));
@@ -563,8 +563,15 @@ impl Limiter {
         let mut capped = None;
         for (l, (r, t)) in limits.iter().zip(ranges.iter().zip(totals)) {
             let share = self.share(&t, r, now);
+            let part = self.region_part(&t, r, now, None);
             if let Err(cap) = self.install(input, l, buckets_from(&t), share, now) {
                 capped = Some(cap);
+            } else if part.is_some() {
+                self.with_state(&r.key, |s| {
+                    if s.region().is_none() {
+                        s.set_region(part);
+                    }
+                });
             }
         }
         Ok(capped)

@@ -10,7 +10,8 @@
 //! they could never overshoot together; reads at different moments leave a small overshoot,
 //! measured by the simulation in `tests/simulation/` and reported in docs/accuracy.md.
 
-use super::state::LimitState;
+use super::state::{LimitState, RegionPart};
+use super::window::Bucket;
 use super::{window, Limiter};
 use crate::domain::{Consistency, Grain, Limit, Policy};
 use crate::store::{BucketTotal, CounterRange};
@@ -36,6 +37,23 @@ pub fn share_of(
     instances: u32,
     eager: bool,
 ) -> f32 {
+    part_of(totals, grain, from, settled, instances, eager, |t| {
+        (t.mine, t.total)
+    })
+}
+
+/// [`share_of`] of any part of a whole that `parts` takes from each bucket: this instance's
+/// of the fleet's, this instance's of its region's, or its region's of the fleet's (with
+/// `instances` the number of parts).
+fn part_of(
+    totals: &[BucketTotal],
+    grain: Grain,
+    from: i64,
+    settled: i64,
+    instances: u32,
+    eager: bool,
+    parts: impl Fn(&BucketTotal) -> (i64, i64),
+) -> f32 {
     if instances <= 1 {
         return 1.0;
     }
@@ -45,8 +63,9 @@ pub fn share_of(
             .iter()
             .filter(|t| t.start >= from && (!only_settled || grain.bucket_end(t.start) <= settled))
         {
-            mine += t.mine.max(0) as f64;
-            total += t.total.max(0) as f64;
+            let (part, whole) = parts(t);
+            mine += part.max(0) as f64;
+            total += whole.max(0) as f64;
         }
         (mine, total)
     };
@@ -71,6 +90,17 @@ pub(super) struct Fleet {
     /// Enforce shares of the headroom (more than one instance, cached consistency).
     pub(super) shares: bool,
     pub(super) sync_interval_ms: i64,
+    /// While another region is unheard: keep to this region's budget.
+    pub(super) budget: Option<Budget>,
+}
+
+/// A region's budget while another region is unheard: the policy's fixed split, or (`None`)
+/// the share of the limit its traffic earned before ([`RegionPart::earned`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct Budget {
+    pub(super) fixed: Option<f32>,
+    /// The regions heard of (for a counter without a region part).
+    pub(super) regions: u32,
 }
 
 /// Where a check leaves this instance's unsynced hits against its share of the headroom.
@@ -101,7 +131,13 @@ const RESERVE_DIVISOR: f64 = (PRESSURE_DIVISOR / 2) as f64;
 ///
 /// A token bucket's level is not a sum: its pending part is every unwritten hit, and the rest
 /// of the level is what the store showed.
-pub(super) fn share_use(l: &Limit, s: &LimitState, now: i64, cost: u64) -> ShareUse {
+pub(super) fn share_use(
+    l: &Limit,
+    s: &LimitState,
+    now: i64,
+    cost: u64,
+    budget: Option<Budget>,
+) -> ShareUse {
     let (stored, pending) = if l.kind.is_tokens() {
         let pending: i64 = s.buckets.iter().map(|b| b.pending as i64).sum();
         let level = window::estimate(l.kind, &s.buckets, s.carry(), now);
@@ -124,6 +160,9 @@ pub(super) fn share_use(l: &Limit, s: &LimitState, now: i64, cost: u64) -> Share
         let others = (theirs * widest as f64 / RESERVE_DIVISOR).ceil() as i128;
         allowance = allowance.min(headroom - others);
     }
+    if let Some(b) = budget.filter(|_| !l.kind.is_tokens()) {
+        allowance = allowance.min(regional_allowance(l, s, now, b, false));
+    }
     let used = pending as i128 + s.settling as i128 + cost as i128;
     ShareUse {
         within: used <= allowance,
@@ -131,7 +170,87 @@ pub(super) fn share_use(l: &Limit, s: &LimitState, now: i64, cost: u64) -> Share
     }
 }
 
+/// This instance's share of its region's budget while another region is unheard:
+/// `share_in_region x (budget - region_stored)`, the region's own fleet formula over
+/// the region's part of the count; `exact` (a strict check, whose read counted every hit of
+/// the region): the whole of the region's headroom. A counter read before the regions were
+/// known (no part) takes the whole count as the region's and an even split as its earned
+/// share, until it is read again: it errs low.
+pub(super) fn regional_allowance(
+    l: &Limit,
+    s: &LimitState,
+    now: i64,
+    b: Budget,
+    exact: bool,
+) -> i128 {
+    // The region's count as of the last read: the part's buckets are only ever set by reads,
+    // while the whole count's also take this instance's writes since (`settling`).
+    let (stored, share, earned) = match s.region() {
+        Some(p) => {
+            let est = window::estimate_by(l.kind, &p.buckets, s.carry(), now, |b| b.stored);
+            (est as i128, p.share, p.earned)
+        }
+        None => {
+            let est = window::estimate_by(l.kind, &s.buckets, s.carry(), now, |b| b.stored);
+            let regions = b.regions.max(1) as f32;
+            (est as i128 - s.settling as i128, s.share, 1.0 / regions)
+        }
+    };
+    let fraction = b.fixed.unwrap_or(earned).clamp(0.0, 1.0) as f64;
+    let budget = (fraction * l.max as f64).floor() as i128;
+    let headroom = (budget - stored).max(0);
+    if exact {
+        return headroom;
+    }
+    (share as f64 * headroom as f64).floor() as i128
+}
+
 impl Limiter {
+    /// This region's part of a counter read back over `r`, in a fleet of several regions
+    /// (`None` otherwise). While another region is unheard, the region's earned share is
+    /// the one `kept` from before, else what the buckets settled before the cut say.
+    pub(super) fn region_part(
+        &self,
+        totals: &[BucketTotal],
+        r: &CounterRange,
+        now: i64,
+        kept: Option<f32>,
+    ) -> Option<RegionPart> {
+        let m = &self.cfg.fleet;
+        if m.regions() <= 1 {
+            return None;
+        }
+        let interval = self.cfg.sync_interval_ms;
+        let lag = self.cfg.max_sync_delay_ms.max(interval) - interval;
+        let settled = now - 2 * interval - lag;
+        let (g, from, eager) = (r.key.grain, r.from, lag == 0);
+        let share = part_of(totals, g, from, settled, m.region_members(), eager, |t| {
+            (t.mine, t.region)
+        });
+        let earned = match (m.cut_since(), kept) {
+            (Some(_), Some(k)) => k,
+            (cut, _) => {
+                let settled = cut.map_or(settled, |c| settled.min(c));
+                part_of(totals, g, from, settled, m.regions(), eager, |t| {
+                    (t.region, t.total)
+                })
+            }
+        };
+        let buckets = totals
+            .iter()
+            .map(|t| Bucket {
+                start: t.start,
+                stored: t.region,
+                pending: 0,
+            })
+            .collect();
+        Some(RegionPart {
+            buckets,
+            share,
+            earned,
+        })
+    }
+
     /// The span of a [`Reserve`](super::state::Reserve) period, in a fleet that writes lazily;
     /// None where every instance writes every round (or it is alone).
     pub(super) fn reserve_span(&self) -> Option<i64> {
@@ -169,19 +288,35 @@ impl Limiter {
     }
 
     pub(super) fn fleet(&self, policy: &Policy) -> Fleet {
+        let budget = self.budget(policy);
         Fleet {
-            shares: self.cfg.fleet.members() > 1 && policy.consistency == Consistency::Cached,
+            shares: (self.cfg.fleet.members() > 1 || budget.is_some())
+                && policy.consistency == Consistency::Cached,
             sync_interval_ms: self.cfg.sync_interval_ms,
+            budget,
         }
+    }
+
+    /// This region's budget, while another region is unheard.
+    fn budget(&self, policy: &Policy) -> Option<Budget> {
+        let m = &self.cfg.fleet;
+        m.cut_since()?;
+        let fixed = m.region().and_then(|r| policy.region_split(r));
+        Some(Budget {
+            fixed,
+            regions: m.regions(),
+        })
     }
 
     /// How the local view of a failing store sees the fleet: shares bind whatever the
     /// consistency, so that a strict counter too takes only its share of the headroom it last
     /// saw while the others cannot see its hits.
-    pub(super) fn fleet_failing(&self) -> Fleet {
+    pub(super) fn fleet_failing(&self, policy: &Policy) -> Fleet {
+        let budget = self.budget(policy);
         Fleet {
-            shares: self.cfg.fleet.members() > 1,
+            shares: self.cfg.fleet.members() > 1 || budget.is_some(),
             sync_interval_ms: self.cfg.sync_interval_ms,
+            budget,
         }
     }
 }
@@ -197,15 +332,12 @@ mod tests {
             start: 0,
             total: 0,
             mine: 3,
+            region: 0,
         }];
         let s = share_of(&t, Grain::Fixed(1_000), 0, 10_000, 2, true);
         assert!((s - 0.5).abs() < 1e-6, "{s}");
         // In the ordinary case the busy instance still gets most of the headroom.
-        let busy = [BucketTotal {
-            start: 0,
-            total: 100,
-            mine: 100,
-        }];
+        let busy = [BucketTotal::alone(0, 100)];
         assert!(share_of(&busy, Grain::Fixed(1_000), 0, 10_000, 3, true) > 0.9);
     }
 }

@@ -52,6 +52,20 @@ pub(super) struct LimitState {
 pub(super) struct Aux {
     pub(super) tokens: Option<TokenLevel>,
     pub(super) reserve: Option<Reserve>,
+    /// In a fleet of several regions: this region's part of the count (`share`).
+    pub(super) region: Option<RegionPart>,
+}
+
+/// This region's part of a counter, as the last read showed it (a fleet of several regions).
+#[derive(Debug, Default)]
+pub(super) struct RegionPart {
+    /// Per bucket, the hits this region's instances wrote (in `stored`; `pending` unused).
+    pub(super) buckets: Vec<Bucket>,
+    /// This instance's share of the region's headroom (N = the region's members).
+    pub(super) share: f32,
+    /// The region's share of the limit as its traffic earned it while every region was heard:
+    /// its budget while one is not, unless the policy splits the limit.
+    pub(super) earned: f32,
 }
 
 /// A token bucket's state beyond its buckets.
@@ -92,6 +106,7 @@ impl LimitState {
                         read_at: now,
                     }),
                     reserve: None,
+                    region: None,
                 })
             }),
         }
@@ -103,6 +118,23 @@ impl LimitState {
 
     fn token_level_mut(&mut self) -> Option<&mut TokenLevel> {
         self.aux.as_mut().and_then(|a| a.tokens.as_mut())
+    }
+
+    /// This region's part of the count, in a fleet of several regions.
+    pub(super) fn region(&self) -> Option<&RegionPart> {
+        self.aux.as_ref().and_then(|a| a.region.as_ref())
+    }
+
+    /// Keeps this region's part of a read (`None`: one region).
+    pub(super) fn set_region(&mut self, part: Option<RegionPart>) {
+        match part {
+            Some(p) => self.aux.get_or_insert_with(Box::default).region = Some(p),
+            None => {
+                if let Some(a) = self.aux.as_mut() {
+                    a.region = None;
+                }
+            }
+        }
     }
 
     /// What this instance reserves for the others' unwritten hits, if anything.
@@ -122,7 +154,11 @@ impl LimitState {
                 if let Some(a) = self.aux.as_mut() {
                     a.reserve = None;
                 }
-                if self.aux.as_ref().is_some_and(|a| a.tokens.is_none()) {
+                if self
+                    .aux
+                    .as_ref()
+                    .is_some_and(|a| a.tokens.is_none() && a.region.is_none())
+                {
                     self.aux = None;
                 }
             }
@@ -150,8 +186,14 @@ impl LimitState {
                 read_at: self.token_level().map_or(now, |t| t.read_at),
             });
             let reserve = self.aux.as_mut().and_then(|a| a.reserve.take());
-            self.aux =
-                (tokens.is_some() || reserve.is_some()).then(|| Box::new(Aux { tokens, reserve }));
+            let region = self.aux.as_mut().and_then(|a| a.region.take());
+            self.aux = (tokens.is_some() || reserve.is_some() || region.is_some()).then(|| {
+                Box::new(Aux {
+                    tokens,
+                    reserve,
+                    region,
+                })
+            });
             self.kind = kind;
         }
     }

@@ -122,12 +122,16 @@ impl Limiter {
         drop(writing);
         self.store_answered();
         let mut states = states_before_hit(limits, &totals, input.cost, now);
+        if self.cfg.fleet.cut_since().is_some() {
+            self.add_region_parts(limits, &ranges, &totals, &mut states, input.cost, now);
+        }
         // Hits a failure admitted here and the sync task has not written yet.
         for (l, s) in limits.iter().zip(states.iter_mut()) {
             self.add_pending(&Self::counter_key(input.tenant, input.client, l), s);
         }
         let mut refs: Vec<&mut LimitState> = states.iter_mut().collect();
-        // The store counted this hit against everyone's: no share to keep to.
+        // The store counted this hit against everyone's: no share to keep to, but while
+        // another region is unheard, this region's budget (`share::Budget`).
         let fleet = Fleet {
             shares: false,
             ..self.fleet(policy)
@@ -185,8 +189,11 @@ impl Limiter {
             });
             if known.is_none() {
                 let share = self.share(&t, r, now);
+                let part = self.region_part(&t, r, now, None);
                 // No room under a cap: nothing remembered, and a failure knows nothing of it.
-                let _ = self.install(input, l, buckets, share, now);
+                if self.install(input, l, buckets, share, now).is_ok() && part.is_some() {
+                    self.with_state(&r.key, |s| s.set_region(part));
+                }
             } else {
                 self.mark_used(input, l, now);
             }
@@ -208,6 +215,32 @@ impl Limiter {
         lock(self.shard_of(r))
             .get(&r)
             .is_some_and(|e| e.states.iter().any(|s| s.is(l)))
+    }
+
+    /// While another region is unheard: this region's part of each count, before this hit, with
+    /// the region's earned share as memory kept it.
+    fn add_region_parts(
+        &self,
+        limits: &[&Limit],
+        ranges: &[CounterRange],
+        totals: &[Vec<BucketTotal>],
+        states: &mut [LimitState],
+        cost: u64,
+        now: i64,
+    ) {
+        for (((l, r), t), s) in limits.iter().zip(ranges).zip(totals).zip(states) {
+            let kept = self
+                .with_state(&r.key, |m| m.region().map(|p| p.earned))
+                .flatten();
+            let mut part = self.region_part(t, r, now, kept);
+            if let Some(p) = part.as_mut() {
+                let start = l.kind.grain().bucket_start(now);
+                if let Some(b) = p.buckets.iter_mut().find(|b| b.start == start) {
+                    b.stored -= cost.min(i64::MAX as u64) as i64;
+                }
+            }
+            s.set_region(part);
+        }
     }
 
     /// Adds the hits pending in memory for `key` to a state built from the store's totals.

@@ -260,6 +260,8 @@ impl Limiter {
             |x| &x.0.key,
             |s, run| {
                 for (r, share, t) in run {
+                    let kept = s.region().map(|p| p.earned);
+                    s.set_region(self.region_part(t, r, now, kept));
                     s.share = *share;
                     s.settling = 0;
                     s.read_back(now);
@@ -317,6 +319,11 @@ impl Limiter {
     }
 
     /// Hits admitted and not yet written.
+    /// The replication lag between regions the fleet task measured (0 in one region).
+    pub fn replication_lag_ms(&self) -> i64 {
+        self.cfg.fleet.replication_lag_ms()
+    }
+
     pub fn pending_hits(&self) -> u64 {
         self.all_shards()
             .map(|s| {

@@ -113,6 +113,7 @@ impl CounterStore for ShardView {
                         start: *start,
                         total: shards.iter().sum(),
                         mine: shards[self.shard],
+                        region: shards.iter().sum(),
                     })
                     .collect()
             })

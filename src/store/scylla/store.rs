@@ -68,6 +68,47 @@ impl fmt::Debug for ScyllaStore {
     }
 }
 
+/// The data centre of the contact points, as the session's view of the cluster names it, and
+/// whether the cluster has several. Contact points in several data centres: an error asking
+/// for `store.local_dc`.
+async fn contact_dc(
+    session: &Session,
+    nodes: &[String],
+) -> Result<(Option<String>, bool), StoreError> {
+    let state = session.get_cluster_state();
+    let all = state.get_nodes_info();
+    let mut dcs: Vec<&str> = all.iter().filter_map(|n| n.datacenter.as_deref()).collect();
+    dcs.sort_unstable();
+    dcs.dedup();
+    if dcs.len() <= 1 {
+        return Ok((dcs.first().map(|d| d.to_string()), false));
+    }
+    let mut contact = Vec::new();
+    for host in nodes {
+        if let Ok(addrs) = tokio::net::lookup_host(host.as_str()).await {
+            contact.extend(addrs);
+        }
+    }
+    let mut theirs: Vec<&str> = all
+        .iter()
+        .filter(|n| {
+            contact
+                .iter()
+                .any(|c| c.ip() == n.address.ip() && c.port() == n.address.port())
+        })
+        .filter_map(|n| n.datacenter.as_deref())
+        .collect();
+    theirs.sort_unstable();
+    theirs.dedup();
+    match theirs.as_slice() {
+        [one] => Ok((Some(one.to_string()), true)),
+        _ => Err(StoreError::Internal(format!(
+            "the cluster has several data centres ({}): set store.local_dc to this instance's",
+            dcs.join(", ")
+        ))),
+    }
+}
+
 impl ScyllaStore {
     /// Connects to the keyspace (which `quotad migrate` must have created) and prepares every
     /// statement. Fails with `Internal` on bad options or a missing schema, `Unavailable` when
@@ -78,14 +119,31 @@ impl ScyllaStore {
             .consistency(opts.consistency)
             .serial_consistency(Some(SerialConsistency::LocalSerial))
             .request_timeout(Some(opts.request_timeout))
-            .build();
-        let mut builder = session_builder(&opts)
-            .use_keyspace(&opts.keyspace, false)
-            .default_execution_profile_handle(profile.into_handle());
-        if let Some(dc) = &opts.local_dc {
-            builder = builder.prefer_datacenter(dc.clone());
+            .build()
+            .into_handle();
+        let build = |dc: Option<String>| {
+            let mut builder = session_builder(&opts)
+                .use_keyspace(&opts.keyspace, false)
+                .default_execution_profile_handle(profile.clone());
+            if let Some(dc) = dc {
+                builder = builder.prefer_datacenter(dc);
+            }
+            async move { builder.build().await }
+        };
+        let mut session = build(opts.local_dc.clone())
+            .await
+            .map_err(map_new_session)?;
+        let mut local_dc = opts.local_dc.clone();
+        if local_dc.is_none() {
+            // Unset: the data centre of the contact points. With several data centres the
+            // session must prefer it, or LOCAL_* levels would be local to whichever node
+            // coordinated each request, and leases and strict counts would split.
+            let (dc, several) = contact_dc(&session, &opts.nodes).await?;
+            if several {
+                session = build(dc.clone()).await.map_err(map_new_session)?;
+            }
+            local_dc = dc;
         }
-        let session = builder.build().await.map_err(map_new_session)?;
         let st = Statements::prepare(&session).await?;
         let store = ScyllaStore {
             session,
@@ -94,7 +152,7 @@ impl ScyllaStore {
             read_shards: ArcSwap::from_pointee(Vec::new()),
             region_slot: AtomicI32::new(0),
             region: std::sync::OnceLock::new(),
-            local_dc: opts.local_dc.clone(),
+            local_dc,
             max_concurrency: opts.max_concurrency,
             janitor_cursor: Mutex::new(i64::MIN),
             client_cursor: Mutex::new(i64::MIN),

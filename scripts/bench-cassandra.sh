@@ -6,7 +6,8 @@
 #   CLIENTS="1000 10000" DUR=15s scripts/bench-cassandra.sh
 #   BUILT_DIR=target/release scripts/bench-cassandra.sh    # no build: the quotad found there
 #   POLICY='{"limits": [...]}' scripts/bench-cassandra.sh   # another policy than the three limits below
-#   SCYLLA_ENV="QUOTAD__SYNC__MAX_DELAY_MS=5s" scripts/bench-cassandra.sh   # settings (K=V ...)
+#   SCYLLA_ENV="QUOTAD__SYNC__MAX_DELAY_MS=5s" scripts/bench-cassandra.sh   # settings (K=V ...),
+#                                                   # for quotad migrate too (replication)
 #                                                  # for the Cassandra runs only
 #   EMBEDDED_ENV="QUOTAD__SYNC__MAX_DELAY_MS=2s" scripts/bench-cassandra.sh  # the same, embedded
 #
@@ -96,7 +97,8 @@ start_quotad() { # KIND
   rm -rf "$WORK/store"
   if [ "$kind" = scylla ]; then
     cql "DROP KEYSPACE IF EXISTS $KEYSPACE" >/dev/null
-    QUOTAD__STORE__NODES=$NODES QUOTAD__STORE__KEYSPACE=$KEYSPACE "$QUOTAD" migrate >"$WORK/migrate.log" 2>&1
+    env QUOTAD__STORE__NODES="$NODES" QUOTAD__STORE__KEYSPACE="$KEYSPACE" "${extra[@]}" \
+      "$QUOTAD" migrate >"$WORK/migrate.log" 2>&1
   fi
   env QUOTAD__SERVER__BIND=127.0.0.1:$QPORT \
     QUOTAD__STORE__KIND="$kind" \

@@ -69,7 +69,12 @@ pub(crate) fn start_instance(
             ..LimiterConfig::default()
         },
     ));
-    let syncer = Syncer::new(limiter.clone(), view, metrics, SyncConfig::default());
+    let syncer = Syncer::new(
+        limiter.clone(),
+        shared.history.clone(),
+        metrics,
+        SyncConfig::default(),
+    );
     Instance {
         limiter,
         syncer,
@@ -77,6 +82,22 @@ pub(crate) fn start_instance(
         alive: true,
         lease_until: i64::MAX,
     }
+}
+
+/// One check of cost 1 by `client`, with no resource.
+pub(crate) async fn check_one(
+    limiter: &Limiter,
+    policy: &Policy,
+    tenant: &TenantId,
+    client: &ClientId,
+) -> quotad::limiter::Decision {
+    let input = CheckInput {
+        tenant,
+        client,
+        resource: None,
+        cost: 1,
+    };
+    limiter.check(policy, input).await
 }
 
 /// Instances whose lease lives at `now`: N as the store's roster says it.
@@ -277,18 +298,7 @@ pub(crate) async fn simulate_fleet(
         for (i, count) in arr.iter().enumerate() {
             for _ in 0..*count {
                 offered += 1;
-                let d = serving[i]
-                    .limiter
-                    .check(
-                        &policy,
-                        CheckInput {
-                            tenant: &tenant,
-                            client: &client,
-                            resource: None,
-                            cost: 1,
-                        },
-                    )
-                    .await;
+                let d = check_one(&serving[i].limiter, &policy, &tenant, &client).await;
                 if d.allowed {
                     log.push(now);
                 }
@@ -318,7 +328,7 @@ pub(crate) async fn simulate_fleet(
     for i in fleet.iter().filter(|i| i.alive) {
         assert_eq!(i.syncer.drain().await, 0, "a drain writes everything");
     }
-    let (mut admitted, mut denied) = *shared.history.lock().unwrap();
+    let (mut admitted, mut denied) = *shared.history.0.lock().unwrap();
     for i in fleet.iter().filter(|i| !i.alive) {
         for d in i.limiter.history().drain() {
             admitted += d.counts.admitted;

@@ -9,7 +9,7 @@ pub(crate) type Cells = BTreeMap<(CounterKey, i64), Vec<i64>>;
 pub(crate) struct Shared {
     pub(crate) cells: Mutex<Cells>,
     /// Checks admitted and denied, as the usage history the instances wrote says.
-    pub(crate) history: Mutex<(u64, u64)>,
+    pub(crate) history: Arc<Tally>,
     /// Writes of a quiet client's counter (one per client per increment call), all instances.
     pub(crate) quiet_writes: std::sync::atomic::AtomicU64,
     /// Whether the store answers: [`UP`], [`STALLED`] or [`DOWN`].
@@ -34,11 +34,15 @@ pub(crate) struct ShardView {
     pub(crate) shards: usize,
 }
 
-/// The usage history, tallied: the simulation holds it equal to what the checks answered.
+/// The usage history, tallied (admitted, denied): the simulation holds it equal to what the
+/// checks answered.
+#[derive(Default)]
+pub(crate) struct Tally(pub(crate) Mutex<(u64, u64)>);
+
 #[async_trait]
-impl HistoryStore for ShardView {
+impl HistoryStore for Tally {
     async fn add_usage(&self, deltas: &[UsageDelta]) -> StoreResult<()> {
-        let mut h = self.shared.history.lock().unwrap();
+        let mut h = self.0.lock().unwrap();
         for d in deltas {
             h.0 += d.counts.admitted;
             h.1 += d.counts.denied;

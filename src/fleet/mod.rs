@@ -75,8 +75,6 @@ pub struct Fleet {
     region: Option<(String, i16)>,
     /// The live leases at the last roster read.
     live: Vec<crate::store::lease::Member>,
-    /// The regions unheard at the last heartbeat reading (for one log line per change).
-    cut_off: Vec<String>,
     watch: regions::Watch,
 }
 
@@ -97,7 +95,6 @@ impl Fleet {
             last: None,
             region: None,
             live: Vec::new(),
-            cut_off: Vec::new(),
             watch: regions::Watch::default(),
             cfg,
         };

@@ -98,7 +98,10 @@ impl Watch {
             };
             let age = (now - b.at_ms).max(0);
             if age > stale_ms {
-                w.cut_since.get_or_insert(b.at_ms);
+                if w.cut_since.is_none() {
+                    tracing::warn!(region = %w.region, lag_ms = age, "region unheard: counters keep to this region's budget");
+                    w.cut_since = Some(b.at_ms);
+                }
                 w.heard_again = None;
                 w.replayed = None;
                 w.ages.clear();
@@ -115,6 +118,7 @@ impl Watch {
                         w.replayed = Some(now);
                     }
                     if w.replayed.is_some_and(|r| now - r >= grace_ms) {
+                        tracing::info!(region = %w.region, lag_ms = age, "region heard again: counters share the whole limit");
                         w.cut_since = None;
                         w.heard_again = None;
                         w.replayed = None;
@@ -208,16 +212,6 @@ impl Fleet {
         let j = self
             .watch
             .judge(&beats, (&region, slot), &self.live, now, stale, grace);
-        for r in &j.seen {
-            let was = self.cut_off.contains(&r.region);
-            if r.cut_off && !was {
-                tracing::warn!(region = %r.region, lag_ms = r.lag_ms, "region unheard: counters keep to this region's budget");
-                self.cut_off.push(r.region.clone());
-            } else if !r.cut_off && was {
-                tracing::info!(region = %r.region, lag_ms = r.lag_ms, "region heard again: counters share the whole limit");
-                self.cut_off.retain(|c| *c != r.region);
-            }
-        }
         for r in &j.seen {
             let remote = (!r.local).then_some((r.lag_ms, r.cut_off));
             self.metrics.region(&r.region, r.members, remote);

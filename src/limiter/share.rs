@@ -220,10 +220,8 @@ impl Limiter {
         if m.regions() <= 1 {
             return None;
         }
-        let interval = self.cfg.sync_interval_ms;
-        let lag = self.cfg.max_sync_delay_ms.max(interval) - interval;
-        let settled = now - 2 * interval - lag;
-        let (g, from, eager) = (r.key.grain, r.from, lag == 0);
+        let (settled, eager) = self.settled(now);
+        let (g, from) = (r.key.grain, r.from);
         let share = part_of(totals, g, from, settled, m.region_members(), eager, |t| {
             (t.mine, t.region)
         });
@@ -274,17 +272,17 @@ impl Limiter {
 
     /// This instance's share of a counter read back over `r`.
     pub(super) fn share(&self, totals: &[BucketTotal], r: &CounterRange, now: i64) -> f32 {
+        let (settled, eager) = self.settled(now);
+        let n = self.cfg.fleet.members();
+        share_of(totals, r.key.grain, r.from, settled, n, eager)
+    }
+
+    /// Until when every instance has written its hits at `now` (buckets that ended before
+    /// count in shares: see [`share_of`]), and whether the fleet writes every round (eager).
+    fn settled(&self, now: i64) -> (i64, bool) {
         let interval = self.cfg.sync_interval_ms;
         let lag = self.cfg.max_sync_delay_ms.max(interval) - interval;
-        let settled = now - 2 * interval - lag;
-        share_of(
-            totals,
-            r.key.grain,
-            r.from,
-            settled,
-            self.cfg.fleet.members(),
-            lag == 0,
-        )
+        (now - 2 * interval - lag, lag == 0)
     }
 
     pub(super) fn fleet(&self, policy: &Policy) -> Fleet {

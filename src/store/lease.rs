@@ -102,7 +102,7 @@ pub trait LeaseStore: Send + Sync + 'static {
     fn adopt(&self, write: Option<i16>, read: &[i16]);
 
     /// The region (data centre) this store's session is local to: the configured one, else the
-    /// data centre of the node it reached. `None`: the store has no regions (embedded).
+    /// data centre of its contact points. `None`: the store has no regions (embedded).
     async fn local_region(&self) -> StoreResult<Option<String>> {
         Ok(None)
     }

@@ -55,25 +55,13 @@ pub(crate) fn start_instance(
         shard,
         shards,
     });
-    let store: DynCounterStore = view.clone();
-    let metrics = Arc::new(Metrics::new(false));
     let membership = Arc::new(Membership::alone());
-    let limiter = Arc::new(Limiter::new(
-        store,
-        Arc::new(clock.clone()),
-        metrics.clone(),
-        LimiterConfig {
-            fleet: membership.clone(),
-            sync_interval_ms: SYNC_MS,
-            max_sync_delay_ms: lazy.delay_ms,
-            ..LimiterConfig::default()
-        },
-    ));
-    let syncer = Syncer::new(
-        limiter.clone(),
+    let (limiter, syncer) = limiter_and_syncer(
+        view,
         shared.history.clone(),
-        metrics,
-        SyncConfig::default(),
+        clock,
+        &membership,
+        lazy.delay_ms,
     );
     Instance {
         limiter,
@@ -82,6 +70,31 @@ pub(crate) fn start_instance(
         alive: true,
         lease_until: i64::MAX,
     }
+}
+
+/// A limiter over `store`, on the simulation's clock and sync interval, and its sync task
+/// writing the usage history to `history`.
+pub(crate) fn limiter_and_syncer(
+    store: DynCounterStore,
+    history: Arc<Tally>,
+    clock: &ManualClock,
+    membership: &Arc<Membership>,
+    max_sync_delay_ms: i64,
+) -> (Arc<Limiter>, Syncer) {
+    let metrics = Arc::new(Metrics::new(false));
+    let limiter = Arc::new(Limiter::new(
+        store,
+        Arc::new(clock.clone()),
+        metrics.clone(),
+        LimiterConfig {
+            fleet: membership.clone(),
+            sync_interval_ms: SYNC_MS,
+            max_sync_delay_ms,
+            ..LimiterConfig::default()
+        },
+    ));
+    let syncer = Syncer::new(limiter.clone(), history, metrics, SyncConfig::default());
+    (limiter, syncer)
 }
 
 /// One check of cost 1 by `client`, with no resource.

@@ -233,20 +233,7 @@ impl CounterStore for RegionView {
     async fn read(&self, ranges: &[CounterRange]) -> StoreResult<Vec<Vec<BucketTotal>>> {
         let cells = self.shared.replicas[self.region].lock().unwrap();
         let ours = self.region * PER_REGION..(self.region + 1) * PER_REGION;
-        Ok(ranges
-            .iter()
-            .map(|r| {
-                cells
-                    .range((r.key.clone(), r.from)..=(r.key.clone(), r.to))
-                    .map(|((_, start), shards)| BucketTotal {
-                        start: *start,
-                        total: shards.iter().sum(),
-                        mine: shards[self.shard],
-                        region: shards[ours.clone()].iter().sum(),
-                    })
-                    .collect()
-            })
-            .collect())
+        Ok(read_cells(&cells, ranges, self.shard, ours))
     }
     async fn delete_expired(&self, _now_ms: i64, _budget: usize) -> StoreResult<u64> {
         Ok(0)
@@ -305,29 +292,13 @@ pub(crate) async fn simulate_regions(
                 region: r,
                 shard: r * PER_REGION + k,
             });
-            let metrics = Arc::new(Metrics::new(false));
             let membership = Arc::new(Membership::alone());
             membership.set_region(name);
             membership.set_members((regions * PER_REGION) as u32);
             membership.set_region_members(PER_REGION as u32);
             membership.set_regions(regions as u32, None);
-            let limiter = Arc::new(Limiter::new(
-                view.clone(),
-                Arc::new(clock.clone()),
-                metrics.clone(),
-                LimiterConfig {
-                    fleet: membership.clone(),
-                    sync_interval_ms: SYNC_MS,
-                    max_sync_delay_ms: 2_000,
-                    ..LimiterConfig::default()
-                },
-            ));
-            let syncer = Syncer::new(
-                limiter.clone(),
-                shared.history.clone(),
-                metrics,
-                SyncConfig::default(),
-            );
+            let (limiter, syncer) =
+                limiter_and_syncer(view, shared.history.clone(), &clock, &membership, 2_000);
             fleet.push((r, limiter, syncer, membership));
         }
     }

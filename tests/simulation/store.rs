@@ -34,6 +34,30 @@ pub(crate) struct ShardView {
     pub(crate) shards: usize,
 }
 
+/// The buckets of `ranges` in `cells`, as a reader on `shard` sees them, its region being
+/// `region`'s shards.
+pub(crate) fn read_cells(
+    cells: &Cells,
+    ranges: &[CounterRange],
+    shard: usize,
+    region: std::ops::Range<usize>,
+) -> Vec<Vec<BucketTotal>> {
+    ranges
+        .iter()
+        .map(|r| {
+            cells
+                .range((r.key.clone(), r.from)..=(r.key.clone(), r.to))
+                .map(|((_, start), shards)| BucketTotal {
+                    start: *start,
+                    total: shards.iter().sum(),
+                    mine: shards[shard],
+                    region: shards[region.clone()].iter().sum(),
+                })
+                .collect()
+        })
+        .collect()
+}
+
 /// The usage history, tallied (admitted, denied): the simulation holds it equal to what the
 /// checks answered.
 #[derive(Default)]
@@ -108,20 +132,7 @@ impl CounterStore for ShardView {
             return Err(StoreError::Unavailable("store stalled or down".into()));
         }
         let cells = self.shared.cells.lock().unwrap();
-        Ok(ranges
-            .iter()
-            .map(|r| {
-                cells
-                    .range((r.key.clone(), r.from)..=(r.key.clone(), r.to))
-                    .map(|((_, start), shards)| BucketTotal {
-                        start: *start,
-                        total: shards.iter().sum(),
-                        mine: shards[self.shard],
-                        region: shards.iter().sum(),
-                    })
-                    .collect()
-            })
-            .collect())
+        Ok(read_cells(&cells, ranges, self.shard, 0..self.shards))
     }
     async fn delete_expired(&self, _now_ms: i64, _budget: usize) -> StoreResult<u64> {
         Ok(0)

@@ -169,13 +169,9 @@ async fn two_instances_share_counts(a: &dyn Store, b: &dyn Store) {
     );
 }
 
-/// Runs `check` on a fresh keyspace of the cluster, migrated, and drops the keyspace after it,
-/// also when the check fails.
-async fn in_migrated_keyspace<F, Fut>(tag: &str, check: F)
-where
-    F: FnOnce(Vec<String>, ScyllaOptions) -> Fut,
-    Fut: std::future::Future<Output = ()>,
-{
+/// The cluster's contact points, a keyspace name no other run uses, and the options of a
+/// store on it (not created yet).
+fn fresh_keyspace(tag: &str) -> (Vec<String>, String, ScyllaOptions) {
     let nodes = nodes();
     let ks = unique_keyspace(tag);
     let opts = ScyllaOptions {
@@ -184,6 +180,17 @@ where
         replication: replication(),
         ..ScyllaOptions::default()
     };
+    (nodes, ks, opts)
+}
+
+/// Runs `check` on a fresh keyspace of the cluster, migrated, and drops the keyspace after it,
+/// also when the check fails.
+async fn in_migrated_keyspace<F, Fut>(tag: &str, check: F)
+where
+    F: FnOnce(Vec<String>, ScyllaOptions) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let (nodes, ks, opts) = fresh_keyspace(tag);
     let run = async {
         migrate::run(&opts, false, &mut Vec::new()).await.unwrap();
         check(nodes.clone(), opts.clone()).await;
@@ -231,14 +238,7 @@ async fn keyspace_exists(nodes: &[String], ks: &str) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs a Cassandra/ScyllaDB cluster: set QUOTAD_TEST_SCYLLA_NODES=host:port and run with --ignored"]
 async fn scylla_store_passes_the_contract() {
-    let nodes = nodes();
-    let ks = unique_keyspace("c");
-    let opts = ScyllaOptions {
-        nodes: nodes.clone(),
-        keyspace: ks.clone(),
-        replication: replication(),
-        ..ScyllaOptions::default()
-    };
+    let (nodes, ks, opts) = fresh_keyspace("c");
     let run = async {
         let mut out = Vec::new();
         let report = migrate::run(&opts, false, &mut out).await.unwrap();

@@ -17,16 +17,16 @@ use super::errors::{internal, map_exec, Op};
 use super::statements::{
     BeatRegionValues, ClaimRegionSlotValues, ClaimShardValues, ListUsedValues, LogRegionBeatValues,
     MarkUsedValues, MemberRow, ReadRegionBeatsValues, RegionBeatAtRow, RegionBeatRow,
-    RegionSlotRow, ReleaseShardValues, RenewShardValues, UsedRow, LOCAL_DC_CQL, USED_PART,
+    RegionSlotRow, ReleaseShardValues, RenewShardValues, UsedRow, USED_PART,
 };
-
-/// The heartbeat log's partitions are a minute each.
-const MINUTE_MS: i64 = 60_000;
 use super::ScyllaStore;
 use crate::store::lease::{
     pick_shard, ttl_secs, Claim, LeaseStore, Member, RegionBeat, Roster, MAX_REGIONS,
 };
 use crate::store::{StoreError, StoreResult};
+
+/// The heartbeat log's partitions are a minute each.
+const MINUTE_MS: i64 = 60_000;
 
 /// Claims tried in one call before answering: other instances may take each free shard
 /// first, but not this many in a row unless the fleet is starting all at once.
@@ -136,20 +136,7 @@ impl LeaseStore for ScyllaStore {
     }
 
     async fn local_region(&self) -> StoreResult<Option<String>> {
-        if let Some(dc) = &self.local_dc {
-            return Ok(Some(dc.clone()));
-        }
-        let res = self
-            .session
-            .query_unpaged(LOCAL_DC_CQL, ())
-            .await
-            .map_err(|e| map_exec(e, Op::Read))?;
-        let rows = res.into_rows_result().map_err(internal)?;
-        let dc = rows
-            .maybe_first_row::<(Option<String>,)>()
-            .map_err(internal)?
-            .and_then(|(dc,)| dc);
-        Ok(dc)
+        Ok(self.local_dc.clone())
     }
 
     async fn join_region(&self, region: &str) -> StoreResult<i16> {

@@ -194,8 +194,6 @@ pub(crate) type ReadRegionBeatsValues<'a> = (&'a str, i64, CqlTimestamp, CqlTime
 pub(crate) type RegionBeatAtRow = (CqlTimestamp,);
 pub(crate) type RegionBeatRow = (String, Option<i16>, Option<CqlTimestamp>);
 
-pub(crate) const LOCAL_DC_CQL: &str = "SELECT data_center FROM system.local";
-
 /// Usage history (`store::history`, `migrations/0004_history_audit.cql`): one counter cell
 /// of a point. `month` is `yyyymm` of `start`; `step` is `Step::as_str`.
 pub(crate) const ADD_USAGE_POINT_CQL: &str = "UPDATE usage_history SET n = n + ? WHERE \

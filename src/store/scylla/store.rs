@@ -46,7 +46,7 @@ pub struct ScyllaStore {
     pub(super) region_slot: AtomicI32,
     /// The region joined, and its slot: what heartbeats write.
     pub(super) region: std::sync::OnceLock<(String, i16)>,
-    /// `store.local_dc`, if set.
+    /// `store.local_dc`, else the data centre of the contact points (`contact_dc`).
     pub(super) local_dc: Option<String>,
     pub(super) max_concurrency: usize,
     /// Token after which the janitor's next sweep of the old counter table continues. A std

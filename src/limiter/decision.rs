@@ -68,9 +68,11 @@ impl Decision {
 /// A verdict not given yet (see [`Judging`]).
 const UNJUDGED: Verdict = Verdict {
     est: 0,
+    held: 0,
     admit: false,
     retry: None,
     pressing: false,
+    store: false,
 };
 
 /// Per-limit verdict before anything is consumed.
@@ -78,23 +80,31 @@ const UNJUDGED: Verdict = Verdict {
 struct Verdict {
     /// The limit's count now, before this check (negative when credits exceed the hits).
     est: i64,
+    /// What other instances may hold admitted beyond `est` (`share::others_hold`): not
+    /// remaining in the answer.
+    held: i64,
     admit: bool,
     /// The wait until the same check could pass: 0 when admitted, None if never.
     retry: Option<i64>,
     /// The counter should be synced at the next round (see `share::ShareUse`).
     pressing: bool,
+    /// The window has room that this instance's share cannot hold: the store decides.
+    store: bool,
 }
 
 /// One limit's verdict: over `max` by cost alone (never), by the window's count (until enough
-/// hits leave it), or by this instance's share of the headroom (until the next sync).
+/// hits leave it), or, where this instance's share of the headroom cannot hold the check, by
+/// the store (the last units of a limit; until the next sync while the store is failing).
 fn judge(l: &Limit, s: &LimitState, now: i64, cost: u64, fleet: Fleet) -> Verdict {
     let buckets = &s.buckets;
     let est = window::estimate(l.kind, buckets, s.carry(), now);
     let verdict = |admit, retry, pressing| Verdict {
         est,
+        held: 0,
         admit,
         retry,
         pressing,
+        store: false,
     };
     if cost > l.max {
         return verdict(false, None, false);
@@ -114,13 +124,29 @@ fn judge(l: &Limit, s: &LimitState, now: i64, cost: u64, fleet: Fleet) -> Verdic
         }
         return verdict(true, Some(0), false);
     }
-    let u = share_use(l, s, now, cost, fleet.budget);
+    let u = share_use(l, s, now, cost, fleet);
+    let held = u.held.clamp(0, i64::MAX as i128) as i64;
     if u.within {
-        verdict(true, Some(0), u.pressing)
+        Verdict {
+            held,
+            ..verdict(true, Some(0), u.pressing)
+        }
+    } else if fleet.through_store && fleet.last_units && share::others_hold(l, s, now, fleet) == 0 {
+        // The window has room that no share holds, and no other instance can hold hits of it
+        // unwritten: the store counts the check.
+        Verdict {
+            held,
+            store: true,
+            ..verdict(false, Some(0), true)
+        }
     } else {
-        // The window has room, but this instance has used its share of it since it last heard
-        // from the others: the next sync brings a fresh count and a fresh share.
-        verdict(false, Some(fleet.sync_interval_ms), true)
+        // This instance has used its share of the headroom since it last heard from the
+        // others: nothing is left that it may take until the next sync brings a fresh count
+        // and a fresh share.
+        Verdict {
+            held: i64::MAX,
+            ..verdict(false, Some(fleet.sync_interval_ms), true)
+        }
     }
 }
 
@@ -143,7 +169,10 @@ fn binding_index(verdicts: &[Verdict], limits: &[&Limit], cost: u64, denied: boo
                 }
             }
         } else {
-            let rem = |i: usize| remaining(limits[i].max, verdicts[i].est, cost);
+            let rem = |i: usize| {
+                let v = &verdicts[i];
+                remaining(limits[i].max, v.est.saturating_add(v.held), cost)
+            };
             rem(i) < rem(best)
         };
         if better {
@@ -205,6 +234,9 @@ const _: () = assert!(MAX_LIMITS <= u32::BITS as usize);
 pub(super) struct Outcome {
     denied: bool,
     binding: usize,
+    /// Every limit that does not admit it leaves the check to the store: nothing is decided
+    /// in memory (see [`Judging::outcome`]).
+    pub(super) through_store: bool,
 }
 
 impl<'l> Judging<'l> {
@@ -261,8 +293,15 @@ impl<'l> Judging<'l> {
             return None;
         }
         let denied = !self.force_admit && self.verdicts.iter().any(|v| !v.admit);
+        // A limit whose window is full denies in memory; only where every limit that does not
+        // admit has room that no share holds does the store decide.
+        let through_store = denied && self.verdicts.iter().all(|v| v.admit || v.store);
         let binding = binding_index(&self.verdicts, self.limits, self.cost, denied);
-        Some(Outcome { denied, binding })
+        Some(Outcome {
+            denied,
+            binding,
+            through_store,
+        })
     }
 
     /// Takes the cost in the states of `slots` if the check is admitted; when the binding limit's
@@ -287,7 +326,11 @@ impl<'l> Judging<'l> {
         let binding = Binding {
             limit_id: l.answer_id.clone(),
             limit: l.max,
-            remaining: remaining(l.max, v.est, if o.denied { 0 } else { self.cost }),
+            remaining: remaining(
+                l.max,
+                v.est.saturating_add(v.held),
+                if o.denied { 0 } else { self.cost },
+            ),
             reset_after_ms,
         };
         let dry_run = policy.mode == Mode::DryRun;

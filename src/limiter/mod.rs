@@ -185,6 +185,8 @@ enum Tallied {
 /// The outcome of one evaluation under the locks.
 enum Locked {
     Decided(Decision, Tallied),
+    /// The last units of a limit: the store decides (see `share`).
+    Store,
     /// These applicable limits (indices) have no state in memory yet.
     Missing(SmallVec<[usize; 16]>),
 }
@@ -193,7 +195,7 @@ enum Locked {
 /// usage history), or the store it needs.
 enum Now {
     Decided(Decision, bool),
-    /// A strict policy: every check goes through the store.
+    /// A strict policy, or the last units of a limit: the store decides.
     Strict,
     /// These applicable limits (indices) have no state in memory yet.
     Missing(SmallVec<[usize; 16]>),
@@ -391,7 +393,7 @@ impl Limiter {
         let now = self.clock.now_ms();
         let mut missing = match self.decide_now(policy, &limits, input, now, record) {
             Now::Decided(d, recorded) => return (d, recorded),
-            Now::Strict => return (self.check_strict(policy, &limits, input, now).await, false),
+            Now::Strict => return self.through_store(policy, &limits, input, now).await,
             Now::Missing(missing) => missing,
         };
         let tally = record && self.cfg.max_history_rows > 0;
@@ -419,6 +421,7 @@ impl Limiter {
             }
             match self.locked(policy, &limits, input, now, None, tally) {
                 Locked::Decided(d, tallied) => return self.tallied(input, d, tallied),
+                Locked::Store => return self.through_store(policy, &limits, input, now).await,
                 Locked::Missing(m) => missing = m,
             }
         }
@@ -454,6 +457,7 @@ impl Limiter {
                 let (d, recorded) = self.tallied(input, d, tallied);
                 Now::Decided(d, recorded)
             }
+            Locked::Store => Now::Strict,
             Locked::Missing(missing) => Now::Missing(missing),
         }
     }
@@ -528,6 +532,9 @@ impl Limiter {
             let Some(outcome) = j.outcome() else {
                 return Locked::Missing(j.unjudged());
             };
+            if outcome.through_store {
+                return Locked::Store;
+            }
             let reset = j.consume(&outcome, &mut ts);
             (outcome, reset)
         };
@@ -544,6 +551,21 @@ impl Limiter {
             _ => Tallied::No,
         };
         Locked::Decided(d, tallied)
+    }
+
+    /// Decides a check through the store: a strict policy's, or one at the last units of a
+    /// limit (counted in the metrics).
+    async fn through_store(
+        &self,
+        policy: &Policy,
+        limits: &[&Limit],
+        input: CheckInput<'_>,
+        now: i64,
+    ) -> (Decision, bool) {
+        if policy.consistency == Consistency::Cached {
+            self.metrics.last_units_check();
+        }
+        (self.check_strict(policy, limits, input, now).await, false)
     }
 
     /// Reads the missing counters from the store and installs them (unless a racing check

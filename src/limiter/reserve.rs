@@ -13,6 +13,9 @@
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(super) struct Reserve {
     period: i64,
+    /// The period of the first read noted since the last gap: before two more periods have
+    /// begun, the reads noted do not cover a whole span.
+    first: i64,
     /// The lowest count of the previous period and of the current one.
     lowest: [i64; 2],
     /// This instance's least share in each: the others' shares were at most the rest.
@@ -27,6 +30,7 @@ impl Reserve {
             None => {
                 *r = Some(Reserve {
                     period,
+                    first: period,
                     lowest: [est, est],
                     least_share: [share, share],
                 })
@@ -35,6 +39,7 @@ impl Reserve {
                 let (est0, share0) = if period == x.period + 1 {
                     (x.lowest[1], x.least_share[1])
                 } else {
+                    x.first = period;
                     (est, share)
                 };
                 x.lowest = [est0, est];
@@ -51,6 +56,11 @@ impl Reserve {
     /// The lowest count over both periods.
     pub(super) fn lowest(&self) -> i64 {
         self.lowest[0].min(self.lowest[1])
+    }
+
+    /// Whether the reads noted cover a whole span before `period` (the current one).
+    pub(super) fn covers(&self, period: i64) -> bool {
+        period == self.period && period >= self.first + 2
     }
 
     /// This instance's least share over both periods.
@@ -82,5 +92,25 @@ mod tests {
         Reserve::note(&mut r, 20, 99, 0.99);
         let x = r.unwrap();
         assert_eq!((x.lowest(), x.least_share()), (99, 0.99));
+    }
+
+    #[test]
+    fn it_covers_a_span_once_a_whole_period_has_been_noted() {
+        let mut r = None;
+        Reserve::note(&mut r, 10, 50, 0.5);
+        Reserve::note(&mut r, 11, 60, 0.5);
+        assert!(
+            !r.unwrap().covers(11),
+            "period 10 was noted only from its middle"
+        );
+        Reserve::note(&mut r, 12, 70, 0.5);
+        assert!(r.unwrap().covers(12));
+        assert!(
+            !r.unwrap().covers(13),
+            "nothing noted in the current period"
+        );
+        // A gap forgets the reads before it, and their cover.
+        Reserve::note(&mut r, 20, 99, 0.99);
+        assert!(!r.unwrap().covers(20));
     }
 }

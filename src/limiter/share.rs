@@ -9,6 +9,14 @@
 //! fades out as its hits leave the window. If all instances read the store at the same moment
 //! they could never overshoot together; reads at different moments leave a small overshoot,
 //! measured by the simulation in `tests/simulation/` and reported in docs/accuracy.md.
+//!
+//! A small limit (`max` up to [`LAST_UNITS`]) is no instance's share: rounded-down shares of
+//! it would leave its last units to nobody. Every check of it that memory does not deny (its
+//! window full) is decided through the store (`strict`), which sees every hit, so a fleet
+//! admits every unit of a small limit and never one more. A larger limit keeps its shares, so
+//! that far from it no check pays a round trip; where a share cannot hold a check, the store
+//! decides it only once no other instance can hold a share's hits unwritten ([`others_hold`]
+//! is 0), and otherwise the check waits for the next sync.
 
 use super::state::{LimitState, RegionPart};
 use super::window::Bucket;
@@ -89,6 +97,14 @@ fn part_of(
 pub(super) struct Fleet {
     /// Enforce shares of the headroom (more than one instance, cached consistency).
     pub(super) shares: bool,
+    /// Small limits are shared out to nobody (one region, the store answering).
+    pub(super) last_units: bool,
+    /// A check its share cannot hold is decided through the store (the store answers); else
+    /// it is denied until the next sync (the store is failing).
+    pub(super) through_store: bool,
+    /// The span over which the others last read a counter they hold hits of
+    /// (`Limiter::seen_span`; 0 alone).
+    pub(super) seen_span: i64,
     pub(super) sync_interval_ms: i64,
     /// While another region is unheard: keep to this region's budget.
     pub(super) budget: Option<Budget>,
@@ -111,6 +127,9 @@ pub(super) struct ShareUse {
     /// They would be past [`1 / PRESSURE_DIVISOR`](PRESSURE_DIVISOR) of the allowance: the
     /// counter is synced at the next round instead of waiting for `sync.max_delay_ms`.
     pub(super) pressing: bool,
+    /// What the other instances may hold admitted and unwritten ([`others_hold`]): not
+    /// remaining, as far as this instance knows.
+    pub(super) held: i128,
 }
 
 /// A counter whose unsynced hits pass this fraction of its allowance is synced at the next round.
@@ -118,6 +137,41 @@ pub(super) struct ShareUse {
 /// of the others (more under-admission when traffic shifts, as a share must then fill up
 /// before it is rebalanced).
 pub(super) const PRESSURE_DIVISOR: i128 = 8;
+/// The largest `max` of a limit that no instance of a fleet holds a share of.
+pub const LAST_UNITS: u64 = 64;
+
+/// The units of a limit of `max` that no instance holds a share of (see the module comment):
+/// all of a small limit, none of a larger one.
+pub fn last_units(max: u64) -> u64 {
+    if max <= LAST_UNITS {
+        max
+    } else {
+        0
+    }
+}
+
+/// What the other instances may hold admitted and unwritten, at most: the rest of the
+/// headroom shared out as this instance read it over the span in which the others last read
+/// it (`Limiter::seen_span`), at the lowest count and with the least share it saw. Before its
+/// reads cover that span, as though the count had been 0. Nothing of a small limit. Each
+/// share's allowance is rounded down, and so is their sum.
+pub(super) fn others_hold(l: &Limit, s: &LimitState, now: i64, fleet: Fleet) -> i128 {
+    if fleet.seen_span <= 0 {
+        return 0;
+    }
+    let (lowest, share) = match s.seen() {
+        Some(r) if r.covers(now.div_euclid(fleet.seen_span)) => (r.lowest(), r.least_share()),
+        Some(r) => (0, r.least_share()),
+        None => (0, s.share),
+    };
+    let zone = if fleet.last_units {
+        last_units(l.max)
+    } else {
+        0
+    };
+    let shared = (l.max as i128 - zone as i128 - lowest.max(0) as i128).max(0);
+    ((1.0 - share.clamp(0.0, 1.0) as f64) * shared as f64).floor() as i128
+}
 /// What a fleet that writes lazily reserves for the others' unwritten hits, as a fraction of
 /// their shares: twice what they hold before they press, for the round between pressing and
 /// writing.
@@ -131,13 +185,8 @@ const RESERVE_DIVISOR: f64 = (PRESSURE_DIVISOR / 2) as f64;
 ///
 /// A token bucket's level is not a sum: its pending part is every unwritten hit, and the rest
 /// of the level is what the store showed.
-pub(super) fn share_use(
-    l: &Limit,
-    s: &LimitState,
-    now: i64,
-    cost: u64,
-    budget: Option<Budget>,
-) -> ShareUse {
+pub(super) fn share_use(l: &Limit, s: &LimitState, now: i64, cost: u64, fleet: Fleet) -> ShareUse {
+    let budget = fleet.budget;
     let (stored, pending) = if l.kind.is_tokens() {
         let pending: i64 = s.buckets.iter().map(|b| b.pending as i64).sum();
         let level = window::estimate(l.kind, &s.buckets, s.carry(), now);
@@ -148,8 +197,17 @@ pub(super) fn share_use(
             window::estimate_by(l.kind, &s.buckets, s.carry(), now, |b| b.pending as i64),
         )
     };
-    let headroom = (l.max as i128 - (stored as i128 - s.settling as i128)).max(0);
-    let mut allowance = (s.share as f64 * headroom as f64).floor() as i128;
+    let read = stored as i128 - s.settling as i128;
+    let headroom = (l.max as i128 - read).max(0);
+    // The last units are shared out to nobody: they are decided through the store.
+    let zone = if fleet.last_units {
+        last_units(l.max)
+    } else {
+        0
+    };
+    let shared = (headroom - zone as i128).max(0);
+    let mut allowance = (s.share as f64 * shared as f64).floor() as i128;
+    let mut held = others_hold(l, s, now, fleet);
     if let Some(r) = s.reserve() {
         // What the others may hold unwritten while they do not press: less than a
         // PRESSURE_DIVISOR-th of their shares of the most headroom they read (past it, they
@@ -158,7 +216,8 @@ pub(super) fn share_use(
         let widest = (l.max as i128 - r.lowest() as i128).max(0);
         let theirs = 1.0 - r.least_share() as f64;
         let others = (theirs * widest as f64 / RESERVE_DIVISOR).ceil() as i128;
-        allowance = allowance.min(headroom - others);
+        allowance = allowance.min(shared - others);
+        held = held.max(others);
     }
     if let Some(b) = budget.filter(|_| !l.kind.is_tokens()) {
         allowance = allowance.min(regional_allowance(l, s, now, b, false));
@@ -167,6 +226,7 @@ pub(super) fn share_use(
     ShareUse {
         within: used <= allowance,
         pressing: used * PRESSURE_DIVISOR > allowance,
+        held,
     }
 }
 
@@ -257,9 +317,24 @@ impl Limiter {
             .then(|| self.cfg.max_sync_delay_ms + interval)
     }
 
+    /// The span in which every other instance of a fleet has read a counter it holds hits of:
+    /// an instance reads a counter back whenever it writes it, and at least every few rounds
+    /// while it holds it (`Limiter::round_spans`). None alone.
+    pub(super) fn seen_span(&self) -> Option<i64> {
+        let interval = self.cfg.sync_interval_ms.max(1);
+        (self.cfg.fleet.members() > 1).then(|| {
+            let (_, read_every) = self.round_spans();
+            (i64::from(read_every) + 1) * interval
+        })
+    }
+
     /// Notes a read's count in a state's reserve (windows only: a token bucket's level is not
-    /// a sum of shares).
+    /// a sum of shares), and in a fleet in the reads seen lately (`share::others_hold`).
     pub(super) fn note_read(&self, s: &mut LimitState, now: i64) {
+        if let Some(span) = self.seen_span() {
+            let est = window::estimate_by(s.kind, &s.buckets, s.carry(), now, |b| b.stored);
+            s.note_seen(now.div_euclid(span), est);
+        }
         let read = self
             .reserve_span()
             .filter(|_| !s.kind.is_tokens())
@@ -287,9 +362,15 @@ impl Limiter {
 
     pub(super) fn fleet(&self, policy: &Policy) -> Fleet {
         let budget = self.budget(policy);
+        // Across regions a store read does not see the others' latest hits: the last units
+        // stay shared out there (docs/accuracy.md).
+        let one_region = self.cfg.fleet.regions() <= 1;
         Fleet {
             shares: (self.cfg.fleet.members() > 1 || budget.is_some())
                 && policy.consistency == Consistency::Cached,
+            last_units: one_region,
+            through_store: one_region,
+            seen_span: self.seen_span().unwrap_or(0),
             sync_interval_ms: self.cfg.sync_interval_ms,
             budget,
         }
@@ -313,6 +394,9 @@ impl Limiter {
         let budget = self.budget(policy);
         Fleet {
             shares: self.cfg.fleet.members() > 1 || budget.is_some(),
+            last_units: false,
+            through_store: false,
+            seen_span: self.seen_span().unwrap_or(0),
             sync_interval_ms: self.cfg.sync_interval_ms,
             budget,
         }

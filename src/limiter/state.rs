@@ -52,6 +52,9 @@ pub(super) struct LimitState {
 pub(super) struct Aux {
     pub(super) tokens: Option<TokenLevel>,
     pub(super) reserve: Option<Reserve>,
+    /// In a fleet: the reads of the last spans of `Limiter::seen_span`, for what the other
+    /// instances may hold unwritten (`share::others_hold`).
+    pub(super) seen: Option<Reserve>,
     /// In a fleet of several regions: this region's part of the count (`share`).
     pub(super) region: Option<RegionPart>,
 }
@@ -106,6 +109,7 @@ impl LimitState {
                         read_at: now,
                     }),
                     reserve: None,
+                    seen: None,
                     region: None,
                 })
             }),
@@ -142,6 +146,18 @@ impl LimitState {
         self.aux.as_ref().and_then(|a| a.reserve.as_ref())
     }
 
+    /// The reads this instance made of the counter lately (in a fleet).
+    pub(super) fn seen(&self) -> Option<&Reserve> {
+        self.aux.as_ref().and_then(|a| a.seen.as_ref())
+    }
+
+    /// Notes a read's count `est` at `period` of `Limiter::seen_span` (in a fleet).
+    pub(super) fn note_seen(&mut self, period: i64, est: i64) {
+        let share = self.share;
+        let aux = self.aux.get_or_insert_with(Box::default);
+        Reserve::note(&mut aux.seen, period, est, share);
+    }
+
     /// Notes a read in the reserve (`Some`), or drops it (`None`: no fleet that writes lazily).
     pub(super) fn note_reserve(&mut self, read: Option<(i64, i64)>) {
         match read {
@@ -157,7 +173,7 @@ impl LimitState {
                 if self
                     .aux
                     .as_ref()
-                    .is_some_and(|a| a.tokens.is_none() && a.region.is_none())
+                    .is_some_and(|a| a.tokens.is_none() && a.region.is_none() && a.seen.is_none())
                 {
                     self.aux = None;
                 }
@@ -186,11 +202,14 @@ impl LimitState {
                 read_at: self.token_level().map_or(now, |t| t.read_at),
             });
             let reserve = self.aux.as_mut().and_then(|a| a.reserve.take());
+            let seen = self.aux.as_mut().and_then(|a| a.seen.take());
             let region = self.aux.as_mut().and_then(|a| a.region.take());
-            self.aux = (tokens.is_some() || reserve.is_some() || region.is_some()).then(|| {
+            let any = tokens.is_some() || reserve.is_some() || seen.is_some() || region.is_some();
+            self.aux = any.then(|| {
                 Box::new(Aux {
                     tokens,
                     reserve,
+                    seen,
                     region,
                 })
             });

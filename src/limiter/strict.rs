@@ -24,11 +24,11 @@ use std::sync::{Arc, Mutex};
 
 use super::decision::{decide, Decision};
 use super::key::subject_of;
-use super::share::Fleet;
+use super::share::{self, Fleet};
 use super::state::{buckets_from, lock, LimitState};
 use super::writes::Writing;
 use super::{window, CheckInput, Limiter};
-use crate::domain::{Limit, Policy};
+use crate::domain::{Consistency, Limit, Policy};
 use crate::store::{BucketTotal, CounterRange, Delta, StoreError};
 
 /// A strict call that answered after its deadline, for memory to learn from at the next
@@ -69,6 +69,7 @@ impl Limiter {
             .iter()
             .map(|l| Self::range_of(input.tenant, input.client, l, now))
             .collect();
+        let held = self.others_hold(policy, limits, &ranges, now);
         // Hits a failure admitted here go to the store with this one (see the module comment).
         let (carried, writing) = match self.carry_pending(&ranges, now) {
             c if c.is_empty() => (c, None),
@@ -136,13 +137,45 @@ impl Limiter {
             shares: false,
             ..self.fleet(policy)
         };
-        let d = decide(policy, limits, &mut refs, now, input.cost, false, fleet);
+        let mut d = decide(policy, limits, &mut refs, now, input.cost, false, fleet);
+        // A larger limit of a cached check (here because a small one needs the store) was
+        // within this instance's share: what the others may hold of it is not remaining.
+        if let Some(b) = d.binding.as_mut() {
+            if let Some(i) = limits.iter().position(|l| l.answer_id == b.limit_id) {
+                b.remaining = b.remaining.saturating_sub(held[i].max(0) as u64);
+            }
+        }
         let admitted = d.allowed && !d.dry_run_denied;
         self.remember(input, limits, &ranges, totals, admitted, now);
         if !admitted {
             undo(&self.store, &self.metrics, deltas).await;
         }
         d
+    }
+
+    /// Per limit, what the other instances may hold admitted and unwritten
+    /// (`share::others_hold`) as this instance last read the counter, for the answer's
+    /// `remaining`: nothing in a strict policy, whose hits are all in the store, nor alone, nor
+    /// of a small limit, which no instance holds a share of.
+    fn others_hold(
+        &self,
+        policy: &Policy,
+        limits: &[&Limit],
+        ranges: &[CounterRange],
+        now: i64,
+    ) -> Vec<i64> {
+        if policy.consistency == Consistency::Strict {
+            return vec![0; limits.len()];
+        }
+        let fleet = self.fleet(policy);
+        limits
+            .iter()
+            .zip(ranges)
+            .map(|(l, r)| {
+                self.with_state(&r.key, |s| share::others_hold(l, s, now, fleet))
+                    .map_or(0, |h| h.clamp(0, i64::MAX as i128) as i64)
+            })
+            .collect()
     }
 
     /// The check's hit on each limit's current bucket; none for a peek (cost 0).

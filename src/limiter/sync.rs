@@ -74,7 +74,7 @@ fn slot_of(tenant: &str, subject: &[u8]) -> u64 {
 impl Limiter {
     /// Sync rounds between two writes of a counter that nothing presses, and between two
     /// reads back of one nobody writes.
-    fn round_spans(&self) -> (u8, u8) {
+    pub(super) fn round_spans(&self) -> (u8, u8) {
         let interval = self.cfg.sync_interval_ms.max(1);
         let write = (self.cfg.max_sync_delay_ms / interval).clamp(1, 60) as u32;
         let read = (write * REFRESH_IDLE_FACTOR).max(REFRESH_IDLE_EVERY);

@@ -61,6 +61,7 @@ pub struct Metrics {
     unsynced_hits_at_exit: IntGauge,
     compensation_failures: IntCounter,
     memory_cap_checks: IntCounterVec,
+    last_units_checks: IntCounter,
     unrecorded_hits: IntCounter,
     unrecorded_history: IntCounter,
     unrecorded_audit: IntCounter,
@@ -285,6 +286,12 @@ impl Metrics {
                  cap was reached (cap = counters | tenant_clients).",
                 &["cap"],
             ),
+            last_units_checks: counter(
+                "quotad_last_units_checks_total",
+                "Checks of cached policies decided through the store because this instance's \
+                 share of the headroom could not hold them while the window had room (the last \
+                 units of a limit, in a fleet).",
+            ),
             unrecorded_hits: counter(
                 "quotad_unrecorded_hits_total",
                 "Hits admitted (on_store_failure = allow) that could be neither written to the \
@@ -333,6 +340,7 @@ impl Metrics {
             Box::new(self.unsynced_hits_at_exit.clone()),
             Box::new(self.compensation_failures.clone()),
             Box::new(self.memory_cap_checks.clone()),
+            Box::new(self.last_units_checks.clone()),
             Box::new(self.unrecorded_hits.clone()),
             Box::new(self.unrecorded_history.clone()),
             Box::new(self.unrecorded_audit.clone()),
@@ -434,6 +442,16 @@ impl Metrics {
 
     pub fn memory_cap_check(&self, cap: &str) {
         self.memory_cap_checks.with_label_values(&[cap]).inc();
+    }
+
+    /// A cached check decided through the store at the last units of a limit.
+    pub fn last_units_check(&self) {
+        self.last_units_checks.inc();
+    }
+
+    /// Cached checks decided through the store at the last units of a limit, so far.
+    pub fn last_units_checks(&self) -> u64 {
+        self.last_units_checks.get()
     }
 
     pub fn unrecorded_hits(&self, hits: u64) {

@@ -363,6 +363,9 @@ pub(crate) async fn simulate_fleet(
     let quiet_writes = shared
         .quiet_writes
         .load(std::sync::atomic::Ordering::Relaxed);
+    let store_checks = shared
+        .store_checks
+        .load(std::sync::atomic::Ordering::Relaxed);
     if shape == Shape::Tokens {
         let later: Vec<i64> = log.iter().copied().filter(|&t| t >= T0 + 5_000).collect();
         return Outcome {
@@ -373,6 +376,7 @@ pub(crate) async fn simulate_fleet(
             offered,
             quiet_writes,
             failure_bound,
+            store_checks,
         };
     }
     let worst = worst_window(&log, WINDOW_MS);
@@ -392,5 +396,6 @@ pub(crate) async fn simulate_fleet(
         offered,
         quiet_writes,
         failure_bound,
+        store_checks,
     }
 }

@@ -106,6 +106,8 @@ pub(crate) struct Outcome {
     /// The largest over-admission the docs allow a failure of the run, in hits (0 without
     /// one): see `Event::Store`.
     pub(crate) failure_bound: f64,
+    /// Checks decided through the store, all instances.
+    pub(crate) store_checks: u64,
 }
 
 /// Most hits in any span `(t - span, t]` of a sorted log.

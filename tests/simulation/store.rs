@@ -14,6 +14,8 @@ pub(crate) struct Shared {
     pub(crate) quiet_writes: std::sync::atomic::AtomicU64,
     /// Whether the store answers: [`UP`], [`STALLED`] or [`DOWN`].
     pub(crate) outage: std::sync::atomic::AtomicU8,
+    /// Checks decided through the store (`increment_and_read` calls), all instances.
+    pub(crate) store_checks: std::sync::atomic::AtomicU64,
 }
 
 /// The store answers.
@@ -133,6 +135,17 @@ impl CounterStore for ShardView {
         }
         let cells = self.shared.cells.lock().unwrap();
         Ok(read_cells(&cells, ranges, self.shard, 0..self.shards))
+    }
+    async fn increment_and_read(
+        &self,
+        deltas: &[Delta],
+        ranges: &[CounterRange],
+    ) -> StoreResult<Vec<Vec<BucketTotal>>> {
+        self.shared
+            .store_checks
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.increment(deltas).await?;
+        self.read(ranges).await
     }
     async fn delete_expired(&self, _now_ms: i64, _budget: usize) -> StoreResult<u64> {
         Ok(0)

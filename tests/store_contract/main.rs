@@ -20,7 +20,7 @@
 //! The checks are `async fn(&dyn Store)` (or `Arc<dyn Store>` where they spawn tasks), one
 //! file a part of the contract: `counters` (counters, policies, the janitor), `history` (usage
 //! history, the audit log and their retention), `fleet` (leases, idempotency keys, overrides,
-//! credits), `stalls` (strict checks of two instances while the node is paused: it also needs
+//! credits), `small` (small cached limits exact on fleets of two and three), `stalls` (strict checks of two instances while the node is paused: it also needs
 //! `QUOTAD_TEST_SCYLLA_PID`, the node's process id on this machine). This file holds the helpers and runs the checks on each store; only
 //! `two_instances_share_counts` needs two scylla stores (the embedded store holds one process).
 
@@ -28,6 +28,7 @@ mod counters;
 mod fleet;
 mod history;
 mod regions;
+mod small;
 mod stalls;
 mod upgrade;
 
@@ -322,6 +323,15 @@ async fn an_upgrade_keeps_the_counts_of_the_old_layout() {
 async fn strict_checks_hold_through_node_pauses() {
     in_migrated_keyspace("s", |_, opts| async move {
         stalls::strict_checks_hold_through_node_pauses(&opts).await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Cassandra/ScyllaDB cluster: set QUOTAD_TEST_SCYLLA_NODES=host:port and run with --ignored"]
+async fn small_limits_are_exact_on_fleets_of_two_and_three() {
+    in_migrated_keyspace("l", |_, opts| async move {
+        small::small_limits_are_exact_on_a_fleet(&opts).await;
     })
     .await;
 }

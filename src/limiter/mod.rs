@@ -553,21 +553,6 @@ impl Limiter {
         Locked::Decided(d, tallied)
     }
 
-    /// Decides a check through the store: a strict policy's, or one at the last units of a
-    /// limit (counted in the metrics).
-    async fn through_store(
-        &self,
-        policy: &Policy,
-        limits: &[&Limit],
-        input: CheckInput<'_>,
-        now: i64,
-    ) -> (Decision, bool) {
-        if policy.consistency == Consistency::Cached {
-            self.metrics.last_units_check();
-        }
-        (self.check_strict(policy, limits, input, now).await, false)
-    }
-
     /// Reads the missing counters from the store and installs them (unless a racing check
     /// installed them first, whose state then wins). Says which cap, if any, left one out.
     async fn load(

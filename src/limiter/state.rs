@@ -146,18 +146,6 @@ impl LimitState {
         self.aux.as_ref().and_then(|a| a.reserve.as_ref())
     }
 
-    /// The reads this instance made of the counter lately (in a fleet).
-    pub(super) fn seen(&self) -> Option<&Reserve> {
-        self.aux.as_ref().and_then(|a| a.seen.as_ref())
-    }
-
-    /// Notes a read's count `est` at `period` of `Limiter::seen_span` (in a fleet).
-    pub(super) fn note_seen(&mut self, period: i64, est: i64) {
-        let share = self.share;
-        let aux = self.aux.get_or_insert_with(Box::default);
-        Reserve::note(&mut aux.seen, period, est, share);
-    }
-
     /// Notes a read in the reserve (`Some`), or drops it (`None`: no fleet that writes lazily).
     pub(super) fn note_reserve(&mut self, read: Option<(i64, i64)>) {
         match read {

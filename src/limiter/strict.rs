@@ -55,6 +55,21 @@ const MAX_LATE: usize = 100_000;
 type Counting = Pin<Box<dyn Future<Output = Result<Vec<Vec<BucketTotal>>, StoreError>> + Send>>;
 
 impl Limiter {
+    /// Decides a check through the store: a strict policy's, or one at the last units of a
+    /// limit (counted in the metrics).
+    pub(super) async fn through_store(
+        &self,
+        policy: &Policy,
+        limits: &[&Limit],
+        input: CheckInput<'_>,
+        now: i64,
+    ) -> (Decision, bool) {
+        if policy.consistency == Consistency::Cached {
+            self.metrics.last_units_check();
+        }
+        (self.check_strict(policy, limits, input, now).await, false)
+    }
+
     /// Decides a check through the store (see the module comment).
     pub(super) async fn check_strict(
         &self,

@@ -1,8 +1,6 @@
 //! What an instance of a fleet that writes lazily holds back for the others' unwritten hits,
 //! and the reads an instance of any fleet made of a counter lately (`share::others_hold`).
 
-use super::state::LimitState;
-
 /// The lowest count the store showed for a counter over the last two periods of
 /// `sync.max_delay_ms` + one interval, in a fleet that writes lazily.
 ///
@@ -69,20 +67,6 @@ impl Reserve {
     /// This instance's least share over both periods.
     pub(super) fn least_share(&self) -> f32 {
         self.least_share[0].min(self.least_share[1])
-    }
-}
-
-impl LimitState {
-    /// The reads this instance made of the counter lately (in a fleet).
-    pub(super) fn seen(&self) -> Option<&Reserve> {
-        self.aux.as_ref().and_then(|a| a.seen.as_ref())
-    }
-
-    /// Notes a read's count `est` at `period` of `Limiter::seen_span` (in a fleet).
-    pub(super) fn note_seen(&mut self, period: i64, est: i64) {
-        let share = self.share;
-        let aux = self.aux.get_or_insert_with(Box::default);
-        Reserve::note(&mut aux.seen, period, est, share);
     }
 }
 

@@ -18,6 +18,7 @@
 //! decides it only once no other instance can hold a share's hits unwritten ([`others_hold`]
 //! is 0), and otherwise the check waits for the next sync.
 
+use super::reserve::Reserve;
 use super::state::{LimitState, RegionPart};
 use super::window::Bucket;
 use super::{window, Limiter};
@@ -263,6 +264,20 @@ pub(super) fn regional_allowance(
         return headroom;
     }
     (share as f64 * headroom as f64).floor() as i128
+}
+
+impl LimitState {
+    /// The reads this instance made of the counter lately (in a fleet).
+    pub(super) fn seen(&self) -> Option<&Reserve> {
+        self.aux.as_ref().and_then(|a| a.seen.as_ref())
+    }
+
+    /// Notes a read's count `est` at `period` of `Limiter::seen_span` (in a fleet).
+    pub(super) fn note_seen(&mut self, period: i64, est: i64) {
+        let share = self.share;
+        let aux = self.aux.get_or_insert_with(Box::default);
+        Reserve::note(&mut aux.seen, period, est, share);
+    }
 }
 
 impl Limiter {

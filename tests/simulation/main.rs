@@ -7,16 +7,18 @@
 //! steps; as in `Syncer::run`, every instance writes at each multiple of `SYNC_MS` and reads back
 //! `SETTLE_MS` later.
 //!
-//! It reports, for each traffic pattern and N = 1, 3, 10: the most hits admitted over any
+//! It reports, for each traffic pattern and N = 1, 2, 3, 10: the most hits admitted over any
 //! window of the limit (exact sliding log) as a fraction of `max` (over-admission), and the hits
 //! admitted as a fraction of what a perfect sliding-log limiter admits on the same arrivals
 //! (under-admission). Run `cargo test --test simulation -- --nocapture` to see the table.
 //! A second test runs the same fleets in strict consistency, where nothing may be over-admitted.
-//! A third runs them with a token bucket limit instead, against an exact token bucket.
+//! A third runs them with a token bucket limit instead, against an exact token bucket. Another
+//! runs small limits (1 to 60) on fleets of 2, 3 and 10, where every unit must be admitted and
+//! none more.
 //!
 //! The parts: `store` (the shared counters), `model` (the traffic patterns and the exact
-//! limiters the fleet is measured against), `fleet` (the instances and the run); the tests are
-//! here.
+//! limiters the fleet is measured against), `fleet` (the instances and the run), `small` (the
+//! small limits' runs); the tests are here.
 
 mod fleet;
 mod model;
@@ -104,7 +106,7 @@ async fn fleet_over_admission_is_measured_against_an_exact_sliding_log() {
     let mut failures = Vec::new();
     let only: Option<usize> = std::env::var("SIM_N").ok().and_then(|v| v.parse().ok());
     for pattern in patterns {
-        for n in [1usize, 3, 10] {
+        for n in [1usize, 2, 3, 10] {
             let only_p = std::env::var("SIM_P").ok();
             if only.is_some_and(|o| o != n)
                 || only_p

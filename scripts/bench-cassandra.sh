@@ -10,6 +10,12 @@
 #                                                   # for quotad migrate too (replication)
 #                                                  # for the Cassandra runs only
 #   EMBEDDED_ENV="QUOTAD__SYNC__MAX_DELAY_MS=2s" scripts/bench-cassandra.sh  # the same, embedded
+#   NODE_PID=<the node's pid> NODE_CPUS=1 scripts/bench-cassandra.sh   # both layouts, below
+#
+# Layouts: with NODE_PID (a node on this machine), every run is made twice. "own": the node's
+# threads pinned to NODE_CPUS (taskset), quotad and wrk to the other cores, as a deployment has
+# the cluster on machines of its own; "shared": the node, quotad and wrk all on every core.
+# Without NODE_PID, one run as things are ("as-is"), nothing pinned.
 #
 # For each N in $CLIENTS (active clients of one tenant, checks spread over all of them by
 # scripts/wrk/check.lua), and for each store (embedded first, then Cassandra on a fresh
@@ -37,6 +43,18 @@ CONNS=${CONNS:-64}
 THREADS=${THREADS:-2}
 PACE_MS=${PACE_MS:-20}
 QPORT=${QPORT:-18090}
+NODE_PID=${NODE_PID:-}
+NODE_CPUS=${NODE_CPUS:-1}
+ALL_CPUS=0-$(( $(nproc) - 1 ))
+# The cores left to quotad and wrk when the node has NODE_CPUS ("own" layout).
+REST_CPUS=$(python3 -c "
+import sys
+node = set()
+for part in sys.argv[1].split(','):
+    a, _, b = part.partition('-')
+    node.update(range(int(a), int(b or a) + 1))
+print(','.join(str(c) for c in range($(nproc)) if c not in node))" "$NODE_CPUS")
+PIN=()
 TOKEN=bench-admin-token
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 OUT=${OUT:-$(mktemp -d /tmp/quotad-cass.XXXXXX)}
@@ -109,7 +127,7 @@ start_quotad() { # KIND
     QUOTAD__LOG__LEVEL=warn \
     QUOTAD__LIMITER__MAX_COUNTERS=4000000 \
     QUOTAD__LIMITER__MAX_CLIENTS_PER_TENANT=2000000 \
-    "${extra[@]}" "$QUOTAD" serve >"$WORK/quotad.log" 2>&1 &
+    "${extra[@]}" "${PIN[@]}" "$QUOTAD" serve >"$WORK/quotad.log" 2>&1 &
   QPID=$!
   for _ in $(seq 1 300); do
     curl -fsS -o /dev/null "http://127.0.0.1:$QPORT/readyz" 2>/dev/null && break
@@ -139,7 +157,7 @@ run() {
   scrape "$WORK/m0"
   local t0 t1
   t0=$(date +%s.%N)
-  wrk -t"$threads" -c"$conns" -d"$DUR" --latency -s scripts/wrk/check.lua \
+  "${PIN[@]}" wrk -t"$threads" -c"$conns" -d"$DUR" --latency -s scripts/wrk/check.lua \
     "http://127.0.0.1:$QPORT/v1/check" -- "$n" bench 0 "$pause" >"$OUT/wrk-$label.txt" 2>&1
   t1=$(date +%s.%N)
   scrape "$WORK/m1"
@@ -176,7 +194,7 @@ rr, rms = op("read")
 pending = b.get("quotad_sync_pending_hits", 0.0)
 cql = int(q1) - int(q0)
 per1000 = f"{cql / checks * 1000:.0f}" if int(q1) and checks else "-"
-print(f"{label:<22} {rps:>9.0f}/s p50 {p[0]:.2f} p99 {p[1]:.2f} p99.9 {p[2]:.2f} ms  "
+print(f"{label:<28} {rps:>9.0f}/s p50 {p[0]:.2f} p99 {p[1]:.2f} p99.9 {p[2]:.2f} ms  "
       f"non-200 {bad}  failure-rule {failed:.0f}  writes {wr:.1f}/s ({wms:.1f} ms)  "
       f"reads {rr:.1f}/s ({rms:.1f} ms)  pending {pending:.0f}  CQL/1000 {per1000}  "
       f"RSS {int(rss) / 1024:.0f} MiB")
@@ -190,17 +208,42 @@ EOF
   echo
 } | tee "$OUT/summary.txt"
 
-for n in $CLIENTS; do
-  for kind in embedded scylla; do
-    log "$n active clients, $kind store"
-    start_quotad "$kind"
-    run "$kind-$n-full" "$kind" "$n" "$CONNS" 0
-    full=$(sed -n 's/Requests\/sec:[[:space:]]*//p' "$OUT/wrk-$kind-$n-full.txt")
-    # Half the rate: each connection waits PACE_MS after each answer.
-    conns=$(python3 -c "print(max($THREADS, round($full / 2 * $PACE_MS / 1000)))")
-    run "$kind-$n-half" "$kind" "$n" "$conns" "$PACE_MS"
-    stop_quotad
+# Puts the node's threads on CPUS and sets where quotad and wrk run (see Layouts above).
+layout() { # own | shared | as-is
+  case $1 in
+    own)
+      taskset -apc "$NODE_CPUS" "$NODE_PID" >/dev/null
+      PIN=(taskset -c "$REST_CPUS") ;;
+    shared)
+      taskset -apc "$ALL_CPUS" "$NODE_PID" >/dev/null
+      PIN=() ;;
+    *) PIN=() ;;
+  esac
+}
+LAYOUTS="as-is"
+if [ -n "$NODE_PID" ]; then
+  [ -n "$REST_CPUS" ] || { echo "NODE_CPUS=$NODE_CPUS leaves no core for quotad" >&2; exit 1; }
+  LAYOUTS="own shared"
+  NODE_WAS=$(taskset -pc "$NODE_PID" | sed 's/.*: //')
+fi
+
+for lay in $LAYOUTS; do
+  layout "$lay"
+  [ "$lay" = as-is ] || log "layout $lay: node on $([ "$lay" = own ] && echo "$NODE_CPUS" || echo "$ALL_CPUS"), quotad and wrk on $([ "$lay" = own ] && echo "$REST_CPUS" || echo "$ALL_CPUS")"
+  for n in $CLIENTS; do
+    for kind in embedded scylla; do
+      log "$n active clients, $kind store"
+      start_quotad "$kind"
+      run "$lay-$kind-$n-full" "$kind" "$n" "$CONNS" 0
+      full=$(sed -n 's/Requests\/sec:[[:space:]]*//p' "$OUT/wrk-$lay-$kind-$n-full.txt")
+      # Half the rate: each connection waits PACE_MS after each answer.
+      conns=$(python3 -c "print(max($THREADS, round($full / 2 * $PACE_MS / 1000)))")
+      run "$lay-$kind-$n-half" "$kind" "$n" "$conns" "$PACE_MS"
+      stop_quotad
+    done
   done
 done
+# The node's cores as they were found.
+[ -z "$NODE_PID" ] || taskset -apc "$NODE_WAS" "$NODE_PID" >/dev/null
 echo
 echo "results in $OUT"

@@ -14,7 +14,15 @@
 //! Descriptors of several clients are decided client by client, in order. A tenant without a
 //! quota, a descriptor without the client entry, or one no limit matches answers OK, as Envoy
 //! expects of a service without a rule.
+//!
+//! Bounds, so that no caller can stall the service with one call: a request is at most
+//! [`MAX_MESSAGE_BYTES`] and [`MAX_DESCRIPTORS`] descriptors of at most [`MAX_ENTRIES`]
+//! entries each (refused `INVALID_ARGUMENT` or `RESOURCE_EXHAUSTED` before anything is
+//! decided), grouped by client in linear time; the server gives each call
+//! `server.request_timeout_ms` and each connection at most [`MAX_CALLS_PER_CONNECTION`] calls at
+//! once.
 
+use std::collections::HashMap;
 use std::time::Instant;
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
@@ -39,6 +47,15 @@ pub struct RateLimiter {
     client_key: String,
 }
 
+/// The largest request accepted, encoded: the HTTP API's body cap.
+pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
+/// The most descriptors in one request (Envoy sends one per matching rate limit action).
+pub const MAX_DESCRIPTORS: usize = 256;
+/// The most entries in one descriptor.
+pub const MAX_ENTRIES: usize = 64;
+/// The most calls in flight on one connection (HTTP/2 streams); more wait their turn.
+pub const MAX_CALLS_PER_CONNECTION: usize = 256;
+
 impl RateLimiter {
     pub fn new(state: AppState, client_key: String) -> Self {
         RateLimiter { state, client_key }
@@ -46,8 +63,28 @@ impl RateLimiter {
 
     /// As a tonic service.
     pub fn service(self) -> RateLimitServiceServer<Self> {
-        RateLimitServiceServer::new(self)
+        RateLimitServiceServer::new(self).max_decoding_message_size(MAX_MESSAGE_BYTES)
     }
+}
+
+/// Refuses a request past the bounds of the module comment.
+fn within_bounds(req: &RateLimitRequest) -> Result<(), Status> {
+    if req.descriptors.len() > MAX_DESCRIPTORS {
+        return Err(Status::invalid_argument(format!(
+            "descriptors: at most {MAX_DESCRIPTORS}, got {}",
+            req.descriptors.len()
+        )));
+    }
+    if let Some(i) = req
+        .descriptors
+        .iter()
+        .position(|d| d.entries.len() > MAX_ENTRIES)
+    {
+        return Err(Status::invalid_argument(format!(
+            "descriptors[{i}].entries: at most {MAX_ENTRIES}"
+        )));
+    }
+    Ok(())
 }
 
 fn status_of(e: ApiError) -> Status {
@@ -189,6 +226,7 @@ impl RateLimiter {
             .checker_with(token.as_deref())
             .map_err(status_of)?;
         let req = request.into_inner();
+        within_bounds(&req)?;
         let tenant =
             TenantId::parse_field(&req.domain, "domain").map_err(|e| status_of(e.into()))?;
         if let Some(w) = &who {
@@ -212,13 +250,18 @@ impl RateLimiter {
         let mut over = false;
         // The binding limit of the answer's headers: the first denial, else the least remaining.
         let mut headline: Option<Decision> = None;
-        // Clients in order of first appearance, each with its descriptors.
+        // Clients in order of first appearance, each with its descriptors: found by hash, so
+        // that grouping stays linear in the descriptors.
         let mut groups: Vec<(&ClientId, Vec<usize>)> = Vec::new();
+        let mut seen: HashMap<&ClientId, usize> = HashMap::with_capacity(read.len());
         for (i, r) in read.iter().enumerate() {
             if let Some(c) = &r.client {
-                match groups.iter_mut().find(|(g, _)| *g == c) {
-                    Some((_, idx)) => idx.push(i),
-                    None => groups.push((c, vec![i])),
+                match seen.get(c) {
+                    Some(&g) => groups[g].1.push(i),
+                    None => {
+                        seen.insert(c, groups.len());
+                        groups.push((c, vec![i]));
+                    }
                 }
             }
         }

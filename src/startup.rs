@@ -142,7 +142,12 @@ impl Application {
             traces: traces.clone(),
         };
         let grpc = match &settings.server.grpc_bind {
-            Some(bind) => Some(grpc_server(bind, state.clone(), &settings.grpc.client_key)?),
+            Some(bind) => Some(grpc_server(
+                bind,
+                state.clone(),
+                &settings.grpc.client_key,
+                settings.server.request_timeout_ms.get(),
+            )?),
             None => None,
         };
         let (server, port) = http_server(&settings, state)?;
@@ -395,8 +400,14 @@ struct GrpcServer {
     task: JoinHandle<()>,
 }
 
-/// Binds `bind` (port 0 picks a free one) and serves Envoy's rate limit service on it.
-fn grpc_server(bind: &str, state: AppState, client_key: &str) -> Result<GrpcServer, StartError> {
+/// Binds `bind` (port 0 picks a free one) and serves Envoy's rate limit service on it, each
+/// call within `call_timeout` (`server.request_timeout_ms`).
+fn grpc_server(
+    bind: &str,
+    state: AppState,
+    client_key: &str,
+    call_timeout: std::time::Duration,
+) -> Result<GrpcServer, StartError> {
     let std_listener = TcpListener::bind(bind)
         .map_err(|e| StartError(format!("cannot listen on {bind} (server.grpc_bind): {e}")))?;
     std_listener
@@ -413,6 +424,8 @@ fn grpc_server(bind: &str, state: AppState, client_key: &str) -> Result<GrpcServ
     let task = tokio::spawn(async move {
         let incoming = tonic::transport::server::TcpIncoming::from(listener);
         let res = tonic::transport::Server::builder()
+            .timeout(call_timeout)
+            .concurrency_limit_per_connection(crate::grpc::MAX_CALLS_PER_CONNECTION)
             .add_service(service)
             .serve_with_incoming_shutdown(incoming, async move {
                 let _ = rx.wait_for(|s| *s).await;

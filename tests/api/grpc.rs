@@ -269,3 +269,62 @@ async fn while_the_store_fails_each_request_is_one_failure_decision_for_all_its_
     faulty.set(Fault::Healthy);
     app.stop().await;
 }
+
+/// A request of 160,000 descriptors for a tenant that does not exist, with no token (3.5 MB,
+/// under tonic's default 4 MiB), grouped client by client with a linear search, once took 31 s
+/// of a worker. It is refused at once for its size, one of 300 small descriptors for their
+/// number, and a small call made meanwhile keeps its latency.
+#[tokio::test]
+async fn a_request_past_the_bounds_is_refused_at_once_and_small_calls_keep_going() {
+    let app = app().await;
+    let many = |n: usize| -> Vec<RateLimitDescriptor> {
+        (0..n)
+            .map(|i| descriptor(&[("client", &format!("c{i}")), ("path", "/x")]))
+            .collect()
+    };
+    let huge = RateLimitRequest {
+        domain: "nobody".into(),
+        descriptors: many(160_000),
+        hits_addend: 0,
+    };
+    let mut big = client(&app).await;
+    let started = std::time::Instant::now();
+    let call = tokio::spawn(async move { big.should_rate_limit(huge).await });
+    // A small call while the large one is under way.
+    let mut c = client(&app).await;
+    let small_started = std::time::Instant::now();
+    let r = ask(
+        &mut c,
+        "shop",
+        vec![descriptor(&[("client", "k9"), ("path", "/api")])],
+    )
+    .await;
+    assert_eq!(r.overall_code, Code::Ok as i32, "{r:?}");
+    assert!(small_started.elapsed() < std::time::Duration::from_secs(1));
+    let err = call
+        .await
+        .unwrap()
+        .expect_err("160,000 descriptors refused");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(1),
+        "refused after {:?}",
+        started.elapsed()
+    );
+    assert!(
+        err.message().contains("message length too large"),
+        "{err:?}"
+    );
+    let err = c
+        .should_rate_limit(RateLimitRequest {
+            domain: "shop".into(),
+            descriptors: many(300),
+            hits_addend: 0,
+        })
+        .await
+        .expect_err("300 descriptors refused");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    assert!(err.message().contains("at most 256"), "{err:?}");
+    // Within the bounds, 256 descriptors of 256 clients are answered.
+    let r = ask(&mut c, "shop", many(256)).await;
+    assert_eq!(r.statuses.len(), 256);
+}

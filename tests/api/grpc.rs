@@ -310,6 +310,7 @@ async fn a_request_past_the_bounds_is_refused_at_once_and_small_calls_keep_going
         "refused after {:?}",
         started.elapsed()
     );
+    assert_eq!(err.code(), tonic::Code::OutOfRange, "{err:?}");
     assert!(
         err.message().contains("message length too large"),
         "{err:?}"

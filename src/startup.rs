@@ -137,6 +137,7 @@ impl Application {
             metrics: metrics.clone(),
             auth: Arc::new(auth),
             store_timeout: settings.store.check_timeout(),
+            body_timeout: settings.server.request_timeout_ms.get(),
             fleet: membership,
             forward_auth: Arc::new(api::ForwardAuth::new(&settings.forward_auth)),
             traces: traces.clone(),

@@ -1,5 +1,8 @@
 //! Request bodies: `application/json` only, at most [`MAX_BODY`] bytes, read before parsing so an
-//! oversized body is refused without being buffered; parse errors name the offending field.
+//! oversized body is refused without being buffered; parse errors name the offending field. A
+//! body must arrive whole within `server.request_timeout_ms` of the handler's first read (the
+//! server's own timeout covers only the request head): one that does not gets 408, and its
+//! connection is let go.
 
 use actix_web::http::header;
 use actix_web::web::{self, Bytes, BytesMut};
@@ -11,8 +14,21 @@ use super::error::{self, ApiError};
 /// The contract's body limit.
 pub const MAX_BODY: usize = 64 * 1024;
 
-/// Reads a JSON body: `application/json` only, at most [`MAX_BODY`] bytes.
-pub async fn json_body(req: &HttpRequest, mut payload: web::Payload) -> Result<Bytes, ApiError> {
+/// How long a body may take when no app state says (unit tests): the default of
+/// `server.request_timeout_ms`.
+const DEFAULT_BODY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Reads a JSON body: `application/json` only, at most [`MAX_BODY`] bytes, within the body
+/// deadline (see the module comment).
+pub async fn json_body(req: &HttpRequest, payload: web::Payload) -> Result<Bytes, ApiError> {
+    let deadline = super::AppState::of(req).map_or(DEFAULT_BODY_TIMEOUT, |s| s.body_timeout);
+    match tokio::time::timeout(deadline, read_json_body(req, payload)).await {
+        Ok(read) => read,
+        Err(_) => Err(ApiError::RequestTimeout(deadline.as_millis() as u64)),
+    }
+}
+
+async fn read_json_body(req: &HttpRequest, mut payload: web::Payload) -> Result<Bytes, ApiError> {
     let ct = req
         .headers()
         .get(header::CONTENT_TYPE)

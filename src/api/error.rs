@@ -31,6 +31,9 @@ pub enum ApiError {
     MethodNotAllowed(String),
     #[error("request body is larger than {0} bytes")]
     PayloadTooLarge(usize),
+    /// The body did not arrive whole within `server.request_timeout_ms` (ms).
+    #[error("the request body did not arrive within {0} ms")]
+    RequestTimeout(u64),
     /// The limit (`server.max_header_bytes`).
     #[error("request header fields are larger than {0} bytes")]
     HeaderFieldsTooLarge(usize),
@@ -65,6 +68,7 @@ impl ApiError {
             ApiError::Conflict(_) => "conflict",
             ApiError::MethodNotAllowed(_) => "method_not_allowed",
             ApiError::PayloadTooLarge(_) => "payload_too_large",
+            ApiError::RequestTimeout(_) => "request_timeout",
             ApiError::HeaderFieldsTooLarge(_) => "request_header_fields_too_large",
             ApiError::UnsupportedMediaType(_) => "unsupported_media_type",
             ApiError::Unavailable(_) => "unavailable",
@@ -121,6 +125,7 @@ pub fn every_kind() -> Vec<ApiError> {
         ApiError::Conflict(String::new()),
         ApiError::MethodNotAllowed(String::new()),
         ApiError::PayloadTooLarge(0),
+        ApiError::RequestTimeout(0),
         ApiError::HeaderFieldsTooLarge(0),
         ApiError::UnsupportedMediaType(""),
         ApiError::Unavailable(String::new()),
@@ -136,6 +141,7 @@ pub fn every_kind() -> Vec<ApiError> {
             | ApiError::Conflict(_)
             | ApiError::MethodNotAllowed(_)
             | ApiError::PayloadTooLarge(_)
+            | ApiError::RequestTimeout(_)
             | ApiError::HeaderFieldsTooLarge(_)
             | ApiError::UnsupportedMediaType(_)
             | ApiError::Unavailable(_)
@@ -182,6 +188,7 @@ impl ResponseError for ApiError {
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::HeaderFieldsTooLarge(_) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -201,6 +208,10 @@ impl ResponseError for ApiError {
             // RFC 9110: a 405 names the methods the target resource supports.
             ApiError::MethodNotAllowed(allow) => {
                 res.insert_header((header::ALLOW, allow.as_str()));
+            }
+            // The rest of the body may never come: the connection is not kept.
+            ApiError::RequestTimeout(_) => {
+                res.force_close();
             }
             _ => {}
         }

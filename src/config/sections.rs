@@ -18,7 +18,8 @@ pub struct ServerSettings {
     pub bind: String,
     /// HTTP worker threads; 0 = one per core.
     pub workers: usize,
-    /// A client must send its whole request head within this time.
+    /// A client must send its whole request head within this time, and then its whole body
+    /// within as long again (408 past it), so that a body that never comes holds nothing.
     pub request_timeout_ms: DurationMs,
     /// Idle keep-alive connections close after this.
     pub keep_alive_ms: DurationMs,

@@ -204,3 +204,48 @@ async fn whole_number_floats_count_as_integers_and_fractions_are_still_refused()
     // The refused checks consumed nothing: acme's 3 are used up by the 2 + 1 above.
     assert_eq!(app.check_json("acme", "k").await.0, 429);
 }
+
+/// `server.request_timeout_ms` covers the whole request, its body too: 200 connections that
+/// announce a body of 60,000 bytes and never send it do not delay `/healthz`, and each gets 408
+/// once the deadline has passed, its connection closed.
+#[tokio::test]
+async fn bodies_that_never_arrive_get_408_at_the_deadline_and_delay_nothing() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let app = spawn_with(|s| s.server.request_timeout_ms = quotad::config::DurationMs(1_000)).await;
+    let addr = app.base.trim_start_matches("http://").to_owned();
+    let head = "POST /v1/check HTTP/1.1\r\nHost: q\r\nContent-Type: application/json\r\n\
+                Content-Length: 60000\r\n\r\n{\"tenant\":";
+    let started = std::time::Instant::now();
+    let mut stuck = Vec::new();
+    for _ in 0..200 {
+        let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        s.write_all(head.as_bytes()).await.unwrap();
+        stuck.push(s);
+    }
+    let t = std::time::Instant::now();
+    let r = app.http.get(app.url("/healthz")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(
+        t.elapsed() < std::time::Duration::from_millis(500),
+        "/healthz took {:?}",
+        t.elapsed()
+    );
+    for mut s in stuck {
+        let mut answer = Vec::new();
+        tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            s.read_to_end(&mut answer),
+        )
+        .await
+        .expect("the connection is closed after the answer")
+        .unwrap();
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+        assert!(answer.contains("\"code\":\"request_timeout\""), "{answer}");
+    }
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(5),
+        "the last 408 came after {:?}",
+        started.elapsed()
+    );
+}

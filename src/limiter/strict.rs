@@ -161,7 +161,15 @@ impl Limiter {
             }
         }
         let admitted = d.allowed && !d.dry_run_denied;
-        self.remember(input, limits, &ranges, totals, admitted, now);
+        // A cached check refused by the store may have been refused for hits of racing checks
+        // that are taken back in turn: memory keeps its own count and reads the store again at
+        // the next round, instead of holding the store's count as the truth till then.
+        let kept = match (admitted, policy.consistency) {
+            (true, _) => Kept::Admitted,
+            (false, Consistency::Cached) => Kept::Racing,
+            (false, Consistency::Strict) => Kept::Refused,
+        };
+        self.remember(input, limits, &ranges, totals, kept, now);
         if !admitted {
             undo(&self.store, &self.metrics, deltas).await;
         }
@@ -211,16 +219,18 @@ impl Limiter {
     /// Keeps the totals a strict call read in memory, for a failure to enforce from: with the
     /// hit (admitted) or without it (taken back). A state in memory keeps the higher of its
     /// count and the store's, bucket by bucket (a sync write may be under way that the read
-    /// missed); one not in memory is installed if the caps leave room.
+    /// missed), or, [`Kept::Racing`], keeps its own and is read back at the next sync round;
+    /// one not in memory is installed if the caps leave room.
     fn remember(
         &self,
         input: CheckInput<'_>,
         limits: &[&Limit],
         ranges: &[CounterRange],
         totals: Vec<Vec<BucketTotal>>,
-        admitted: bool,
+        kept: Kept,
         now: i64,
     ) {
+        let (admitted, racing) = (kept == Kept::Admitted, kept == Kept::Racing);
         for ((l, r), t) in limits.iter().zip(ranges).zip(totals) {
             let mut buckets = buckets_from(&t);
             if !admitted {
@@ -230,6 +240,10 @@ impl Limiter {
                 }
             }
             let known = self.with_state(&r.key, |s| {
+                if racing {
+                    s.pressing = true;
+                    return;
+                }
                 for b in &buckets {
                     let mine = window::bucket_at(&mut s.buckets, b.start);
                     mine.stored = mine.stored.max(b.stored);
@@ -407,6 +421,17 @@ impl Limiter {
             }
         }
     }
+}
+
+/// What became of a strict call's hit, for [`Limiter::remember`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kept {
+    Admitted,
+    /// Refused and taken back.
+    Refused,
+    /// Refused and taken back, in a `cached` policy: the count read may hold racing checks'
+    /// hits that are taken back in turn.
+    Racing,
 }
 
 /// Takes hits back out of the store (a denied strict hit). If that fails, the hit stays

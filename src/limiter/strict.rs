@@ -417,6 +417,10 @@ impl Limiter {
                         let b = window::bucket_at(&mut s.buckets, bt.start);
                         b.stored = b.stored.max(bt.total);
                     }
+                    // A late count may hold hits taken back since (this one's, racing
+                    // checks'): read the counter again at the next round rather than refuse
+                    // from it until an idle reread, seconds later.
+                    s.pressing = true;
                 });
             }
         }

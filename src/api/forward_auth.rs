@@ -16,7 +16,8 @@ use super::check::{decide, rate_headers, Parsed};
 use super::error::{ApiError, ErrorBody};
 use super::state::AppState;
 use crate::domain::{
-    parse_cost, resource_from_bytes, validate_resource, ClientId, TenantId, MAX_RESOURCE_LEN,
+    normalize_path, parse_cost, resource_from_bytes, validate_resource, ClientId, TenantId,
+    MAX_RESOURCE_LEN,
 };
 
 const ORIGINAL_METHOD: [&str; 2] = ["x-original-method", "x-forwarded-method"];
@@ -41,8 +42,9 @@ fn required<'a>(req: &'a HttpRequest, name: &HeaderName) -> Result<&'a str, ApiE
         .ok_or_else(|| ApiError::invalid(name.as_str(), format!("the {name} header is required")))
 }
 
-/// `METHOD /path` of the original request (the query string left out), at most the longest
-/// resource a check takes, or None when the proxy sent neither.
+/// `METHOD /path` of the original request (the query string left out, the path normalised:
+/// [`normalize_path`]), at most the longest resource a check takes, or None when the proxy sent
+/// neither.
 fn resource(req: &HttpRequest) -> Result<Option<String>, ApiError> {
     let method = first_header(req, &ORIGINAL_METHOD);
     let uri = first_header(req, &ORIGINAL_URI);
@@ -50,7 +52,7 @@ fn resource(req: &HttpRequest) -> Result<Option<String>, ApiError> {
         return Ok(None);
     }
     let path = uri.as_ref().map_or("/", |(_, u)| u.as_str());
-    let path = path.split(['?', '#']).next().unwrap_or(path);
+    let path = normalize_path(path.split(['?', '#']).next().unwrap_or(path));
     let method_name = method.as_ref().map_or("GET", |(_, m)| m.as_str());
     let mut r = format!("{method_name} {path}");
     // Long paths are cut, not refused: a limit's resource pattern matches a prefix anyway.

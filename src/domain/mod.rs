@@ -33,7 +33,9 @@ pub use grain::{Grain, Period, MONTH_GRAIN_CODE};
 pub use ids::{validate_id, ClientId, FieldError, LimitId, TenantId, MAX_ID_LEN, TENANT_SUBJECT};
 pub use limit::{Limit, LimitKind, Scope, MAX_LIMIT};
 pub use policy::{Consistency, Mode, OnStoreFailure, Policy, MAX_LIMITS};
-pub use resource::{resource_from_bytes, validate_resource, ResourceMatch, MAX_RESOURCE_LEN};
+pub use resource::{
+    normalize_path, resource_from_bytes, validate_resource, ResourceMatch, MAX_RESOURCE_LEN,
+};
 pub use window::{
     fill_ms, format_duration_ms, parse_duration_ms, sliding_grain, token_grain,
     MAX_BUCKETS_PER_WINDOW, MAX_BUCKETS_READ, MAX_BUCKETS_SPANNED, MAX_FILL_MS, MAX_PER_MS,

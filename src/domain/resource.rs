@@ -29,6 +29,63 @@ pub fn resource_from_bytes(bytes: &[u8]) -> String {
     out
 }
 
+/// A request path as forward-auth compares it, so that no spelling of a path walks past a limit
+/// on it: `%XX` of an unreserved character (letters, digits, `-._~`) decoded and other escapes'
+/// hex upper-cased; a segment's parameters (`;...`, which servlet containers strip) dropped;
+/// empty segments (`//`) and `.` dropped, `..` taking the segment before it away (RFC 3986
+/// 5.2.4, never above the root); no trailing slash but the root's. Case is kept: most backends
+/// route `/Login` apart from `/login`. `path` is printable ASCII (see [`resource_from_bytes`]).
+pub fn normalize_path(path: &str) -> String {
+    let mut segments: Vec<String> = Vec::new();
+    for raw in path.split('/') {
+        let raw = raw.split(';').next().unwrap_or("");
+        let seg = decode_unreserved(raw);
+        match seg.as_str() {
+            "" | "." => {}
+            ".." => {
+                segments.pop();
+            }
+            _ => segments.push(seg),
+        }
+    }
+    let mut out = String::with_capacity(path.len());
+    for seg in &segments {
+        out.push('/');
+        out.push_str(seg);
+    }
+    if out.is_empty() {
+        out.push('/');
+    }
+    out
+}
+
+/// `%XX` of an unreserved character decoded, other escapes' hex upper-cased.
+fn decode_unreserved(seg: &str) -> String {
+    let b = seg.as_bytes();
+    let mut out = String::with_capacity(seg.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' && i + 2 < b.len() {
+            let hex = |c: u8| (c as char).to_digit(16);
+            if let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2])) {
+                let c = (h * 16 + l) as u8;
+                if c.is_ascii_alphanumeric() || b"-._~".contains(&c) {
+                    out.push(c as char);
+                } else {
+                    out.push('%');
+                    out.push((b[i + 1] as char).to_ascii_uppercase());
+                    out.push((b[i + 2] as char).to_ascii_uppercase());
+                }
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b[i] as char);
+        i += 1;
+    }
+    out
+}
+
 /// Checks the contract's resource rule without allocating.
 pub fn validate_resource(field: &str, s: &str) -> Result<(), FieldError> {
     if s.is_empty() || s.len() > MAX_RESOURCE_LEN {
@@ -87,6 +144,34 @@ impl ResourceMatch {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_spelling_of_a_path_is_one_path() {
+        for p in [
+            "/login",
+            "/%6Cogin",
+            "/%6cogin",
+            "//login",
+            "/./login",
+            "/login/",
+            "/login;x",
+            "/login;jsessionid=1/",
+            "/a/../login",
+            "/../login",
+            "/%2E/login",
+            "/a/%2e%2E/login",
+        ] {
+            assert_eq!(normalize_path(p), "/login", "{p}");
+        }
+        assert_eq!(normalize_path("/"), "/");
+        assert_eq!(normalize_path(""), "/");
+        assert_eq!(normalize_path("/LOGIN"), "/LOGIN", "case is kept");
+        // An escape of a reserved character stays one (a slash inside a segment is not a
+        // separator), its hex upper-cased.
+        assert_eq!(normalize_path("/a%2fb/"), "/a%2Fb");
+        assert_eq!(normalize_path("/a%"), "/a%");
+        assert_eq!(normalize_path("/a%4"), "/a%4");
+    }
 
     #[test]
     fn forwarded_bytes_become_a_valid_resource() {

@@ -151,6 +151,43 @@ async fn forward_auth_answers_with_a_status_and_headers_and_no_body() {
     }
 }
 
+/// A limit of 1 an hour on `POST /login`: the first request passes, and every other spelling
+/// of the same path meets the same limit.
+#[tokio::test]
+async fn every_spelling_of_a_limited_path_meets_its_limit() {
+    let app = spawn_app().await;
+    let r = app
+        .put_quota(
+            "site",
+            json!({"limits": [{"id": "login", "max": 1, "window": "1h", "resource": "POST /login"}]}),
+        )
+        .await;
+    assert_eq!(r.status(), 201);
+    let at = |uri: &'static str| {
+        [
+            ("X-Quota-Tenant", "site"),
+            ("X-Quota-Client", "attacker"),
+            ("X-Original-Method", "POST"),
+            ("X-Original-URI", uri),
+        ]
+    };
+    assert_eq!(ask(&app, "GET", &at("/login")).await.status(), 200);
+    for uri in [
+        "/login",
+        "/%6Cogin",
+        "//login",
+        "/./login",
+        "/login/",
+        "/login;x",
+        "/a/../login",
+        "/login?next=/",
+    ] {
+        let r = ask(&app, "GET", &at(uri)).await;
+        assert_eq!(r.status(), 429, "{uri}");
+        assert_eq!(r.headers()["ratelimit-limit"], "1", "{uri}");
+    }
+}
+
 #[tokio::test]
 async fn with_a_check_token_forward_auth_reads_it_from_its_own_header() {
     let app = spawn_with(|s| {

@@ -212,6 +212,17 @@ fn json<T: Serialize>(body: &T) -> HttpResponse {
         .json(body)
 }
 
+/// A CSV cell as a spreadsheet will not run it: one that starts with `=`, `+`, `-` or `@` (a
+/// client id may start with `-` or `@`) gets a leading `'`, as OWASP's CSV injection advice
+/// says. Ids hold no comma, quote or line break, so nothing else needs quoting.
+fn csv_cell(s: &str) -> std::borrow::Cow<'_, str> {
+    if s.starts_with(['=', '+', '-', '@']) {
+        format!("'{s}").into()
+    } else {
+        s.into()
+    }
+}
+
 /// The history's points as CSV: `start,admitted,cost,denied`, then a `denied_by.<limit>`
 /// column per limit that denied anything in the span.
 fn history_csv(points: &[HistoryPoint]) -> String {
@@ -222,7 +233,7 @@ fn history_csv(points: &[HistoryPoint]) -> String {
     let mut out = String::from("start,admitted,cost,denied");
     for l in &limits {
         // Limit ids hold no comma, quote or line break: no quoting needed.
-        let _ = write!(out, ",denied_by.{l}");
+        let _ = write!(out, ",{}", csv_cell(&format!("denied_by.{l}")));
     }
     out.push('\n');
     for p in points {
@@ -390,7 +401,8 @@ pub async fn top(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpRes
     if wants_csv(&req) {
         let mut out = String::from("client,admitted,cost,denied\n");
         for c in &seen {
-            let _ = writeln!(out, "{},{},{},{}", c.client, c.admitted, c.cost, c.denied);
+            let client = csv_cell(&c.client);
+            let _ = writeln!(out, "{client},{},{},{}", c.admitted, c.cost, c.denied);
         }
         return Ok(csv(out));
     }
@@ -459,6 +471,17 @@ mod tests {
         assert!(hours(MAX_HOURS).is_ok());
         let e = hours(MAX_HOURS + 1).unwrap_err();
         assert!(e.to_string().contains("745 hours"), "{e}");
+    }
+
+    #[test]
+    fn csv_cells_that_a_spreadsheet_would_run_are_quoted() {
+        for (id, cell) in [
+            ("-1+1", "'-1+1"),
+            ("@SUM(A1)", "'@SUM(A1)"),
+            ("key-123", "key-123"),
+        ] {
+            assert_eq!(csv_cell(id), cell);
+        }
     }
 
     #[test]

@@ -119,9 +119,14 @@ pub async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, ApiError
                 })
                 .collect(),
         })),
-        Ok(Err(e)) => Err(ApiError::Unavailable(format!(
-            "the store does not answer: {e}"
-        ))),
+        // The store's own words (hosts, keyspace, driver errors) go to the log, not to an
+        // unauthenticated caller.
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "readiness: the store does not answer");
+            Err(ApiError::Unavailable(
+                "the store does not answer (the reason is in the log)".into(),
+            ))
+        }
         Err(_) => Err(ApiError::Unavailable(
             "the store does not answer in time".into(),
         )),

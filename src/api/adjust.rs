@@ -213,7 +213,10 @@ pub async fn grant(
         );
         let id = limit.id.to_string();
         entry.body_before = Some(counts_json([(id.clone(), g.before)]));
-        entry.body_after = Some(counts_json([(id, g.before - g.amount as i64)]));
+        let after = g
+            .before
+            .saturating_sub(g.amount.min(i64::MAX as u64) as i64);
+        entry.body_after = Some(counts_json([(id, after)]));
         append(&state, entry).await;
         let usage = state
             .limiter

@@ -21,7 +21,7 @@ use super::key::newest_readable;
 use super::state::buckets_from;
 use super::window;
 use super::Limiter;
-use crate::domain::{ClientId, Limit, LimitId, Policy, Scope, TenantId};
+use crate::domain::{ClientId, Limit, LimitId, Policy, Scope, TenantId, MAX_LIMIT};
 use crate::store::{CounterKey, CounterRange, Delta, StoreError};
 
 /// What a grant did to one limit.
@@ -125,6 +125,10 @@ impl Limiter {
         } else {
             amount
         };
+        // Credits outstanding stop at MAX_LIMIT, so that no count nears the ends of an i64
+        // (where the store's counters, and the sums of them, would wrap).
+        let room = (i128::from(before) + i128::from(MAX_LIMIT)).max(0);
+        let amount = amount.min(room.min(i128::from(u64::MAX)) as u64);
         if amount > 0 {
             self.credit(tenant, client, l, now, amount).await?;
         }

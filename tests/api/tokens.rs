@@ -334,3 +334,38 @@ async fn windows_periods_and_buckets_decide_all_or_nothing() {
         "{u}"
     );
 }
+
+/// Unspent credit stops at 2^53: grants past it credit only up to it, and the audit log's
+/// counts stay what they are (no wrap at the ends of 64 bits).
+#[tokio::test]
+async fn credit_stops_at_two_to_the_53() {
+    let app = spawn_app().await;
+    let r = app
+        .put_quota(
+            "acme",
+            json!({"limits": [{"id": "daily", "max": 3, "period": "day"}]}),
+        )
+        .await;
+    assert_eq!(r.status(), 201);
+    let most = 1u64 << 53;
+    let grant = json!({"limit_id": "daily", "amount": most});
+    let (s, v, _) = post(&app, "/v1/usage/acme/k1/grant", grant.clone(), None).await;
+    assert_eq!((s, &v["granted"]), (200, &json!(most)), "{v}");
+    for _ in 0..3 {
+        let (s, v, _) = post(&app, "/v1/usage/acme/k1/grant", grant.clone(), None).await;
+        assert_eq!((s, &v["granted"]), (200, &json!(0)), "{v}");
+    }
+    let audit: Value = app
+        .http
+        .get(app.url("/v1/audit?action=usage.grant"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let text = audit.to_string();
+    assert!(!text.contains("-9223372036854775808"), "{text}");
+    assert!(!text.contains(&format!("{}", 1u64 << 62)), "{text}");
+}

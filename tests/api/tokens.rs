@@ -355,16 +355,7 @@ async fn credit_stops_at_two_to_the_53() {
         let (s, v, _) = post(&app, "/v1/usage/acme/k1/grant", grant.clone(), None).await;
         assert_eq!((s, &v["granted"]), (200, &json!(0)), "{v}");
     }
-    let audit: Value = app
-        .http
-        .get(app.url("/v1/audit?action=usage.grant"))
-        .bearer_auth(ADMIN)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let audit = app.get_json("/v1/audit?action=usage.grant").await;
     let text = audit.to_string();
     assert!(!text.contains("-9223372036854775808"), "{text}");
     assert!(!text.contains(&format!("{}", 1u64 << 62)), "{text}");

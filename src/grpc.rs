@@ -17,10 +17,9 @@
 //!
 //! Bounds, so that no caller can stall the service with one call: a request is at most
 //! [`MAX_MESSAGE_BYTES`] and [`MAX_DESCRIPTORS`] descriptors of at most [`MAX_ENTRIES`]
-//! entries each (refused `INVALID_ARGUMENT` or `RESOURCE_EXHAUSTED` before anything is
-//! decided), grouped by client in linear time; the server gives each call
-//! `server.request_timeout_ms` and each connection at most [`MAX_CALLS_PER_CONNECTION`] calls at
-//! once.
+//! entries each (refused `OUT_OF_RANGE` or `INVALID_ARGUMENT` before anything is decided),
+//! grouped by client in linear time; the server gives each call `server.request_timeout_ms`
+//! and each connection at most [`MAX_CALLS_PER_CONNECTION`] calls at once.
 
 use std::collections::HashMap;
 use std::time::Instant;

@@ -137,18 +137,13 @@ impl Application {
             metrics: metrics.clone(),
             auth: Arc::new(auth),
             store_timeout: settings.store.check_timeout(),
-            body_timeout: settings.server.request_timeout_ms.get(),
+            request_timeout: settings.server.request_timeout_ms.get(),
             fleet: membership,
             forward_auth: Arc::new(api::ForwardAuth::new(&settings.forward_auth)),
             traces: traces.clone(),
         };
         let grpc = match &settings.server.grpc_bind {
-            Some(bind) => Some(grpc_server(
-                bind,
-                state.clone(),
-                &settings.grpc.client_key,
-                settings.server.request_timeout_ms.get(),
-            )?),
+            Some(bind) => Some(grpc_server(bind, state.clone(), &settings.grpc.client_key)?),
             None => None,
         };
         let (server, port) = http_server(&settings, state)?;
@@ -402,13 +397,9 @@ struct GrpcServer {
 }
 
 /// Binds `bind` (port 0 picks a free one) and serves Envoy's rate limit service on it, each
-/// call within `call_timeout` (`server.request_timeout_ms`).
-fn grpc_server(
-    bind: &str,
-    state: AppState,
-    client_key: &str,
-    call_timeout: std::time::Duration,
-) -> Result<GrpcServer, StartError> {
+/// call within `server.request_timeout_ms`.
+fn grpc_server(bind: &str, state: AppState, client_key: &str) -> Result<GrpcServer, StartError> {
+    let call_timeout = state.request_timeout;
     let std_listener = TcpListener::bind(bind)
         .map_err(|e| StartError(format!("cannot listen on {bind} (server.grpc_bind): {e}")))?;
     std_listener

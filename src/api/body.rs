@@ -21,7 +21,7 @@ const DEFAULT_BODY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs
 /// Reads a JSON body: `application/json` only, at most [`MAX_BODY`] bytes, within the body
 /// deadline (see the module comment).
 pub async fn json_body(req: &HttpRequest, payload: web::Payload) -> Result<Bytes, ApiError> {
-    let deadline = super::AppState::of(req).map_or(DEFAULT_BODY_TIMEOUT, |s| s.body_timeout);
+    let deadline = super::AppState::of(req).map_or(DEFAULT_BODY_TIMEOUT, |s| s.request_timeout);
     match tokio::time::timeout(deadline, read_json_body(req, payload)).await {
         Ok(read) => read,
         Err(_) => Err(ApiError::RequestTimeout(deadline.as_millis() as u64)),

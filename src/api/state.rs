@@ -22,8 +22,9 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     pub auth: Arc<Auth>,
     pub store_timeout: Duration,
-    /// A request body must arrive whole within this (`server.request_timeout_ms`).
-    pub body_timeout: Duration,
+    /// `server.request_timeout_ms`: a request body must arrive whole, and a gRPC call finish,
+    /// within this.
+    pub request_timeout: Duration,
     /// This instance's place in the fleet (`/readyz`).
     pub fleet: Arc<Membership>,
     /// Where `/v1/forward-auth` finds its inputs, and what it answers a denial with.

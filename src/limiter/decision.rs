@@ -131,7 +131,7 @@ fn judge(l: &Limit, s: &LimitState, now: i64, cost: u64, fleet: Fleet) -> Verdic
             held,
             ..verdict(true, Some(0), u.pressing)
         }
-    } else if fleet.through_store && fleet.last_units && share::others_hold(l, s, now, fleet) == 0 {
+    } else if fleet.last_units && u.others_hold_none {
         // The window has room that no share holds, and no other instance can hold hits of it
         // unwritten: the store counts the check.
         Verdict {

@@ -196,7 +196,7 @@ enum Locked {
 enum Now {
     Decided(Decision, bool),
     /// A strict policy, or the last units of a limit: the store decides.
-    Strict,
+    Store,
     /// These applicable limits (indices) have no state in memory yet.
     Missing(SmallVec<[usize; 16]>),
 }
@@ -393,7 +393,7 @@ impl Limiter {
         let now = self.clock.now_ms();
         let mut missing = match self.decide_now(policy, &limits, input, now, record) {
             Now::Decided(d, recorded) => return (d, recorded),
-            Now::Strict => return self.through_store(policy, &limits, input, now).await,
+            Now::Store => return self.through_store(policy, &limits, input, now).await,
             Now::Missing(missing) => missing,
         };
         let tally = record && self.cfg.max_history_rows > 0;
@@ -449,7 +449,7 @@ impl Limiter {
             return Now::Decided(self.on_failure(policy, limits, input, now, &e), false);
         }
         if policy.consistency == Consistency::Strict {
-            return Now::Strict;
+            return Now::Store;
         }
         let tally = record && self.cfg.max_history_rows > 0;
         match self.locked(policy, limits, input, now, None, tally) {
@@ -457,7 +457,7 @@ impl Limiter {
                 let (d, recorded) = self.tallied(input, d, tallied);
                 Now::Decided(d, recorded)
             }
-            Locked::Store => Now::Strict,
+            Locked::Store => Now::Store,
             Locked::Missing(missing) => Now::Missing(missing),
         }
     }

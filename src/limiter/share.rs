@@ -98,11 +98,10 @@ fn part_of(
 pub(super) struct Fleet {
     /// Enforce shares of the headroom (more than one instance, cached consistency).
     pub(super) shares: bool,
-    /// Small limits are shared out to nobody (one region, the store answering).
+    /// Small limits are shared out to nobody, and a check that its share cannot hold may be
+    /// decided through the store (one region, the store answering); else such a check is
+    /// denied until the next sync.
     pub(super) last_units: bool,
-    /// A check its share cannot hold is decided through the store (the store answers); else
-    /// it is denied until the next sync (the store is failing).
-    pub(super) through_store: bool,
     /// The span over which the others last read a counter they hold hits of
     /// (`Limiter::seen_span`; 0 alone).
     pub(super) seen_span: i64,
@@ -128,9 +127,11 @@ pub(super) struct ShareUse {
     /// They would be past [`1 / PRESSURE_DIVISOR`](PRESSURE_DIVISOR) of the allowance: the
     /// counter is synced at the next round instead of waiting for `sync.max_delay_ms`.
     pub(super) pressing: bool,
-    /// What the other instances may hold admitted and unwritten ([`others_hold`]): not
-    /// remaining, as far as this instance knows.
+    /// What the other instances may hold admitted and unwritten ([`others_hold`], and in a
+    /// fleet that writes lazily its reserve): not remaining, as far as this instance knows.
     pub(super) held: i128,
+    /// [`others_hold`] is 0: no other instance can hold a share's hits unwritten.
+    pub(super) others_hold_none: bool,
 }
 
 /// A counter whose unsynced hits pass this fraction of its allowance is synced at the next round.
@@ -208,7 +209,8 @@ pub(super) fn share_use(l: &Limit, s: &LimitState, now: i64, cost: u64, fleet: F
     };
     let shared = (headroom - zone as i128).max(0);
     let mut allowance = (s.share as f64 * shared as f64).floor() as i128;
-    let mut held = others_hold(l, s, now, fleet);
+    let others = others_hold(l, s, now, fleet);
+    let mut held = others;
     if let Some(r) = s.reserve() {
         // What the others may hold unwritten while they do not press: less than a
         // PRESSURE_DIVISOR-th of their shares of the most headroom they read (past it, they
@@ -228,6 +230,7 @@ pub(super) fn share_use(l: &Limit, s: &LimitState, now: i64, cost: u64, fleet: F
         within: used <= allowance,
         pressing: used * PRESSURE_DIVISOR > allowance,
         held,
+        others_hold_none: others == 0,
     }
 }
 
@@ -384,7 +387,6 @@ impl Limiter {
             shares: (self.cfg.fleet.members() > 1 || budget.is_some())
                 && policy.consistency == Consistency::Cached,
             last_units: one_region,
-            through_store: one_region,
             seen_span: self.seen_span().unwrap_or(0),
             sync_interval_ms: self.cfg.sync_interval_ms,
             budget,
@@ -410,7 +412,6 @@ impl Limiter {
         Fleet {
             shares: self.cfg.fleet.members() > 1 || budget.is_some(),
             last_units: false,
-            through_store: false,
             seen_span: self.seen_span().unwrap_or(0),
             sync_interval_ms: self.cfg.sync_interval_ms,
             budget,

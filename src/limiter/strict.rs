@@ -84,7 +84,6 @@ impl Limiter {
             .iter()
             .map(|l| Self::range_of(input.tenant, input.client, l, now))
             .collect();
-        let held = self.others_hold(policy, limits, &ranges, now);
         // Hits a failure admitted here go to the store with this one (see the module comment).
         let (carried, writing) = match self.carry_pending(&ranges, now) {
             c if c.is_empty() => (c, None),
@@ -157,7 +156,9 @@ impl Limiter {
         // within this instance's share: what the others may hold of it is not remaining.
         if let Some(b) = d.binding.as_mut() {
             if let Some(i) = limits.iter().position(|l| l.answer_id == b.limit_id) {
-                b.remaining = b.remaining.saturating_sub(held[i].max(0) as u64);
+                b.remaining = b
+                    .remaining
+                    .saturating_sub(self.others_hold(policy, limits[i], &ranges[i], now));
             }
         }
         let admitted = d.allowed && !d.dry_run_denied;
@@ -176,29 +177,17 @@ impl Limiter {
         d
     }
 
-    /// Per limit, what the other instances may hold admitted and unwritten
-    /// (`share::others_hold`) as this instance last read the counter, for the answer's
+    /// What the other instances may hold admitted and unwritten of `l`
+    /// (`share::others_hold`) as this instance has read its counter, for the answer's
     /// `remaining`: nothing in a strict policy, whose hits are all in the store, nor alone, nor
     /// of a small limit, which no instance holds a share of.
-    fn others_hold(
-        &self,
-        policy: &Policy,
-        limits: &[&Limit],
-        ranges: &[CounterRange],
-        now: i64,
-    ) -> Vec<i64> {
+    fn others_hold(&self, policy: &Policy, l: &Limit, r: &CounterRange, now: i64) -> u64 {
         if policy.consistency == Consistency::Strict {
-            return vec![0; limits.len()];
+            return 0;
         }
         let fleet = self.fleet(policy);
-        limits
-            .iter()
-            .zip(ranges)
-            .map(|(l, r)| {
-                self.with_state(&r.key, |s| share::others_hold(l, s, now, fleet))
-                    .map_or(0, |h| h.clamp(0, i64::MAX as i128) as i64)
-            })
-            .collect()
+        self.with_state(&r.key, |s| share::others_hold(l, s, now, fleet))
+            .map_or(0, |h| h.clamp(0, i64::MAX as i128) as u64)
     }
 
     /// The check's hit on each limit's current bucket; none for a peek (cost 0).

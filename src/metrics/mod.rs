@@ -449,11 +449,6 @@ impl Metrics {
         self.last_units_checks.inc();
     }
 
-    /// Cached checks decided through the store at the last units of a limit, so far.
-    pub fn last_units_checks(&self) -> u64 {
-        self.last_units_checks.get()
-    }
-
     pub fn unrecorded_hits(&self, hits: u64) {
         self.unrecorded_hits.inc_by(hits);
     }

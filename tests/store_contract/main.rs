@@ -20,9 +20,11 @@
 //! The checks are `async fn(&dyn Store)` (or `Arc<dyn Store>` where they spawn tasks), one
 //! file a part of the contract: `counters` (counters, policies, the janitor), `history` (usage
 //! history, the audit log and their retention), `fleet` (leases, idempotency keys, overrides,
-//! credits), `small` (small cached limits exact on fleets of two and three), `stalls` (strict checks of two instances while the node is paused: it also needs
-//! `QUOTAD_TEST_SCYLLA_PID`, the node's process id on this machine). This file holds the helpers and runs the checks on each store; only
-//! `two_instances_share_counts` needs two scylla stores (the embedded store holds one process).
+//! credits), `small` (small cached limits exact on fleets of two and three), `stalls` (strict
+//! checks of two instances while the node is paused: it also needs `QUOTAD_TEST_SCYLLA_PID`,
+//! the node's process id on this machine). This file holds the helpers and runs the checks on
+//! each store; only `two_instances_share_counts` needs two scylla stores (the embedded store
+//! holds one process).
 
 mod counters;
 mod fleet;

@@ -41,7 +41,8 @@ enum Command {
         #[arg(long, value_name = "DC:REPLICAS,...")]
         datacenters: Option<String>,
     },
-    /// Print the SHA-256 of a token read from standard input, for `[[auth.tokens]] sha256`.
+    /// Print the salted hash (argon2id) of a token read from standard input, for
+    /// `[[auth.tokens]] hash`; a token under 128 bits of entropy is refused.
     HashToken,
     /// Print the audit log from the store, newest first, as JSON lines
     ///
@@ -180,11 +181,11 @@ async fn run(cli: Cli, tuned: Option<memory::Tuned>) -> ExitCode {
             // One trailing newline (from echo or a terminal) is not part of the token.
             let token = token.strip_suffix('\n').unwrap_or(&token);
             let token = token.strip_suffix('\r').unwrap_or(token);
-            if token.is_empty() {
-                eprintln!("quotad hash-token: the token is empty");
+            if let Err(e) = quotad::config::tokens::check_strength(token) {
+                eprintln!("quotad hash-token: {e}");
                 return ExitCode::from(2);
             }
-            println!("{}", hex::encode(quotad::api::digest(token)));
+            println!("{}", quotad::config::tokens::hash(token));
             ExitCode::SUCCESS
         }
         Command::Audit(args) => {

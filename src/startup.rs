@@ -60,6 +60,18 @@ pub fn scylla_options(settings: &Settings) -> Result<ScyllaOptions, StartError> 
         local_dc: st.local_dc.clone(),
         username: st.username.clone(),
         password: st.password.as_ref().map(|p| p.expose().to_owned()),
+        tls: match &st.tls_ca_file {
+            None => None,
+            Some(ca) => Some(
+                crate::cql::StoreTls::load(&crate::cql::TlsFiles {
+                    ca_file: ca.clone(),
+                    client_cert: st.tls_cert_file.clone().zip(st.tls_key_file.clone()),
+                    verify_hostname: st.tls_verify_hostname,
+                    server_name: st.tls_server_name.clone(),
+                })
+                .map_err(|e| StartError(format!("store.{e}")))?,
+            ),
+        },
         max_concurrency: st.max_concurrency,
         ..ScyllaOptions::default()
     };
@@ -286,6 +298,14 @@ fn limiter_config(settings: &Settings, fleet: Arc<Membership>) -> LimiterConfig 
 
 /// The configured admin token; without one (and without a scoped admin token), a random one.
 fn admin_token(settings: &Settings) -> String {
+    for t in settings.auth.tokens.iter().filter(|t| !t.sha256.is_empty()) {
+        tracing::warn!(
+            name = %t.name,
+            role = t.role.as_str(),
+            "auth.tokens entry kept as an unsalted sha256; replace it with the hash \
+             `quotad hash-token` prints"
+        );
+    }
     let configured = settings.auth.admin_token.expose();
     let scoped_admin = settings.auth.tokens.iter().any(|t| t.role == Role::Admin);
     if !configured.is_empty() || scoped_admin {

@@ -1,21 +1,31 @@
-//! Who a request is: bearer tokens checked against SHA-256 digests, and what each principal may
-//! do. Tokens are never stored, logged or exported, only their digests; a token is compared
-//! with every digest in constant time, so the time an answer takes does not tell which matched.
+//! Who a request is: bearer tokens checked against what the configuration keeps of them, and
+//! what each principal may do. Tokens are never stored, logged or exported. The single tokens
+//! (and deprecated `sha256` entries) are kept as SHA-256 digests, compared with every digest in
+//! constant time, so the time an answer takes does not tell which matched. Salted `hash`
+//! entries cost an argon2 run: a token that verified is remembered by its digest, so each
+//! token pays that once per process, and an unknown one pays it only where its digest starts
+//! as the salt does (`config::tokens`).
 
-use std::collections::HashSet;
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, RwLock};
 
 use actix_web::http::header;
 use actix_web::HttpRequest;
 use sha2::{Digest, Sha256};
 
 use super::error::ApiError;
+use crate::config::tokens::TokenHash;
 use crate::config::{Role, TokenSettings};
 
 /// Bearer tokens, kept as SHA-256 digests and compared in constant time: the tokens themselves
 /// are never stored, logged or exported.
 pub struct Auth {
     tokens: Vec<TokenEntry>,
+    /// Salted entries: the hash and who it is.
+    hashed: Vec<(TokenHash, Principal)>,
+    /// The digests of tokens that verified against `hashed`, with the entry's index. At most
+    /// one token per entry can verify, so this holds no more than `hashed` does.
+    verified: RwLock<HashMap<[u8; 32], usize>>,
     /// No check token is configured: `/v1/check` needs none.
     checks_open: bool,
 }
@@ -110,30 +120,46 @@ impl Auth {
                 principal: unscoped(Role::Check, "check_token"),
             });
         }
+        let mut hashed = Vec::new();
         for t in tokens {
+            let principal = |id: &str| Principal {
+                role: t.role,
+                name: if t.name.is_empty() {
+                    format!("{}-{}", t.role.as_str(), id).into()
+                } else {
+                    t.name.as_str().into()
+                },
+                tenants: t
+                    .tenants
+                    .as_ref()
+                    .map(|v| Arc::new(v.iter().cloned().collect())),
+            };
+            if !t.hash.is_empty() {
+                // Refused by Settings::validate before we get here when it does not parse.
+                if let Ok(h) = TokenHash::parse(&t.hash) {
+                    let id = hex::encode(digest(&t.hash));
+                    hashed.push((h, principal(&id[..8])));
+                }
+                continue;
+            }
             let mut d = [0u8; 32];
             if hex::decode_to_slice(&t.sha256, &mut d).is_err() {
                 continue; // refused by Settings::validate before we get here
             }
             entries.push(TokenEntry {
                 digest: d,
-                principal: Principal {
-                    role: t.role,
-                    name: if t.name.is_empty() {
-                        format!("{}-{}", t.role.as_str(), &t.sha256[..8]).into()
-                    } else {
-                        t.name.as_str().into()
-                    },
-                    tenants: t
-                        .tenants
-                        .as_ref()
-                        .map(|v| Arc::new(v.iter().cloned().collect())),
-                },
+                principal: principal(&t.sha256[..8]),
             });
         }
-        let checks_open = !entries.iter().any(|e| e.principal.role == Role::Check);
+        let checks_open = !entries
+            .iter()
+            .map(|e| &e.principal)
+            .chain(hashed.iter().map(|(_, p)| p))
+            .any(|p| p.role == Role::Check);
         Self {
             tokens: entries,
+            hashed,
+            verified: RwLock::new(HashMap::new()),
             checks_open,
         }
     }
@@ -168,9 +194,30 @@ impl Auth {
                 found = Some(&e.principal);
             }
         }
-        found
-            .cloned()
+        if let Some(p) = found {
+            return Ok(p.clone());
+        }
+        self.hashed_principal(token, &got)
             .ok_or(ApiError::Unauthenticated("invalid token"))
+    }
+
+    /// The salted entry this token verifies against: remembered, or one argon2 run for each
+    /// entry whose salt starts as the token's digest does.
+    fn hashed_principal(&self, token: &str, got: &[u8; 32]) -> Option<Principal> {
+        if self.hashed.is_empty() {
+            return None;
+        }
+        if let Some(&i) = self.verified.read().ok()?.get(got) {
+            return Some(self.hashed[i].1.clone());
+        }
+        let i = self
+            .hashed
+            .iter()
+            .position(|(h, _)| h.may_match(got) && h.verify(token))?;
+        if let Ok(mut v) = self.verified.write() {
+            v.insert(*got, i);
+        }
+        Some(self.hashed[i].1.clone())
     }
 
     /// For `/v1/forward-auth`: as [`Auth::checker`], with the token taken from `header` (the

@@ -12,7 +12,15 @@ pub struct AuthSettings {
     pub admin_token: Secret,
     /// Bearer token for `/v1/check`; empty (and no `check` entry in `tokens`) = checks need none.
     pub check_token: Secret,
-    /// Tokens with a role and optionally a tenant scope, stored as SHA-256 hashes
+    /// The same two, read from files at start (a mounted Kubernetes Secret); one trailing
+    /// newline is dropped. Each excludes its inline form.
+    pub admin_token_file: Option<std::path::PathBuf>,
+    pub check_token_file: Option<std::path::PathBuf>,
+    /// Checks need no token although quotad listens beyond loopback: only where something
+    /// else (a network policy, a proxy) decides who reaches the port. Off, such a
+    /// configuration stops start-up.
+    pub open_checks: bool,
+    /// Tokens with a role and optionally a tenant scope, stored as salted hashes
     /// (`quotad hash-token` prints one).
     pub tokens: Vec<TokenSettings>,
 }
@@ -46,7 +54,12 @@ pub struct TokenSettings {
     /// the token is named `<role>-<first 8 hex digits of sha256>`.
     #[serde(default)]
     pub name: String,
-    /// Hex SHA-256 of the token.
+    /// The token's salted hash (argon2id, PHC string), as `quotad hash-token` prints it.
+    #[serde(default)]
+    pub hash: String,
+    /// Deprecated: the token's unsalted SHA-256 in hex, accepted with a warning at start.
+    /// Exactly one of `hash` and `sha256` is set.
+    #[serde(default)]
     pub sha256: String,
     pub role: Role,
     /// The tenants this token may act on; required for `tenant_admin`, optional for `check`.

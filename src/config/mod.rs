@@ -4,13 +4,16 @@
 //! Every section refuses unknown keys and every value is checked, so a typo or a bad value
 //! stops start-up with a message that names it. Durations read as `250ms`, `1s`, `10m` (a bare
 //! number is milliseconds). Secrets never print: `Secret` shows `***` in logs and debug output.
+//! Secrets can come from files too (`*_file` keys), read once at load.
 
 use std::path::Path;
 
 use serde::Deserialize;
 
 mod auth;
+mod secrets;
 mod sections;
+pub mod tokens;
 mod validate;
 mod values;
 
@@ -107,9 +110,10 @@ impl Settings {
                 .source(Some(vars)),
         );
         let c = b.build().map_err(|e| ConfigError(e.to_string()))?;
-        let s: Settings = c
+        let mut s: Settings = c
             .try_deserialize()
             .map_err(|e| ConfigError(e.to_string()))?;
+        s.read_secret_files()?;
         s.validate()?;
         Ok(s)
     }

@@ -96,6 +96,20 @@ pub struct StoreSettings {
     /// Password authentication to Cassandra/Scylla, when both are set.
     pub username: Option<String>,
     pub password: Option<Secret>,
+    /// The same, read from files at start (a mounted Kubernetes Secret); one trailing newline
+    /// is dropped. Each excludes its inline form.
+    pub username_file: Option<PathBuf>,
+    pub password_file: Option<PathBuf>,
+    /// TLS to the nodes: the PEM bundle of the CAs their certificates chain to. Set: every
+    /// connection is TLS; unset: plain text.
+    pub tls_ca_file: Option<PathBuf>,
+    /// quotad's client certificate chain and its key (PEM), for nodes that require one.
+    pub tls_cert_file: Option<PathBuf>,
+    pub tls_key_file: Option<PathBuf>,
+    /// Each node's certificate must name the node (its address, or `tls_server_name`).
+    pub tls_verify_hostname: bool,
+    /// The DNS name every node's certificate carries, checked instead of the node's address.
+    pub tls_server_name: Option<String>,
 }
 
 impl Default for StoreSettings {
@@ -115,6 +129,13 @@ impl Default for StoreSettings {
             local_dc: None,
             username: None,
             password: None,
+            username_file: None,
+            password_file: None,
+            tls_ca_file: None,
+            tls_cert_file: None,
+            tls_key_file: None,
+            tls_verify_hostname: true,
+            tls_server_name: None,
         }
     }
 }

@@ -9,6 +9,9 @@ fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
         .collect()
 }
 
+/// 128 bits: as strong as a token must be.
+const STRONG: &str = "5f0c2a9e8b7d6c5f4a3b2c1d0e9f8a7b";
+
 #[test]
 fn defaults_serve_on_8080_with_the_embedded_store() {
     let s = Settings::load_from(None, env(&[])).unwrap();
@@ -27,8 +30,11 @@ fn the_contract_environment_variables_work() {
             ("QUOTAD__STORE__PATH", "/tmp/q"),
             ("QUOTAD__STORE__NODES", "10.0.0.1:9042, 10.0.0.2:9042"),
             ("QUOTAD__STORE__KEYSPACE", "quota_test"),
-            ("QUOTAD__AUTH__ADMIN_TOKEN", "s3cret"),
-            ("QUOTAD__AUTH__CHECK_TOKEN", "c"),
+            ("QUOTAD__AUTH__ADMIN_TOKEN", STRONG),
+            (
+                "QUOTAD__AUTH__CHECK_TOKEN",
+                "0f1e2d3c4b5a69788796a5b4c3d2e1f0",
+            ),
             ("QUOTAD__SYNC__INTERVAL_MS", "500"),
             ("QUOTAD_TEST_SCYLLA_NODES", "ignored: single underscore"),
         ]),
@@ -37,9 +43,9 @@ fn the_contract_environment_variables_work() {
     assert_eq!(s.server.bind, "127.0.0.1:18080");
     assert_eq!(s.store.kind, StoreKind::Scylla);
     assert_eq!(s.store.nodes, vec!["10.0.0.1:9042", "10.0.0.2:9042"]);
-    assert_eq!(s.auth.admin_token.expose(), "s3cret");
+    assert_eq!(s.auth.admin_token.expose(), STRONG);
     assert_eq!(s.sync.interval_ms, DurationMs(500));
-    assert!(!format!("{s:?}").contains("s3cret"), "secret printed");
+    assert!(!format!("{s:?}").contains(STRONG), "secret printed");
 }
 
 #[test]
@@ -149,6 +155,15 @@ fn scoped_tokens_are_checked() {
             "sha256 = \"xyz\"\nrole = \"admin\"",
             "auth.tokens[0].sha256",
         ),
+        ("hash = \"xyz\"\nrole = \"admin\"", "auth.tokens[0].hash"),
+        ("role = \"admin\"", "exactly one of hash and sha256"),
+        (
+            &format!(
+                "hash = \"{}\"\nsha256 = \"{h}\"\nrole = \"admin\"",
+                tokens::hash(STRONG)
+            ),
+            "exactly one of hash and sha256",
+        ),
         (
             &format!("sha256 = \"{h}\"\nrole = \"tenant_admin\""),
             "auth.tokens[0].tenants",
@@ -234,4 +249,129 @@ fn a_zero_request_timeout_is_named() {
     .unwrap_err()
     .0;
     assert!(e.starts_with("store.request_timeout_ms:"), "{e}");
+}
+
+#[test]
+fn weak_tokens_and_open_checks_beyond_loopback_stop_start_up() {
+    for (pairs, needle) in [
+        (
+            vec![("QUOTAD__AUTH__ADMIN_TOKEN", "change-me-admin-token")],
+            "auth.admin_token",
+        ),
+        (
+            vec![("QUOTAD__AUTH__CHECK_TOKEN", "s3cret")],
+            "auth.check_token",
+        ),
+        (
+            vec![("QUOTAD__SERVER__BIND", "0.0.0.0:8080")],
+            "server.bind",
+        ),
+        (
+            vec![("QUOTAD__SERVER__GRPC_BIND", "[::]:8081")],
+            "server.grpc_bind",
+        ),
+    ] {
+        let e = Settings::load_from(None, env(&pairs)).unwrap_err().0;
+        assert!(e.contains(needle), "{pairs:?}: {e}");
+        assert!(!e.contains("s3cret") && !e.contains("change-me"), "{e}");
+    }
+    // Beyond loopback with a check token, or with open checks said out loud: it starts.
+    for extra in [
+        ("QUOTAD__AUTH__CHECK_TOKEN", STRONG),
+        ("QUOTAD__AUTH__OPEN_CHECKS", "true"),
+    ] {
+        let s = Settings::load_from(
+            None,
+            env(&[("QUOTAD__SERVER__BIND", "0.0.0.0:8080"), extra]),
+        );
+        assert!(s.is_ok(), "{extra:?}: {s:?}");
+    }
+}
+
+#[test]
+fn secrets_come_from_files_and_a_file_excludes_its_inline_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = |name: &str, content: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, content).unwrap();
+        p.to_str().unwrap().to_owned()
+    };
+    let (admin, check) = (file("admin", &format!("{STRONG}\n")), file("check", STRONG));
+    let (user, pass) = (
+        file("user", "quotad\r\n"),
+        file("pass", "hunter2-hunter2\n"),
+    );
+    let s = Settings::load_from(
+        None,
+        env(&[
+            ("QUOTAD__AUTH__ADMIN_TOKEN_FILE", &admin),
+            ("QUOTAD__AUTH__CHECK_TOKEN_FILE", &check),
+            ("QUOTAD__STORE__USERNAME_FILE", &user),
+            ("QUOTAD__STORE__PASSWORD_FILE", &pass),
+        ]),
+    )
+    .unwrap();
+    assert_eq!(s.auth.admin_token.expose(), STRONG);
+    assert_eq!(s.auth.check_token.expose(), STRONG);
+    assert_eq!(s.store.username.as_deref(), Some("quotad"));
+    assert_eq!(
+        s.store.password.as_ref().unwrap().expose(),
+        "hunter2-hunter2"
+    );
+    let printed = format!("{s:?}");
+    assert!(
+        !printed.contains(STRONG) && !printed.contains("hunter2"),
+        "{printed}"
+    );
+    let weak = file("weak", "s3cret\n");
+    let empty = file("empty", "\n");
+    for (pairs, needle) in [
+        (
+            vec![
+                ("QUOTAD__STORE__PASSWORD_FILE", pass.as_str()),
+                ("QUOTAD__STORE__PASSWORD", "x"),
+            ],
+            "store.password: set either",
+        ),
+        (
+            vec![("QUOTAD__AUTH__ADMIN_TOKEN_FILE", "/no/such/file")],
+            "auth.admin_token_file: cannot read /no/such/file",
+        ),
+        (
+            vec![("QUOTAD__AUTH__ADMIN_TOKEN_FILE", weak.as_str())],
+            "auth.admin_token: a token needs at least 128 bits",
+        ),
+        (
+            vec![("QUOTAD__STORE__PASSWORD_FILE", empty.as_str())],
+            "is empty",
+        ),
+    ] {
+        let e = Settings::load_from(None, env(&pairs)).unwrap_err().0;
+        assert!(e.contains(needle), "{pairs:?}: {e}");
+        assert!(!e.contains("s3cret"), "{e}");
+    }
+}
+
+#[test]
+fn store_tls_settings_go_together() {
+    for (pairs, needle) in [
+        (
+            vec![("QUOTAD__STORE__TLS_CERT_FILE", "/c.pem")],
+            "store.tls_cert_file",
+        ),
+        (
+            vec![
+                ("QUOTAD__STORE__TLS_CERT_FILE", "/c.pem"),
+                ("QUOTAD__STORE__TLS_KEY_FILE", "/c.key"),
+            ],
+            "store.tls_ca_file",
+        ),
+        (
+            vec![("QUOTAD__STORE__TLS_SERVER_NAME", "db.example.com")],
+            "store.tls_ca_file",
+        ),
+    ] {
+        let e = Settings::load_from(None, env(&pairs)).unwrap_err().0;
+        assert!(e.contains(needle), "{pairs:?}: {e}");
+    }
 }

@@ -104,6 +104,19 @@ impl Settings {
         if st.kind == StoreKind::Scylla && st.nodes.is_empty() {
             return bad("store.nodes", "at least one host:port is needed".into());
         }
+        if st.tls_cert_file.is_some() != st.tls_key_file.is_some() {
+            return bad(
+                "store.tls_cert_file",
+                "tls_cert_file and tls_key_file go together".into(),
+            );
+        }
+        if st.tls_ca_file.is_none() && (st.tls_cert_file.is_some() || st.tls_server_name.is_some())
+        {
+            return bad(
+                "store.tls_ca_file",
+                "TLS to the nodes needs the CA bundle their certificates chain to".into(),
+            );
+        }
         self.validate_fleet()
     }
 
@@ -182,6 +195,43 @@ impl Settings {
     }
 
     fn validate_tokens(&self) -> Result<(), ConfigError> {
+        let a = &self.auth;
+        for (key, t) in [
+            ("auth.admin_token", &a.admin_token),
+            ("auth.check_token", &a.check_token),
+        ] {
+            if !t.is_empty() {
+                if let Err(e) = super::tokens::check_strength(t.expose()) {
+                    return bad(key, e);
+                }
+            }
+        }
+        let checks_need_token =
+            !a.check_token.is_empty() || a.tokens.iter().any(|t| t.role == Role::Check);
+        if !checks_need_token && !a.open_checks {
+            let binds = std::iter::once(("server.bind", &self.server.bind)).chain(
+                self.server
+                    .grpc_bind
+                    .iter()
+                    .map(|g| ("server.grpc_bind", g)),
+            );
+            for (key, bind) in binds {
+                if bind
+                    .parse::<SocketAddr>()
+                    .is_ok_and(|a| !a.ip().is_loopback())
+                {
+                    return bad(
+                        key,
+                        format!(
+                            "{bind} is reachable beyond this machine and checks need no token: \
+                             anyone who reaches it could spend any tenant's quota. Set \
+                             auth.check_token (or a check token in auth.tokens), or \
+                             auth.open_checks = true where something else guards the port"
+                        ),
+                    );
+                }
+            }
+        }
         let mut names = std::collections::HashSet::new();
         for (i, t) in self.auth.tokens.iter().enumerate() {
             let k = format!("auth.tokens[{i}]");
@@ -212,11 +262,22 @@ impl Settings {
                     );
                 }
             }
-            if t.sha256.len() != 64 || hex::decode(&t.sha256).is_err() {
-                return bad(
-                    &format!("{k}.sha256"),
-                    "must be 64 hex digits (quotad hash-token prints them)".into(),
-                );
+            match (t.hash.is_empty(), t.sha256.is_empty()) {
+                (false, true) => {
+                    if let Err(e) = super::tokens::TokenHash::parse(&t.hash) {
+                        return bad(&format!("{k}.hash"), e);
+                    }
+                }
+                (true, false) => {
+                    if t.sha256.len() != 64 || hex::decode(&t.sha256).is_err() {
+                        return bad(&format!("{k}.sha256"), "must be 64 hex digits".into());
+                    }
+                }
+                _ => return bad(
+                    &format!("{k}.hash"),
+                    "exactly one of hash and sha256 is needed (quotad hash-token prints a hash)"
+                        .into(),
+                ),
             }
             match (&t.role, &t.tenants) {
                 (Role::TenantAdmin, None) => {

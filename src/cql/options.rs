@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use scylla::statement::Consistency;
 
-use super::validate_keyspace;
+use super::{validate_keyspace, StoreTls};
 
 /// How to reach the cluster. Which shard an instance writes is not configured: it claims
 /// one through the store (`store::lease`).
@@ -31,6 +31,8 @@ pub struct ScyllaOptions {
     /// Password authentication, when both are set.
     pub username: Option<String>,
     pub password: Option<String>,
+    /// TLS to the nodes (`store.tls_*`); none: plain text.
+    pub tls: Option<StoreTls>,
     /// Most requests in flight for one store call (read fan-out, partition writes).
     pub max_concurrency: usize,
 }
@@ -47,6 +49,7 @@ impl Default for ScyllaOptions {
             local_dc: None,
             username: None,
             password: None,
+            tls: None,
             max_concurrency: 32,
         }
     }
@@ -65,12 +68,19 @@ impl fmt::Debug for ScyllaOptions {
             .field("local_dc", &self.local_dc)
             .field("username", &self.username)
             .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("tls", &self.tls.is_some())
             .field("max_concurrency", &self.max_concurrency)
             .finish()
     }
 }
 
 impl ScyllaOptions {
+    /// A session builder with these contact points, credentials and TLS, the one quotad's
+    /// store and migrator start from.
+    pub fn session_builder(&self) -> scylla::client::session_builder::SessionBuilder {
+        super::session_builder(self)
+    }
+
     /// Checks what the server cannot check for us; the message starts with the name of the
     /// option in the `store` section of the configuration.
     pub fn validate(&self) -> Result<(), String> {

@@ -11,14 +11,17 @@ use scylla::value::{CqlValue, Row};
 
 use super::ScyllaOptions;
 
-/// A session builder with the contact points, connect timeout and credentials (password
-/// authentication, when both user and password are set).
+/// A session builder with the contact points, connect timeout, credentials (password
+/// authentication, when both user and password are set) and TLS (when configured).
 pub(crate) fn session_builder(opts: &ScyllaOptions) -> SessionBuilder {
     let mut b = SessionBuilder::new()
         .known_nodes(&opts.nodes)
         .connection_timeout(opts.connect_timeout);
     if let (Some(u), Some(p)) = (&opts.username, &opts.password) {
         b = b.user(u, p);
+    }
+    if let Some(tls) = &opts.tls {
+        b = b.tls_context(Some(tls.config.clone()));
     }
     b
 }

@@ -117,7 +117,12 @@ async fn connect(opts: &ScyllaOptions) -> Result<Session, MigrateError> {
     crate::cql::session_builder(opts)
         .build()
         .await
-        .map_err(|e| MigrateError::Connect(e.to_string()))
+        .map_err(|e| {
+            MigrateError::Connect(crate::cql::explain_connect_error(
+                &e.to_string(),
+                opts.tls.as_ref(),
+            ))
+        })
 }
 
 /// Creates the missing keyspace (or, in a dry run, prints the statement). A ScyllaDB without

@@ -8,7 +8,10 @@ use crate::helpers::*;
 fn token(role: Role, tenants: Option<&[&str]>, secret: &str) -> TokenSettings {
     TokenSettings {
         name: secret.trim_end_matches("-secret").to_owned(),
-        sha256: hex::encode(quotad::api::digest(secret)),
+        // Salted hashes, as `quotad hash-token` prints them: every route below goes through
+        // their verification and its cache.
+        hash: quotad::config::tokens::hash(secret),
+        sha256: String::new(),
         role,
         tenants: tenants.map(|t| t.iter().map(|s| s.to_string()).collect()),
     }
@@ -370,21 +373,40 @@ async fn quotad_audit_prints_the_log_from_the_store_without_a_token() {
 }
 
 #[test]
-fn hash_token_prints_the_sha256_of_stdin() {
+fn hash_token_prints_a_salted_hash_and_refuses_a_weak_token() {
     use std::io::Write;
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_quotad"))
-        .arg("hash-token")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(b"s3cret\n").unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success());
-    assert_eq!(
-        String::from_utf8(out.stdout).unwrap().trim(),
-        hex::encode(quotad::api::digest("s3cret"))
+    let run = |input: &[u8]| {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_quotad"))
+            .arg("hash-token")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(input).unwrap();
+        child.wait_with_output().unwrap()
+    };
+    let token = "5f0c2a9e8b7d6c5f4a3b2c1d0e9f8a7b";
+    let (a, b) = (run(format!("{token}\n").as_bytes()), run(token.as_bytes()));
+    assert!(a.status.success() && b.status.success());
+    let (a, b) = (
+        String::from_utf8(a.stdout).unwrap(),
+        String::from_utf8(b.stdout).unwrap(),
     );
+    assert_ne!(
+        a.trim(),
+        b.trim(),
+        "the same token twice must hash differently"
+    );
+    for h in [a.trim(), b.trim()] {
+        let h = quotad::config::tokens::TokenHash::parse(h).unwrap();
+        assert!(h.verify(token), "the newline is not part of the token");
+        assert!(!h.verify("5f0c2a9e8b7d6c5f4a3b2c1d0e9f8a7c"));
+    }
+    let weak = run(b"s3cret\n");
+    assert_eq!(weak.status.code(), Some(2));
+    assert!(weak.stdout.is_empty());
+    assert!(String::from_utf8_lossy(&weak.stderr).contains("128 bits"));
 }
 
 #[tokio::test]

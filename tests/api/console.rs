@@ -270,6 +270,7 @@ pub(crate) fn browsers() -> Option<(PathBuf, PathBuf)> {
 fn tenant_admin(secret: &str, tenants: &[&str]) -> TokenSettings {
     TokenSettings {
         name: secret.trim_end_matches("-secret").to_owned(),
+        hash: String::new(),
         sha256: hex::encode(quotad::api::digest(secret)),
         role: Role::TenantAdmin,
         tenants: Some(tenants.iter().map(|s| s.to_string()).collect()),

@@ -11,7 +11,8 @@ use quotad::startup::Application;
 use quotad::store::DynStore;
 use serde_json::{json, Value};
 
-pub const ADMIN: &str = "test-admin-token";
+/// A token as strong as the configuration asks (128 bits: 32 hex digits).
+pub const ADMIN: &str = "6a1f0c9d2e8b7a4f3c5d6e7f8091a2b3";
 
 /// How long [`eventually`] waits: many times what the tests' background tasks take on an idle
 /// machine (sync rounds and history writes every 50 ms, policy polls every 100 ms), for a busy

@@ -11,7 +11,10 @@
 //!   ```
 //!
 //!   `QUOTAD_TEST_SCYLLA_NODES` is a comma-separated list of `host:port`; run with `--ignored`
-//!   but without it, those tests fail and say so. `strict_checks_hold_through_node_pauses`
+//!   but without it, those tests fail and say so. Everything else about reaching the cluster
+//!   comes through quotad's own configuration: `QUOTAD__STORE__*` variables (credentials,
+//!   `*_file` forms, `TLS_CA_FILE`, `TLS_CERT_FILE`, ...) apply to every session the suite
+//!   opens, so a cluster that requires a password and TLS is tested as quotad reaches it. `strict_checks_hold_through_node_pauses`
 //!   also pauses the node: beside a node on this machine, add `QUOTAD_TEST_SCYLLA_PID=<its
 //!   process id>`; against a cluster elsewhere, add `--skip strict_checks_hold`. Each run makes its own keyspace
 //!   (`quotad_test_<tag>_<pid>_<time>`), migrates it with the real `quotad migrate` code, runs
@@ -32,6 +35,7 @@ mod history;
 mod regions;
 mod small;
 mod stalls;
+mod tls;
 mod upgrade;
 
 use std::collections::BTreeMap;
@@ -84,6 +88,22 @@ fn nodes() -> Vec<String> {
         "{ENV} is not set: name a Cassandra/ScyllaDB cluster (host:port,...) to run this test"
     );
     nodes
+}
+
+/// The options every scylla test starts from: quotad's configuration as a deployment gives it
+/// (`QUOTAD__STORE__*` variables, files included), through quotad's own code.
+fn base_options() -> ScyllaOptions {
+    let settings = quotad::config::Settings::load(None).expect("the QUOTAD__* configuration");
+    quotad::startup::scylla_options(&settings).expect("the store options")
+}
+
+/// A session on `nodes` with the credentials and TLS of [`base_options`].
+fn session_on(nodes: &[String]) -> SessionBuilder {
+    ScyllaOptions {
+        nodes: nodes.to_vec(),
+        ..base_options()
+    }
+    .session_builder()
 }
 
 fn unique_keyspace(tag: &str) -> String {
@@ -181,7 +201,7 @@ fn fresh_keyspace(tag: &str) -> (Vec<String>, String, ScyllaOptions) {
         nodes: nodes.clone(),
         keyspace: ks.clone(),
         replication: replication(),
-        ..ScyllaOptions::default()
+        ..base_options()
     };
     (nodes, ks, opts)
 }
@@ -207,7 +227,7 @@ where
 
 async fn drop_keyspace(nodes: &[String], ks: &str) {
     // `ks` comes from unique_keyspace(): a plain identifier.
-    match SessionBuilder::new().known_nodes(nodes).build().await {
+    match session_on(nodes).build().await {
         Ok(s) => {
             if let Err(e) = s
                 .query_unpaged(format!("DROP KEYSPACE IF EXISTS {ks}"), ())
@@ -221,11 +241,7 @@ async fn drop_keyspace(nodes: &[String], ks: &str) {
 }
 
 async fn keyspace_exists(nodes: &[String], ks: &str) -> bool {
-    let s = SessionBuilder::new()
-        .known_nodes(nodes)
-        .build()
-        .await
-        .unwrap();
+    let s = session_on(nodes).build().await.unwrap();
     let rows = s
         .query_unpaged(
             "SELECT keyspace_name FROM system_schema.keyspaces WHERE keyspace_name = ?",
@@ -347,7 +363,7 @@ async fn migrate_dry_run_writes_nothing_and_an_unmigrated_keyspace_is_refused() 
         nodes: nodes.clone(),
         keyspace: ks.clone(),
         replication: replication(),
-        ..ScyllaOptions::default()
+        ..base_options()
     };
     let mut out = Vec::new();
     let report = migrate::run(&opts, true, &mut out).await.unwrap();
@@ -363,6 +379,12 @@ async fn migrate_dry_run_writes_nothing_and_an_unmigrated_keyspace_is_refused() 
         Err(StoreError::Internal(m)) => assert!(m.contains("quotad migrate"), "{m}"),
         other => panic!("connecting to a missing keyspace: {other:?}"),
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Cassandra/ScyllaDB cluster that requires TLS and a password, reached through QUOTAD__STORE__TLS_CA_FILE and QUOTAD__STORE__PASSWORD_FILE: run with --ignored"]
+async fn a_cluster_with_tls_and_a_password_names_each_refusal() {
+    tls::each_refusal_says_why().await;
 }
 
 // ---- embedded --------------------------------------------------------------------------------

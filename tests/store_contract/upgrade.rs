@@ -11,8 +11,7 @@ const OLD_INCREMENT: &str = "UPDATE counters SET hits = hits + ? WHERE tenant = 
 /// Writes `n` hits of `k`'s bucket at `start` the way the old release did, from `shard`, and
 /// records the shard as used (as its lease did).
 async fn old_release_wrote(nodes: &[String], ks: &str, k: &CounterKey, start: i64, n: i64) {
-    let s = SessionBuilder::new()
-        .known_nodes(nodes)
+    let s = session_on(nodes)
         .use_keyspace(ks, false)
         .build()
         .await

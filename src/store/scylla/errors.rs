@@ -9,6 +9,7 @@ use scylla::errors::{
     PrepareError, RequestAttemptError, RequestError, UseKeyspaceError,
 };
 
+use crate::cql::{explain_connect_error, StoreTls};
 use crate::store::{StoreError, StoreResult};
 
 /// Whether the failed request could have changed data: decides between "nothing written,
@@ -124,7 +125,7 @@ pub(crate) fn map_prepare(cql: &str, e: PrepareError) -> StoreError {
     }
 }
 
-pub(crate) fn map_new_session(e: NewSessionError) -> StoreError {
+pub(crate) fn map_new_session(e: NewSessionError, tls: Option<&StoreTls>) -> StoreError {
     match &e {
         NewSessionError::EmptyKnownNodesList | NewSessionError::IllegalConfig(_) => {
             StoreError::Internal(e.to_string())
@@ -137,7 +138,7 @@ pub(crate) fn map_new_session(e: NewSessionError) -> StoreError {
                 "{e}; does the keyspace exist? run `quotad migrate`"
             ))
         }
-        _ => StoreError::Unavailable(e.to_string()),
+        _ => StoreError::Unavailable(explain_connect_error(&e.to_string(), tls)),
     }
 }
 

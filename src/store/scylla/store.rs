@@ -132,7 +132,7 @@ impl ScyllaStore {
         };
         let mut session = build(opts.local_dc.clone())
             .await
-            .map_err(map_new_session)?;
+            .map_err(|e| map_new_session(e, opts.tls.as_ref()))?;
         let mut local_dc = opts.local_dc.clone();
         if local_dc.is_none() {
             // Unset: the data centre of the contact points. With several data centres the
@@ -140,7 +140,9 @@ impl ScyllaStore {
             // coordinated each request, and leases and strict counts would split.
             let (dc, several) = contact_dc(&session, &opts.nodes).await?;
             if several {
-                session = build(dc.clone()).await.map_err(map_new_session)?;
+                session = build(dc.clone())
+                    .await
+                    .map_err(|e| map_new_session(e, opts.tls.as_ref()))?;
             }
             local_dc = dc;
         }

@@ -55,7 +55,8 @@ for part in sys.argv[1].split(','):
     node.update(range(int(a), int(b or a) + 1))
 print(','.join(str(c) for c in range($(nproc)) if c not in node))" "$NODE_CPUS")
 PIN=()
-TOKEN=bench-admin-token
+# A fresh admin token each run, as strong as quotad asks (128 bits).
+TOKEN=$(od -An -tx1 -N16 /dev/urandom | tr -d " \n")
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 OUT=${OUT:-$(mktemp -d /tmp/quotad-cass.XXXXXX)}
 mkdir -p "$OUT"

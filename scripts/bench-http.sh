@@ -44,7 +44,8 @@ ONLY=${ONLY:-all}
 AB_ROUNDS=${AB_ROUNDS:-3}
 QPORT=${QPORT:-18080}
 BPORT=${BPORT:-18081}
-TOKEN=bench-admin-token
+# A fresh admin token each run, as strong as quotad asks (128 bits).
+TOKEN=$(od -An -tx1 -N16 /dev/urandom | tr -d " \n")
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 OUT=${OUT:-$(mktemp -d /tmp/quotad-bench.XXXXXX)}
 mkdir -p "$OUT"

@@ -77,7 +77,7 @@ train() { # PORT
 }
 LLVM_PROFILE_FILE="$DATA/quotad-%p-%m.profraw" \
   QUOTAD__SERVER__BIND=127.0.0.1:$QPORT QUOTAD__STORE__KIND=embedded \
-  QUOTAD__STORE__PATH="$WORK/store" QUOTAD__AUTH__ADMIN_TOKEN=pgo-admin QUOTAD__LOG__LEVEL=warn \
+  QUOTAD__STORE__PATH="$WORK/store" QUOTAD__AUTH__ADMIN_TOKEN=$(od -An -tx1 -N16 /dev/urandom | tr -d " \n") QUOTAD__LOG__LEVEL=warn \
   QUOTAD__LIMITER__MAX_COUNTERS=4000000 QUOTAD__LIMITER__MAX_CLIENTS_PER_TENANT=2000000 \
   "$GEN/quotad" serve >"$WORK/quotad.log" 2>&1 &
 QPID=$!

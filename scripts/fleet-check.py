@@ -27,6 +27,7 @@ the first of N+2 ports).
 Exit status 0 when every target holds.
 """
 
+import secrets
 import http.client
 import json
 import os
@@ -44,7 +45,8 @@ MAX = int(os.environ.get("FLEET_MAX", "100"))
 WINDOW_S = int(os.environ.get("FLEET_WINDOW_S", "10"))
 SECONDS = float(os.environ.get("FLEET_SECONDS", "40"))
 PORT = int(os.environ.get("FLEET_PORT", "18180"))
-TOKEN = "fleet-check-admin"
+# A fresh admin token each run, as strong as quotad asks (128 bits).
+TOKEN = secrets.token_hex(16)
 KEYSPACE = f"quotad_fleet_{os.getpid()}"
 SYNC_MS = 250
 HISTORY_MS = 1000

@@ -25,7 +25,8 @@ MAX_SECONDS=${FUZZ_MAX_SECONDS:-600}
 SEED=${FUZZ_SEED:-$RANDOM$RANDOM}
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 VENV=$TARGET/fuzz-venv
-TOKEN=fuzz-admin-token
+# A fresh admin token each run, as strong as quotad asks (128 bits).
+TOKEN=$(od -An -tx1 -N16 /dev/urandom | tr -d " \n")
 # Answers match the document (status, content type, headers, body) and are never a 5xx; what the
 # document calls invalid is refused with a 4xx; admin routes refuse a request without the token;
 # a created policy can be read back, a deleted one is gone; a method the document does not list

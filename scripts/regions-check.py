@@ -31,6 +31,7 @@ each phase), REGION_PORT (18280, the first of six ports), CUT_CMD, HEAL_CMD (wit
 run stays connected). Exit status 0 when every target holds.
 """
 
+import secrets
 import http.client
 import json
 import os
@@ -51,7 +52,8 @@ PORT = int(os.environ.get("REGION_PORT", "18280"))
 CUT_CMD = os.environ.get("CUT_CMD")
 HEAL_CMD = os.environ.get("HEAL_CMD")
 PER_REGION = 2
-TOKEN = "regions-check-admin"
+# A fresh admin token each run, as strong as quotad asks (128 bits).
+TOKEN = secrets.token_hex(16)
 KEYSPACE = f"quotad_regions_{os.getpid()}"
 LOGS = tempfile.mkdtemp(prefix="quotad-regions-")
 

@@ -41,6 +41,7 @@ directory the script names. A failed case prints example answers (with UTC times
 Exit status 0 when every case holds.
 """
 
+import secrets
 import http.client
 import json
 import os
@@ -56,7 +57,8 @@ NODES = os.environ.get("QUOTAD_NODES", "127.0.0.1:9042")
 N = int(os.environ.get("FLEET_N", "2"))
 PORT = int(os.environ.get("FLEET_PORT", "18280"))
 ONLY = [c for c in os.environ.get("CASES", "").split(",") if c]
-TOKEN = "small-limits-check-admin"
+# A fresh admin token each run, as strong as quotad asks (128 bits).
+TOKEN = secrets.token_hex(16)
 KEYSPACE = f"quotad_small_{os.getpid()}"
 PAUSE_S = 8
 CALLERS = 16

@@ -25,6 +25,7 @@ STALL_PID (the node's process id; required), STALL_PORT (18190, the first of two
 Exit status 0 when every run holds its bound.
 """
 
+import secrets
 import http.client
 import json
 import os
@@ -39,7 +40,8 @@ BIN = os.environ.get("QUOTAD_BIN", "target/release/quotad")
 NODES = os.environ.get("QUOTAD_NODES", "127.0.0.1:9042")
 PID = int(os.environ.get("STALL_PID") or sys.exit("STALL_PID: the node's process id, please"))
 PORT = int(os.environ.get("STALL_PORT", "18190"))
-TOKEN = "strict-stall-admin"
+# A fresh admin token each run, as strong as quotad asks (128 bits).
+TOKEN = secrets.token_hex(16)
 KEYSPACE = f"quotad_stall_{os.getpid()}"
 MAX, CALLERS, CHECKS = 50, 16, 400
 LOGS = tempfile.mkdtemp(prefix="quotad-stall-")

@@ -12,7 +12,9 @@ use utoipa::ToSchema;
 use super::body::{json_body, parse_json};
 use super::error::{ApiError, ErrorBody};
 use super::state::AppState;
-use crate::domain::{parse_cost, validate_resource, ClientId, Policy, TenantId};
+use crate::domain::{
+    normalize_resource, parse_cost, validate_resource, ClientId, Policy, TenantId,
+};
 use crate::limiter::{CheckInput, Decision, AHEAD};
 
 /// Most checks in one batch.
@@ -99,6 +101,11 @@ fn validate<'a>(
     if let Some(r) = &dto.resource {
         named(item, "resource", |f| validate_resource(f, r))?;
     }
+    // A request's path as limits compare it: no spelling of it walks past a limit.
+    let resource = dto.resource.map(|r| match normalize_resource(&r) {
+        Cow::Borrowed(_) => r,
+        Cow::Owned(n) => Cow::Owned(n),
+    });
     let cost = parse_cost(dto.cost.as_ref()).map_err(|mut e| {
         e.field = field(item, "cost");
         e
@@ -106,7 +113,7 @@ fn validate<'a>(
     Ok(Parsed {
         tenant,
         client,
-        resource: dto.resource,
+        resource,
         cost,
     })
 }

@@ -59,6 +59,39 @@ pub fn normalize_path(path: &str) -> String {
     out
 }
 
+/// A check's resource as limits compare it: when it is a request (`METHOD /path`, the method
+/// in capitals), its path normalised as [`normalize_path`] does, the query after `?` kept as
+/// given; anything else as given. Borrowed, with no allocation, when nothing changes.
+pub fn normalize_resource(resource: &str) -> std::borrow::Cow<'_, str> {
+    use std::borrow::Cow;
+    let Some((method, rest)) = resource.split_once(' ') else {
+        return Cow::Borrowed(resource);
+    };
+    if method.is_empty()
+        || !method.bytes().all(|b| b.is_ascii_uppercase())
+        || !rest.starts_with('/')
+    {
+        return Cow::Borrowed(resource);
+    }
+    let cut = rest.find(['?', '#']).unwrap_or(rest.len());
+    let (path, query) = rest.split_at(cut);
+    if is_normal(path) {
+        return Cow::Borrowed(resource);
+    }
+    Cow::Owned(format!("{method} {}{query}", normalize_path(path)))
+}
+
+/// Whether [`normalize_path`] would leave `path` as it is (no escape, parameter, empty or dot
+/// segment, or trailing slash).
+fn is_normal(path: &str) -> bool {
+    path.starts_with('/')
+        && !path.contains(['%', ';'])
+        && (path == "/" || !path.ends_with('/'))
+        && path[1..]
+            .split('/')
+            .all(|seg| !matches!(seg, "" | "." | ".."))
+}
+
 /// `%XX` of an unreserved character decoded, other escapes' hex upper-cased.
 fn decode_unreserved(seg: &str) -> String {
     let b = seg.as_bytes();
@@ -171,6 +204,35 @@ mod tests {
         assert_eq!(normalize_path("/a%2fb/"), "/a%2Fb");
         assert_eq!(normalize_path("/a%"), "/a%");
         assert_eq!(normalize_path("/a%4"), "/a%4");
+    }
+
+    #[test]
+    fn a_check_resource_that_is_a_request_has_its_path_normalised() {
+        for r in [
+            "POST /login",
+            "POST /%6Cogin",
+            "POST //login",
+            "POST /./login",
+            "POST /login/",
+            "POST /login;x",
+            "POST /a/../login",
+        ] {
+            assert_eq!(normalize_resource(r), "POST /login", "{r}");
+        }
+        assert!(matches!(
+            normalize_resource("POST /login"),
+            std::borrow::Cow::Borrowed(_)
+        ));
+        assert_eq!(normalize_resource("GET /a//b/?x=1//"), "GET /a/b?x=1//");
+        assert_eq!(
+            normalize_resource("POST /LOGIN"),
+            "POST /LOGIN",
+            "case is kept"
+        );
+        for opaque in ["export", "reports:daily", "get //x", "POST login/", "/a//b"] {
+            assert_eq!(normalize_resource(opaque), opaque);
+        }
+        assert_eq!(normalize_resource("GET /"), "GET /");
     }
 
     #[test]

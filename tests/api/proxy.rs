@@ -188,6 +188,40 @@ async fn every_spelling_of_a_limited_path_meets_its_limit() {
     }
 }
 
+/// The same through `POST /v1/check`, for a service that passes its request's path as the
+/// resource: each spelling meets the limit, and the answer says which limit bound it.
+#[tokio::test]
+async fn every_spelling_of_a_limited_path_meets_its_limit_in_a_check() {
+    let app = spawn_app().await;
+    let r = app
+        .put_quota(
+            "site",
+            json!({"limits": [{"id": "login", "max": 1, "window": "1h", "resource": "POST /login"}]}),
+        )
+        .await;
+    assert_eq!(r.status(), 201);
+    let check = |resource: &str| {
+        app.check(json!({"tenant": "site", "client": "attacker", "resource": resource}))
+    };
+    assert_eq!(check("POST /login").await.status(), 200);
+    for path in [
+        "/login",
+        "/%6Cogin",
+        "//login",
+        "/./login",
+        "/login/",
+        "/login;x",
+        "/a/../login",
+    ] {
+        let r = check(&format!("POST {path}")).await;
+        assert_eq!(r.status(), 429, "{path}");
+        assert_eq!(r.headers()["ratelimit-limit"], "1", "{path}");
+    }
+    // Another path, and a resource that is not a request, meet no limit.
+    assert_eq!(check("POST /logout").await.status(), 200);
+    assert_eq!(check("login").await.status(), 200);
+}
+
 #[tokio::test]
 async fn with_a_check_token_forward_auth_reads_it_from_its_own_header() {
     let app = spawn_with(|s| {

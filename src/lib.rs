@@ -27,4 +27,5 @@ pub mod sched;
 pub mod startup;
 pub mod store;
 pub mod sync;
+pub mod tls;
 pub mod traces;

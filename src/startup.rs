@@ -21,6 +21,7 @@ use crate::store::embedded::EmbeddedStore;
 use crate::store::scylla::{parse_consistency, ScyllaOptions, ScyllaStore};
 use crate::store::DynStore;
 use crate::sync::{SyncConfig, Syncer};
+use crate::tls::{Certificate, TlsFiles};
 
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
@@ -98,6 +99,8 @@ pub struct Application {
     fleet: Option<(watch::Sender<bool>, JoinHandle<()>)>,
     /// OpenTelemetry traces: their last spans are sent at shutdown.
     traces: Option<Arc<crate::traces::Traces>>,
+    /// The reloader of the TLS certificate (`server.tls`), stopped with the other tasks.
+    tls: Option<JoinHandle<()>>,
 }
 
 impl Application {
@@ -114,6 +117,7 @@ impl Application {
         clock: Arc<dyn Clock>,
     ) -> Result<Self, StartError> {
         let metrics = Arc::new(Metrics::new(settings.metrics.tenant_labels));
+        let tls = tls_certificate(&settings, &metrics)?;
         let fleet = join_fleet(&settings, &store, &metrics).await?;
         let membership = fleet
             .as_ref()
@@ -155,10 +159,16 @@ impl Application {
             traces: traces.clone(),
         };
         let grpc = match &settings.server.grpc_bind {
-            Some(bind) => Some(grpc_server(bind, state.clone(), &settings.grpc.client_key)?),
+            Some(bind) => Some(grpc_server(
+                bind,
+                state.clone(),
+                &settings.grpc.client_key,
+                tls.as_ref().map(Certificate::grpc_acceptor),
+            )?),
             None => None,
         };
-        let (server, port) = http_server(&settings, state)?;
+        let (server, port) =
+            http_server(&settings, state, tls.as_ref().map(Certificate::http_config))?;
 
         let (shutdown, rx) = watch::channel(false);
         let syncer = Syncer::new(
@@ -171,12 +181,16 @@ impl Application {
         let sync = tokio::spawn(syncer.run(rx.clone()));
         let retention = Retention::new(store.clone(), clock, metrics, retention_config(&settings));
         let retention = tokio::spawn(retention.run(rx.clone()));
+        let tls_on = tls.is_some();
+        let tls = tls.map(|c| {
+            tokio::spawn(c.watch(settings.server.tls.reload_interval_ms.get(), rx.clone()))
+        });
         let refresh = tokio::spawn(policies.run(settings.quotas.refresh_ms.get(), rx));
         let fleet = fleet.map(|f| {
             let (leave, rx) = watch::channel(false);
             (leave, tokio::spawn(f.run(rx)))
         });
-        tracing::info!(port, store = store.kind(), "quotad listening");
+        tracing::info!(port, tls = tls_on, store = store.kind(), "quotad listening");
         Ok(Self {
             port,
             grpc,
@@ -189,6 +203,7 @@ impl Application {
             retention,
             fleet,
             traces,
+            tls,
         })
     }
 
@@ -229,6 +244,9 @@ impl Application {
         let _ = self.shutdown.send(true);
         let _ = self.refresh.await;
         let _ = self.retention.await;
+        if let Some(tls) = self.tls {
+            let _ = tls.await;
+        }
         let unsynced = self.sync.await.unwrap_or_else(|e| {
             tracing::error!(error = %e, "sync task failed");
             u64::MAX
@@ -273,6 +291,24 @@ async fn join_fleet(
         .await
         .map(Some)
         .map_err(|e| StartError(format!("joining the fleet: {e}")))
+}
+
+/// The certificate of `server.tls`, read and checked; none when TLS is off.
+fn tls_certificate(
+    settings: &Settings,
+    metrics: &Arc<Metrics>,
+) -> Result<Option<Certificate>, StartError> {
+    let t = &settings.server.tls;
+    let (Some(cert), Some(key)) = (&t.cert_file, &t.key_file) else {
+        return Ok(None);
+    };
+    let files = TlsFiles {
+        cert: cert.clone(),
+        key: key.clone(),
+    };
+    Certificate::load(files, metrics.clone())
+        .map(Some)
+        .map_err(|e| StartError(e.to_string()))
 }
 
 /// A 256-bit random token, hex.
@@ -339,8 +375,13 @@ fn worker_slice(us: u64) {
     });
 }
 
-/// Binds the listener (port 0 picks a free one) and starts the HTTP server on it.
-fn http_server(settings: &Settings, state: AppState) -> Result<(Server, u16), StartError> {
+/// Binds the listener (port 0 picks a free one) and starts the HTTP server on it, over TLS
+/// when given its configuration.
+fn http_server(
+    settings: &Settings,
+    state: AppState,
+    tls: Option<rustls::ServerConfig>,
+) -> Result<(Server, u16), StartError> {
     let listener = TcpListener::bind(&settings.server.bind)
         .map_err(|e| StartError(format!("cannot listen on {}: {e}", settings.server.bind)))?;
     let port = listener
@@ -379,8 +420,15 @@ fn http_server(settings: &Settings, state: AppState) -> Result<(Server, u16), St
     if settings.server.workers > 0 {
         server = server.workers(settings.server.workers);
     }
+    let server = match tls {
+        // A client that connects and never finishes its handshake is cut off as one that
+        // never sends its request head is.
+        Some(config) => server
+            .tls_handshake_timeout(settings.server.request_timeout_ms.get())
+            .listen_rustls_0_23(listener, config),
+        None => server.listen(listener),
+    };
     let server = server
-        .listen(listener)
         .map_err(|e| StartError(format!("cannot serve: {e}")))?
         .run();
     Ok((server, port))
@@ -417,8 +465,14 @@ struct GrpcServer {
 }
 
 /// Binds `bind` (port 0 picks a free one) and serves Envoy's rate limit service on it, each
-/// call within `server.request_timeout_ms`.
-fn grpc_server(bind: &str, state: AppState, client_key: &str) -> Result<GrpcServer, StartError> {
+/// call within `server.request_timeout_ms`; over TLS when given an acceptor, each handshake
+/// within that time too.
+fn grpc_server(
+    bind: &str,
+    state: AppState,
+    client_key: &str,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+) -> Result<GrpcServer, StartError> {
     let call_timeout = state.request_timeout;
     let std_listener = TcpListener::bind(bind)
         .map_err(|e| StartError(format!("cannot listen on {bind} (server.grpc_bind): {e}")))?;
@@ -433,20 +487,33 @@ fn grpc_server(bind: &str, state: AppState, client_key: &str) -> Result<GrpcServ
         tokio::net::TcpListener::from_std(std_listener).map_err(|e| StartError(e.to_string()))?;
     let service = crate::grpc::RateLimiter::new(state, client_key.to_owned()).service();
     let (stop, mut rx) = watch::channel(false);
+    let tls_on = tls.is_some();
     let task = tokio::spawn(async move {
-        let incoming = tonic::transport::server::TcpIncoming::from(listener);
-        let res = tonic::transport::Server::builder()
+        let router = tonic::transport::Server::builder()
             .timeout(call_timeout)
             .concurrency_limit_per_connection(crate::grpc::MAX_CALLS_PER_CONNECTION)
-            .add_service(service)
-            .serve_with_incoming_shutdown(incoming, async move {
-                let _ = rx.wait_for(|s| *s).await;
-            })
-            .await;
+            .add_service(service);
+        let stopped = async move {
+            let _ = rx.wait_for(|s| *s).await;
+        };
+        let res = match tls {
+            Some(acceptor) => {
+                let incoming = crate::tls::tls_incoming(listener, acceptor, call_timeout);
+                router.serve_with_incoming_shutdown(incoming, stopped).await
+            }
+            None => {
+                let incoming = tonic::transport::server::TcpIncoming::from(listener);
+                router.serve_with_incoming_shutdown(incoming, stopped).await
+            }
+        };
         if let Err(e) = res {
             tracing::error!(error = %e, "gRPC server failed");
         }
     });
-    tracing::info!(port, "Envoy rate limit service (gRPC) listening");
+    tracing::info!(
+        port,
+        tls = tls_on,
+        "Envoy rate limit service (gRPC) listening"
+    );
     Ok(GrpcServer { port, stop, task })
 }

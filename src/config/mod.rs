@@ -21,7 +21,8 @@ pub use auth::{AuthSettings, Role, TokenSettings};
 pub use sections::{
     AuditSettings, FleetSettings, ForwardAuthSettings, GrpcSettings, HistorySettings,
     LimiterSettings, LogSettings, MetricsSettings, QuotaSettings, ServerSettings, StoreKind,
-    StoreSettings, SyncSettings, TracesSettings, HEADER_BYTES_CEILING, SCYLLA_MAX_SYNC_DELAY_MS,
+    StoreSettings, SyncSettings, TlsSettings, TracesSettings, HEADER_BYTES_CEILING,
+    SCYLLA_MAX_SYNC_DELAY_MS,
 };
 pub use values::{DurationMs, Secret};
 

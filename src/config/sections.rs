@@ -34,6 +34,34 @@ pub struct ServerSettings {
     /// The time slice each HTTP worker asks of the scheduler, in µs (Linux 6.12 and later,
     /// `crate::sched`); 0: the kernel's own.
     pub worker_slice_us: u64,
+    /// TLS on the HTTP port and the gRPC port; off (plain text) unless both files are set.
+    pub tls: TlsSettings,
+}
+
+/// `[server.tls]`: one certificate for both of quotad's ports, read again when its files
+/// change (`crate::tls`).
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TlsSettings {
+    /// PEM: the server's certificate first, then any intermediates.
+    pub cert_file: Option<PathBuf>,
+    /// PEM: the certificate's private key (PKCS#8, PKCS#1 or SEC1).
+    pub key_file: Option<PathBuf>,
+    /// How often both files are read again, and swapped in when they changed.
+    pub reload_interval_ms: DurationMs,
+}
+
+impl Default for TlsSettings {
+    fn default() -> Self {
+        Self {
+            cert_file: None,
+            key_file: None,
+            // Reading two files of a few KiB costs nothing at this pace, and it adds at most
+            // 10 s to the time a renewed certificate (cert-manager, kubelet's secret sync of
+            // about a minute) takes to reach new connections.
+            reload_interval_ms: DurationMs(10_000),
+        }
+    }
 }
 
 /// The most `server.max_header_bytes` may be: actix-http refuses a request head (request line and
@@ -52,6 +80,7 @@ impl Default for ServerSettings {
             max_header_bytes: 16 * 1024,
             grpc_bind: None,
             worker_slice_us: 100,
+            tls: TlsSettings::default(),
         }
     }
 }

@@ -375,3 +375,44 @@ fn store_tls_settings_go_together() {
         assert!(e.contains(needle), "{pairs:?}: {e}");
     }
 }
+
+#[test]
+fn tls_is_off_by_default_and_reads_both_files_from_the_environment() {
+    let s = Settings::load_from(None, env(&[])).unwrap();
+    assert_eq!(
+        (&s.server.tls.cert_file, &s.server.tls.key_file),
+        (&None, &None)
+    );
+    assert_eq!(s.server.tls.reload_interval_ms, DurationMs(10_000));
+    let s = Settings::load_from(
+        None,
+        env(&[
+            ("QUOTAD__SERVER__TLS__CERT_FILE", "/tls/tls.crt"),
+            ("QUOTAD__SERVER__TLS__KEY_FILE", "/tls/tls.key"),
+            ("QUOTAD__SERVER__TLS__RELOAD_INTERVAL_MS", "30s"),
+        ]),
+    )
+    .unwrap();
+    assert_eq!(
+        s.server.tls.cert_file.as_deref(),
+        Some(Path::new("/tls/tls.crt"))
+    );
+    assert_eq!(
+        s.server.tls.key_file.as_deref(),
+        Some(Path::new("/tls/tls.key"))
+    );
+    assert_eq!(s.server.tls.reload_interval_ms, DurationMs(30_000));
+}
+
+#[test]
+fn tls_needs_both_files_and_a_sane_reload_interval() {
+    let load = |pairs: &[(&str, &str)]| Settings::load_from(None, env(pairs)).unwrap_err().0;
+    let e = load(&[("QUOTAD__SERVER__TLS__CERT_FILE", "/tls/tls.crt")]);
+    assert!(e.contains("server.tls.key_file"), "{e}");
+    let e = load(&[("QUOTAD__SERVER__TLS__KEY_FILE", "/tls/tls.key")]);
+    assert!(e.contains("server.tls.cert_file"), "{e}");
+    let e = load(&[("QUOTAD__SERVER__TLS__RELOAD_INTERVAL_MS", "0")]);
+    assert!(e.contains("server.tls.reload_interval_ms"), "{e}");
+    let e = load(&[("QUOTAD__SERVER__TLS__CERT", "/tls/tls.crt")]);
+    assert!(e.contains("cert"), "{e}");
+}

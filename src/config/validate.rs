@@ -78,6 +78,31 @@ impl Settings {
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log.level) {
             return bad("log.level", e.to_string());
         }
+        self.validate_tls()
+    }
+
+    /// Both files or neither; whether they hold a usable pair is for start-up to find out
+    /// (`crate::tls`), where the message names the file.
+    fn validate_tls(&self) -> Result<(), ConfigError> {
+        let t = &self.server.tls;
+        match (&t.cert_file, &t.key_file) {
+            (Some(_), None) => {
+                return bad(
+                    "server.tls.key_file",
+                    "must be set with server.tls.cert_file (both or neither)".into(),
+                )
+            }
+            (None, Some(_)) => {
+                return bad(
+                    "server.tls.cert_file",
+                    "must be set with server.tls.key_file (both or neither)".into(),
+                )
+            }
+            _ => {}
+        }
+        if !(100..=3_600_000).contains(&t.reload_interval_ms.0) {
+            return bad("server.tls.reload_interval_ms", "must be 100ms..=1h".into());
+        }
         Ok(())
     }
 

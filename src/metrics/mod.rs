@@ -66,6 +66,10 @@ pub struct Metrics {
     unrecorded_history: IntCounter,
     unrecorded_audit: IntCounter,
     fleet: FleetMetrics,
+    /// The served certificate's not-after, and reloads by outcome: registered by
+    /// [`Metrics::tls_on`] only, as a 0 without TLS would read as a certificate long expired.
+    tls_expiry: IntGauge,
+    tls_reloads: IntCounterVec,
 }
 
 /// Fleet membership (the fleet task's lease): N, this instance's shard, and lease trouble.
@@ -309,6 +313,16 @@ impl Metrics {
                  change); each is logged in full at error level.",
             ),
             fleet: FleetMetrics::new(&registry),
+            tls_expiry: gauge(
+                "quotad_tls_cert_expiry_seconds",
+                "Not-after of the certificate served on quotad's ports (server.tls), unix seconds.",
+            ),
+            tls_reloads: counter_vec(
+                "quotad_tls_reloads_total",
+                "Changes of the TLS files: served (ok), or refused and the current certificate \
+                 kept (error: unreadable, unparsable or a key of another certificate).",
+                &["outcome"],
+            ),
             registry,
         };
         // Both caps, and each store-failure rule, are exported from the start, at zero, so an
@@ -351,6 +365,32 @@ impl Metrics {
         for c in all {
             self.registry.register(c).expect("unique metric");
         }
+    }
+
+    /// TLS is on, with a certificate expiring at `not_after` (unix seconds).
+    pub fn tls_on(&self, not_after: i64) {
+        self.tls_expiry.set(not_after);
+        for outcome in ["ok", "error"] {
+            self.tls_reloads.with_label_values(&[outcome]);
+        }
+        for c in [
+            Box::new(self.tls_expiry.clone()) as Box<dyn Collector>,
+            Box::new(self.tls_reloads.clone()),
+        ] {
+            // Twice (a second application on these metrics) is no harm: one series each.
+            let _ = self.registry.register(c);
+        }
+    }
+
+    /// A changed certificate is served from now on.
+    pub fn tls_reloaded(&self, not_after: i64) {
+        self.tls_expiry.set(not_after);
+        self.tls_reloads.with_label_values(&["ok"]).inc();
+    }
+
+    /// Changed TLS files could not be served; the current certificate stays.
+    pub fn tls_reload_refused(&self) {
+        self.tls_reloads.with_label_values(&["error"]).inc();
     }
 
     /// The fleet as this instance sees it after a heartbeat.

@@ -22,5 +22,6 @@ mod proxy;
 mod quotas;
 mod reset;
 mod routing;
+mod tls;
 mod tokens;
 mod traces;

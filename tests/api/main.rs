@@ -22,6 +22,7 @@ mod proxy;
 mod quotas;
 mod reset;
 mod routing;
+mod secrets;
 mod tls;
 mod tokens;
 mod traces;

@@ -106,6 +106,9 @@ pub struct Application {
 impl Application {
     /// Builds everything with the system clock and the configured store.
     pub async fn build(settings: Settings) -> Result<Self, StartError> {
+        settings
+            .refuse_open_checks_beyond_loopback()
+            .map_err(|e| StartError(e.to_string()))?;
         let store = open_store(&settings).await?;
         Self::build_with(settings, store, Arc::new(SystemClock)).await
     }

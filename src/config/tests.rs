@@ -262,6 +262,14 @@ fn weak_tokens_and_open_checks_beyond_loopback_stop_start_up() {
             vec![("QUOTAD__AUTH__CHECK_TOKEN", "s3cret")],
             "auth.check_token",
         ),
+    ] {
+        let e = Settings::load_from(None, env(&pairs)).unwrap_err().0;
+        assert!(e.contains(needle), "{pairs:?}: {e}");
+        assert!(!e.contains("s3cret") && !e.contains("change-me"), "{e}");
+    }
+    // Serving checks open beyond loopback is refused; loading such a configuration is not
+    // (`quotad migrate` in the same container listens on nothing).
+    for (pairs, needle) in [
         (
             vec![("QUOTAD__SERVER__BIND", "0.0.0.0:8080")],
             "server.bind",
@@ -271,11 +279,15 @@ fn weak_tokens_and_open_checks_beyond_loopback_stop_start_up() {
             "server.grpc_bind",
         ),
     ] {
-        let e = Settings::load_from(None, env(&pairs)).unwrap_err().0;
+        let s = Settings::load_from(None, env(&pairs)).unwrap();
+        let e = s.refuse_open_checks_beyond_loopback().unwrap_err().0;
         assert!(e.contains(needle), "{pairs:?}: {e}");
-        assert!(!e.contains("s3cret") && !e.contains("change-me"), "{e}");
     }
-    // Beyond loopback with a check token, or with open checks said out loud: it starts.
+    assert!(Settings::load_from(None, env(&[]))
+        .unwrap()
+        .refuse_open_checks_beyond_loopback()
+        .is_ok());
+    // Beyond loopback with a check token, or with open checks said out loud: it serves.
     for extra in [
         ("QUOTAD__AUTH__CHECK_TOKEN", STRONG),
         ("QUOTAD__AUTH__OPEN_CHECKS", "true"),
@@ -283,8 +295,9 @@ fn weak_tokens_and_open_checks_beyond_loopback_stop_start_up() {
         let s = Settings::load_from(
             None,
             env(&[("QUOTAD__SERVER__BIND", "0.0.0.0:8080"), extra]),
-        );
-        assert!(s.is_ok(), "{extra:?}: {s:?}");
+        )
+        .unwrap();
+        assert!(s.refuse_open_checks_beyond_loopback().is_ok(), "{extra:?}");
     }
 }
 

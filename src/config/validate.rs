@@ -219,18 +219,11 @@ impl Settings {
         Ok(())
     }
 
-    fn validate_tokens(&self) -> Result<(), ConfigError> {
+    /// For `quotad serve`: checks open (no check token) on an address beyond loopback stop
+    /// start-up, unless `auth.open_checks` says something else guards the port. The other
+    /// commands listen on nothing, so they do not ask.
+    pub fn refuse_open_checks_beyond_loopback(&self) -> Result<(), ConfigError> {
         let a = &self.auth;
-        for (key, t) in [
-            ("auth.admin_token", &a.admin_token),
-            ("auth.check_token", &a.check_token),
-        ] {
-            if !t.is_empty() {
-                if let Err(e) = super::tokens::check_strength(t.expose()) {
-                    return bad(key, e);
-                }
-            }
-        }
         let checks_need_token =
             !a.check_token.is_empty() || a.tokens.iter().any(|t| t.role == Role::Check);
         if !checks_need_token && !a.open_checks {
@@ -254,6 +247,21 @@ impl Settings {
                              auth.open_checks = true where something else guards the port"
                         ),
                     );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn validate_tokens(&self) -> Result<(), ConfigError> {
+        let a = &self.auth;
+        for (key, t) in [
+            ("auth.admin_token", &a.admin_token),
+            ("auth.check_token", &a.check_token),
+        ] {
+            if !t.is_empty() {
+                if let Err(e) = super::tokens::check_strength(t.expose()) {
+                    return bad(key, e);
                 }
             }
         }

@@ -1,5 +1,6 @@
 //! Envoy's rate limit service over gRPC (`envoy.service.ratelimit.v3.RateLimitService`), served on
-//! `server.grpc_bind` beside the HTTP API, sharing its limiter, policies, tokens and metrics.
+//! `server.grpc_bind` beside the HTTP API, deciding through the same check service
+//! (`crate::checks`) with the same tokens (`crate::auth`).
 //!
 //! Mapping: the request's `domain` is the tenant. In each descriptor, the entry whose key is
 //! `grpc.client_key` names the client, and the other entries, in order, form the resource
@@ -22,7 +23,7 @@
 //! and each connection at most [`MAX_CALLS_PER_CONNECTION`] calls at once.
 
 use std::collections::HashMap;
-use std::time::Instant;
+use std::sync::Arc;
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
@@ -36,13 +37,17 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use tonic::{Request, Response, Status};
 
-use crate::api::{ceil_secs, ApiError, AppState};
-use crate::domain::{resource_from_bytes, ClientId, LimitKind, Period, Policy, TenantId, MAX_COST};
-use crate::limiter::{Binding, CheckInput, Decision};
+use crate::auth::{digest, Auth, Refusal};
+use crate::checks::{ceil_secs, CheckService};
+use crate::domain::{
+    resource_from_bytes, ClientId, FieldError, LimitKind, Period, Policy, TenantId, MAX_COST,
+};
+use crate::limiter::{Binding, Decision};
 
-/// The service, over the state the HTTP handlers share.
+/// The service: the check service and the tokens the HTTP API shares.
 pub struct RateLimiter {
-    state: AppState,
+    checks: Arc<CheckService>,
+    auth: Arc<Auth>,
     client_key: String,
 }
 
@@ -56,8 +61,12 @@ pub const MAX_ENTRIES: usize = 64;
 pub const MAX_CALLS_PER_CONNECTION: usize = 256;
 
 impl RateLimiter {
-    pub fn new(state: AppState, client_key: String) -> Self {
-        RateLimiter { state, client_key }
+    pub fn new(checks: Arc<CheckService>, auth: Arc<Auth>, client_key: String) -> Self {
+        RateLimiter {
+            checks,
+            auth,
+            client_key,
+        }
     }
 
     /// As a tonic service.
@@ -86,17 +95,15 @@ fn within_bounds(req: &RateLimitRequest) -> Result<(), Status> {
     Ok(())
 }
 
-fn status_of(e: ApiError) -> Status {
-    match &e {
-        ApiError::Unauthenticated(_) => Status::unauthenticated(e.to_string()),
-        ApiError::PermissionDenied(_) => Status::permission_denied(e.to_string()),
-        ApiError::InvalidArgument { field, .. } => Status::invalid_argument(match field {
-            Some(f) => format!("{f}: {e}"),
-            None => e.to_string(),
-        }),
-        ApiError::Unavailable(_) => Status::unavailable(e.to_string()),
-        _ => Status::internal("internal error"),
+fn refused(r: Refusal) -> Status {
+    match r {
+        Refusal::Unauthenticated(m) => Status::unauthenticated(m),
+        Refusal::PermissionDenied(m) => Status::permission_denied(m),
     }
+}
+
+fn invalid(e: FieldError) -> Status {
+    Status::invalid_argument(format!("{}: {}", e.field, e.message))
 }
 
 /// One descriptor, read: its client (None without the client entry) and resource.
@@ -141,7 +148,7 @@ fn read(d: &RateLimitDescriptor, client_key: &str, i: usize, cost: u64) -> Resul
 /// its SHA-256, the same for the same value.
 fn client_id(value: &str) -> ClientId {
     ClientId::parse(value).unwrap_or_else(|_| {
-        let d = crate::api::digest(value);
+        let d = digest(value);
         ClientId::parse(&format!("h-{}", hex::encode(&d[..16]))).expect("hex is a valid id")
     })
 }
@@ -219,17 +226,12 @@ impl RateLimiter {
             .get("authorization")
             .and_then(|v| v.to_str().ok())
             .map(|v| v.strip_prefix("Bearer ").unwrap_or(v).trim().to_owned());
-        let who = self
-            .state
-            .auth
-            .checker_with(token.as_deref())
-            .map_err(status_of)?;
+        let who = self.auth.checker_with(token.as_deref()).map_err(refused)?;
         let req = request.into_inner();
         within_bounds(&req)?;
-        let tenant =
-            TenantId::parse_field(&req.domain, "domain").map_err(|e| status_of(e.into()))?;
+        let tenant = TenantId::parse_field(&req.domain, "domain").map_err(invalid)?;
         if let Some(w) = &who {
-            w.may_check(tenant.as_str()).map_err(status_of)?;
+            w.may_check(tenant.as_str()).map_err(refused)?;
         }
         let cost = u64::from(req.hits_addend.max(1));
         let read: Vec<Read> = req
@@ -265,33 +267,17 @@ impl RateLimiter {
             }
         }
         for (client, idx) in groups {
-            let Some(policy) = self
-                .state
-                .policies
-                .resolve(tenant.as_str(), client.as_str())
-            else {
-                continue;
-            };
             let resources: Vec<Option<&str>> =
                 idx.iter().map(|&i| read[i].resource.as_deref()).collect();
             let cost = idx.iter().map(|&i| read[i].cost).max().unwrap_or(cost);
-            let input = CheckInput {
-                tenant: &tenant,
-                client,
-                resource: None,
-                cost,
+            let Some(several) = self
+                .checks
+                .decide_several(&tenant, client, cost, &resources)
+                .await
+            else {
+                continue;
             };
-            let started = Instant::now();
-            let d = self
-                .state
-                .limiter
-                .check_any(&policy, input, &resources)
-                .await;
-            self.state.metrics.check_decided(
-                tenant.as_str(),
-                d.label(),
-                started.elapsed().as_secs_f64(),
-            );
+            let (d, policy) = (several.decision, several.policy);
             let denied = !d.allowed;
             let mut marked = false;
             // While the store fails, a peek per descriptor would be decided by the failure rule
@@ -307,19 +293,8 @@ impl RateLimiter {
                 }
                 marked = true;
             }
-            for &i in idx.iter().filter(|_| d.store_failure.is_none()) {
-                let peek = self
-                    .state
-                    .limiter
-                    .peek(
-                        &policy,
-                        CheckInput {
-                            resource: read[i].resource.as_deref(),
-                            ..input
-                        },
-                    )
-                    .await;
-                let Some(b) = &peek.binding else { continue };
+            for (&i, b) in idx.iter().zip(&several.each) {
+                let Some(b) = b else { continue };
                 describe(&mut statuses[i], b, &policy);
                 let st = &mut statuses[i];
                 // Over: this descriptor's own limits cannot take the cost now.
@@ -388,7 +363,7 @@ impl RateLimitService for RateLimiter {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
-        let Some(traces) = &self.state.traces else {
+        let Some(traces) = self.checks.traces() else {
             return self.rate_limit(request).await;
         };
         // The caller's trace, from the W3C `traceparent` (and `tracestate`) metadata.

@@ -7,6 +7,8 @@
 
 pub mod api;
 pub mod apply;
+pub mod auth;
+pub mod checks;
 pub mod clock;
 pub mod config;
 pub mod cql;

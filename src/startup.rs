@@ -149,7 +149,14 @@ impl Application {
         let traces = crate::traces::Traces::start(&settings.traces, settings.metrics.tenant_labels)
             .map_err(StartError)?
             .map(Arc::new);
+        let checks = Arc::new(crate::checks::CheckService::new(
+            limiter.clone(),
+            policies.clone(),
+            metrics.clone(),
+            traces.clone(),
+        ));
         let state = AppState {
+            checks,
             limiter: limiter.clone(),
             policies: policies.clone(),
             store: store.clone(),
@@ -488,7 +495,8 @@ fn grpc_server(
         .port();
     let listener =
         tokio::net::TcpListener::from_std(std_listener).map_err(|e| StartError(e.to_string()))?;
-    let service = crate::grpc::RateLimiter::new(state, client_key.to_owned()).service();
+    let service =
+        crate::grpc::RateLimiter::new(state.checks, state.auth, client_key.to_owned()).service();
     let (stop, mut rx) = watch::channel(false);
     let tls_on = tls.is_some();
     let task = tokio::spawn(async move {

@@ -10,7 +10,6 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::audit::{append, new_entry};
-use super::auth::Principal;
 use super::body::{json_body, parse_json};
 use super::error::{ApiError, ErrorBody};
 use super::idempotency::{at_most_once, Failed};
@@ -19,6 +18,7 @@ use super::params::path_ids;
 use super::responses::AdminErrors;
 use super::state::AppState;
 use super::usage::{policy_of, UsageLimit, UsageView};
+use crate::auth::Principal;
 use crate::domain::{ClientId, Limit, LimitId, Policy, Scope, TenantId, MAX_LIMIT};
 
 /// The body of a reset: all the client's limits, or one.

@@ -10,12 +10,12 @@ use chrono::{SecondsFormat, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
-use super::auth::Principal;
 use super::error::ApiError;
 use super::middleware::RequestId;
 use super::params::{instant, page_size, query, PAGE_DEFAULT, PAGE_MAX};
 use super::responses::AdminErrors;
 use super::state::AppState;
+use crate::auth::Principal;
 use crate::domain::{ClientId, TenantId};
 use crate::store::audit::{AuditCursor, AuditEntry, AuditQuery};
 use crate::store::{PolicyKey, PolicyRecord};

@@ -1,7 +1,6 @@
 //! `POST /v1/check` and `POST /v1/check/batch`.
 
 use std::borrow::Cow;
-use std::time::Instant;
 
 use actix_web::http::header::{self, HeaderName, HeaderValue};
 use actix_web::http::StatusCode;
@@ -12,10 +11,10 @@ use utoipa::ToSchema;
 use super::body::{json_body, parse_json};
 use super::error::{ApiError, ErrorBody};
 use super::state::AppState;
-use crate::domain::{
-    normalize_resource, parse_cost, validate_resource, ClientId, Policy, TenantId,
-};
-use crate::limiter::{CheckInput, Decision, AHEAD};
+use crate::checks::ceil_secs;
+use crate::checks::{Check, Outcome};
+use crate::domain::{normalize_resource, parse_cost, validate_resource, ClientId, TenantId};
+use crate::limiter::Decision;
 
 /// Most checks in one batch.
 pub const MAX_BATCH: usize = 1000;
@@ -56,12 +55,8 @@ struct BatchDto<'a> {
     checks: Vec<CheckDto<'a>>,
 }
 
-pub(super) struct Parsed<'a> {
-    pub(super) tenant: TenantId,
-    pub(super) client: ClientId,
-    pub(super) resource: Option<Cow<'a, str>>,
-    pub(super) cost: u64,
-}
+/// A check as read from a request: the service's own [`Check`].
+pub(super) type Parsed<'a> = Check<'a>;
 
 /// A field's name in errors: `tenant` in a single check, `checks[3].tenant` in a batch.
 fn field(item: Option<usize>, name: &str) -> String {
@@ -159,59 +154,6 @@ impl<'a> Answer<'a> {
     }
 }
 
-/// Decides one parsed check; None when the tenant has no quota.
-pub(super) async fn decide(state: &AppState, p: &Parsed<'_>) -> Option<Decision> {
-    let started = Instant::now();
-    let now = state.limiter.clock().now_ms();
-    let input = input_of(p);
-    // Decided in memory under the lent policy when it can be; only a check that must wait for
-    // the store holds a policy of its own.
-    let in_memory = state
-        .policies
-        .with(p.tenant.as_str(), p.client.as_str(), |policy| {
-            state
-                .limiter
-                .check_now_at(policy, input, now)
-                .ok_or_else(|| policy.clone())
-        })?;
-    let d = match in_memory {
-        Ok(d) => d,
-        Err(policy) => Box::pin(state.limiter.check(&policy, input)).await,
-    };
-    state.metrics.check_decided(
-        p.tenant.as_str(),
-        d.label(),
-        started.elapsed().as_secs_f64(),
-    );
-    Some(d)
-}
-
-/// The limiter's decision on one parsed check under `policy`, at `now` when memory decides
-/// it: decided in memory when it can be, and only otherwise through the (larger) future that
-/// may wait for the store (which reads the clock itself).
-async fn limit(state: &AppState, policy: &Policy, p: &Parsed<'_>, now: i64) -> Decision {
-    let input = input_of(p);
-    match state.limiter.check_now_at(policy, input, now) {
-        Some(d) => d,
-        None => Box::pin(state.limiter.check(policy, input)).await,
-    }
-}
-
-/// A parsed check as the limiter takes it.
-fn input_of<'a>(p: &'a Parsed<'_>) -> CheckInput<'a> {
-    CheckInput {
-        tenant: &p.tenant,
-        client: &p.client,
-        resource: p.resource.as_deref(),
-        cost: p.cost,
-    }
-}
-
-/// Milliseconds as whole seconds, rounded up (the RateLimit-Reset and Retry-After unit).
-pub(crate) fn ceil_secs(ms: i64) -> i64 {
-    (ms.max(0) + 999) / 1000
-}
-
 #[utoipa::path(
     post,
     path = "/v1/check",
@@ -251,16 +193,8 @@ pub async fn check(req: HttpRequest, payload: web::Payload) -> Result<HttpRespon
     if let Some(w) = &who {
         w.may_check(p.tenant.as_str())?;
     }
-    let d = match &state.traces {
-        None => decide(state, &p).await,
-        Some(t) => {
-            let header = |n: &str| req.headers().get(n).and_then(|v| v.to_str().ok());
-            let span = t.start_span("check", header("traceparent"), header("tracestate"));
-            let d = decide(state, &p).await;
-            t.end_check(span, p.tenant.as_str(), d.as_ref());
-            d
-        }
-    };
+    let header = |n: &str| req.headers().get(n).and_then(|v| v.to_str().ok());
+    let d = state.checks.decide(&p, header).await;
     let d = d.ok_or_else(|| ApiError::no_quota(&p.tenant))?;
     let status = if d.allowed {
         StatusCode::OK
@@ -375,46 +309,28 @@ pub async fn batch(req: HttpRequest, payload: web::Payload) -> Result<HttpRespon
         let p = validate(c, Some(i), parsed.last().map(|p| &p.tenant))?;
         parsed.push(p);
     }
-    // Each check is decided as if sent alone, in order; a tenant without a quota gets its own
-    // not_found error in place, as it would alone. The policies are those in force when the
-    // batch began (one lookup snapshot), and the metrics are summed over the batch.
-    let policies = state.policies.view();
-    let mut metrics = state.metrics.batch_checks();
-    let mut decisions = Vec::with_capacity(parsed.len());
-    // The items are decided at one instant: one read of the system clock for them all. Their
-    // durations take one read of the monotonic clock per item: an item's runs from the end of
-    // the one before.
-    let now = state.limiter.clock().now_ms();
-    let mut started = Instant::now();
-    for (i, p) in parsed.iter().enumerate() {
-        // The next checks' entries, brought into the cache together (`crate::limiter::ahead`).
-        if i % AHEAD == 0 {
-            let next = parsed[i..].iter().take(AHEAD);
-            state
-                .limiter
-                .bring_in(next.map(|p| (p.tenant.as_str(), p.client.as_str())));
-        }
-        if let Some(Err(e)) = who.as_ref().map(|w| w.may_check(p.tenant.as_str())) {
-            decisions.push(Err(e));
-            started = Instant::now();
-            continue;
-        }
-        let Some(policy) = policies.resolve(p.tenant.as_str(), p.client.as_str()) else {
-            decisions.push(Err(ApiError::no_quota(&p.tenant)));
-            started = Instant::now();
-            continue;
-        };
-        let d = limit(state, policy, p, now).await;
-        let done = Instant::now();
-        metrics.check_decided(
-            p.tenant.as_str(),
-            d.label(),
-            done.duration_since(started).as_secs_f64(),
-        );
-        started = done;
-        decisions.push(Ok(d));
-    }
-    drop(metrics);
+    // Each check is decided as if sent alone, in order; a tenant without a quota, or one the
+    // token may not check, gets its own error in place, as it would alone.
+    let allowed = |c: &Parsed<'_>| {
+        who.as_ref()
+            .is_none_or(|w| w.may_check(c.tenant.as_str()).is_ok())
+    };
+    let outcomes = state.checks.decide_batch(&parsed, allowed).await;
+    let decisions: Vec<Result<Decision, ApiError>> = outcomes
+        .into_iter()
+        .zip(&parsed)
+        .map(|(o, p)| match o {
+            Outcome::Decided(d) => Ok(d),
+            Outcome::NoQuota => Err(ApiError::no_quota(&p.tenant)),
+            Outcome::NotAllowed => Err(who
+                .as_ref()
+                .and_then(|w| w.may_check(p.tenant.as_str()).err())
+                .map_or_else(
+                    || ApiError::Internal("refused without a reason".into()),
+                    ApiError::from,
+                )),
+        })
+        .collect();
     let items: Vec<Item> = decisions
         .iter()
         .map(|d| match d {

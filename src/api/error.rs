@@ -256,3 +256,12 @@ fn join(prefix: &str, path: &str) -> String {
         format!("{prefix}.{path}")
     }
 }
+
+impl From<crate::auth::Refusal> for ApiError {
+    fn from(r: crate::auth::Refusal) -> Self {
+        match r {
+            crate::auth::Refusal::Unauthenticated(m) => ApiError::Unauthenticated(m),
+            crate::auth::Refusal::PermissionDenied(m) => ApiError::PermissionDenied(m),
+        }
+    }
+}

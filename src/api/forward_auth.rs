@@ -12,7 +12,7 @@ use actix_web::http::header::HeaderName;
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse};
 
-use super::check::{decide, rate_headers, Parsed};
+use super::check::{rate_headers, Parsed};
 use super::error::{ApiError, ErrorBody};
 use super::state::AppState;
 use crate::domain::{
@@ -123,7 +123,8 @@ pub async fn forward_auth(req: HttpRequest) -> Result<HttpResponse, ApiError> {
         resource: resource.map(Cow::Owned),
         cost,
     };
-    let Some(d) = decide(state, &p).await else {
+    let header = |n: &str| req.headers().get(n).and_then(|v| v.to_str().ok());
+    let Some(d) = state.checks.decide(&p, header).await else {
         return Ok(HttpResponse::Ok().finish());
     };
     let mut res = HttpResponse::build(if d.allowed { StatusCode::OK } else { fa.deny });

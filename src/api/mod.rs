@@ -9,7 +9,6 @@
 
 mod adjust;
 mod audit;
-mod auth;
 mod body;
 mod check;
 mod console;
@@ -28,10 +27,9 @@ mod state;
 mod usage;
 mod whoami;
 
+pub use crate::auth::{digest, Auth, Principal, Refusal};
 pub use audit::{audit_entry, AuditView};
-pub use auth::{digest, Auth, Principal};
 pub use body::{json_body, parse_json, MAX_BODY};
-pub(crate) use check::ceil_secs;
 pub use error::ApiError;
 pub use middleware::{admin_span, header_bytes, limit_header_bytes, request_id, RequestId};
 pub use routes::{query_config, routes, Route, ROUTES};

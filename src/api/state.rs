@@ -6,7 +6,8 @@ use std::time::Duration;
 use actix_web::http::header::HeaderName;
 use actix_web::http::StatusCode;
 
-use super::auth::Auth;
+use crate::auth::Auth;
+use crate::checks::CheckService;
 use crate::config::ForwardAuthSettings;
 use crate::limiter::{Limiter, Membership};
 use crate::metrics::Metrics;
@@ -16,6 +17,8 @@ use crate::store::DynStore;
 /// What handlers share; built once, cheap to clone.
 #[derive(Clone)]
 pub struct AppState {
+    /// Decides every check (`crate::checks`).
+    pub checks: Arc<CheckService>,
     pub limiter: Arc<Limiter>,
     pub policies: Arc<PolicyCache>,
     pub store: DynStore,

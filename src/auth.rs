@@ -13,7 +13,6 @@ use actix_web::http::header;
 use actix_web::HttpRequest;
 use sha2::{Digest, Sha256};
 
-use super::error::ApiError;
 use crate::config::tokens::TokenHash;
 use crate::config::{Role, TokenSettings};
 
@@ -47,8 +46,18 @@ pub struct Principal {
 }
 
 /// What a principal that is not allowed gets. It says nothing about whether the tenant exists.
-const FORBIDDEN: ApiError =
-    ApiError::PermissionDenied("this token may not do that for this tenant");
+/// Why a request's token does not let it through: no token or an unknown one, or one whose
+/// role or tenants do not cover what it asks. Each entry point answers it in its protocol's
+/// terms (401 and 403, UNAUTHENTICATED and PERMISSION_DENIED).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error("{0}")]
+    Unauthenticated(&'static str),
+    #[error("{0}")]
+    PermissionDenied(&'static str),
+}
+
+const FORBIDDEN: Refusal = Refusal::PermissionDenied("this token may not do that for this tenant");
 
 impl Principal {
     fn covers(&self, tenant: &str) -> bool {
@@ -56,7 +65,7 @@ impl Principal {
     }
 
     /// May manage and read this tenant's quotas and usage.
-    pub fn may_manage(&self, tenant: &str) -> Result<(), ApiError> {
+    pub fn may_manage(&self, tenant: &str) -> Result<(), Refusal> {
         match self.role {
             Role::Admin => Ok(()),
             Role::TenantAdmin if self.covers(tenant) => Ok(()),
@@ -65,7 +74,7 @@ impl Principal {
     }
 
     /// May run checks for this tenant.
-    pub fn may_check(&self, tenant: &str) -> Result<(), ApiError> {
+    pub fn may_check(&self, tenant: &str) -> Result<(), Refusal> {
         if self.covers(tenant) {
             Ok(())
         } else {
@@ -165,11 +174,11 @@ impl Auth {
     }
 
     /// The principal of the request's bearer token: 401 when missing or unknown.
-    pub fn identify(&self, req: &HttpRequest) -> Result<Principal, ApiError> {
+    pub fn identify(&self, req: &HttpRequest) -> Result<Principal, Refusal> {
         let value = req
             .headers()
             .get(header::AUTHORIZATION)
-            .ok_or(ApiError::Unauthenticated(
+            .ok_or(Refusal::Unauthenticated(
                 "missing Authorization: Bearer token",
             ))?;
         let token = value
@@ -178,14 +187,14 @@ impl Auth {
             .and_then(|v| v.strip_prefix("Bearer "))
             .map(str::trim)
             .filter(|t| !t.is_empty())
-            .ok_or(ApiError::Unauthenticated(
+            .ok_or(Refusal::Unauthenticated(
                 "Authorization must be: Bearer <token>",
             ))?;
         self.principal_of(token)
     }
 
     /// The principal of a token: 401 when unknown.
-    fn principal_of(&self, token: &str) -> Result<Principal, ApiError> {
+    fn principal_of(&self, token: &str) -> Result<Principal, Refusal> {
         let got = digest(token);
         // Compare against every entry, so the time taken does not tell which one matched.
         let mut found = None;
@@ -198,7 +207,7 @@ impl Auth {
             return Ok(p.clone());
         }
         self.hashed_principal(token, &got)
-            .ok_or(ApiError::Unauthenticated("invalid token"))
+            .ok_or(Refusal::Unauthenticated("invalid token"))
     }
 
     /// The salted entry this token verifies against: remembered, or one argon2 run for each
@@ -226,7 +235,7 @@ impl Auth {
         &self,
         req: &HttpRequest,
         header: &header::HeaderName,
-    ) -> Result<Option<Principal>, ApiError> {
+    ) -> Result<Option<Principal>, Refusal> {
         let value = req
             .headers()
             .get(header)
@@ -236,21 +245,21 @@ impl Auth {
     }
 
     /// As [`Auth::checker`], for a token found elsewhere (gRPC metadata, a proxy's header).
-    pub fn checker_with(&self, token: Option<&str>) -> Result<Option<Principal>, ApiError> {
+    pub fn checker_with(&self, token: Option<&str>) -> Result<Option<Principal>, Refusal> {
         if self.checks_open {
             return Ok(None);
         }
         let token = token
             .filter(|t| !t.is_empty())
-            .ok_or(ApiError::Unauthenticated("missing check token"))?;
+            .ok_or(Refusal::Unauthenticated("missing check token"))?;
         self.principal_of(token).map(Some)
     }
 
     /// For the admin API: a token whose role may use it (check-only tokens get 403).
-    pub fn admin(&self, req: &HttpRequest) -> Result<Principal, ApiError> {
+    pub fn admin(&self, req: &HttpRequest) -> Result<Principal, Refusal> {
         let p = self.identify(req)?;
         if p.role == Role::Check {
-            return Err(ApiError::PermissionDenied(
+            return Err(Refusal::PermissionDenied(
                 "this token may not use the admin API",
             ));
         }
@@ -258,7 +267,7 @@ impl Auth {
     }
 
     /// For `/v1/check`: None when checks are open, else the caller (401 without a valid token).
-    pub fn checker(&self, req: &HttpRequest) -> Result<Option<Principal>, ApiError> {
+    pub fn checker(&self, req: &HttpRequest) -> Result<Option<Principal>, Refusal> {
         if self.checks_open {
             return Ok(None);
         }

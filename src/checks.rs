@@ -1,0 +1,229 @@
+//! The one way a check is decided, whoever asks: `POST /v1/check`, its batch, forward-auth and
+//! Envoy's rate limit service all hand a [`Check`] (or several) to the [`CheckService`], which
+//! resolves the policy, decides, and records the metrics and the trace. The entry points only
+//! read their protocol's input and write its answer; none of them calls the limiter.
+//!
+//! A check decided in memory (the common case) takes the policy lent from the cache and never
+//! builds the future that may wait for the store; only a check that must wait holds a policy of
+//! its own.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::domain::{ClientId, Policy, TenantId};
+use crate::limiter::{Binding, CheckInput, Decision, Limiter, AHEAD};
+use crate::metrics::Metrics;
+use crate::policy::PolicyCache;
+use crate::traces::Traces;
+
+/// One check, as every entry point reads it: validated ids, the resource (normalised where it
+/// is a request's path), the cost.
+#[derive(Debug)]
+pub struct Check<'a> {
+    pub tenant: TenantId,
+    pub client: ClientId,
+    pub resource: Option<Cow<'a, str>>,
+    pub cost: u64,
+}
+
+impl Check<'_> {
+    fn input(&self) -> CheckInput<'_> {
+        CheckInput {
+            tenant: &self.tenant,
+            client: &self.client,
+            resource: self.resource.as_deref(),
+            cost: self.cost,
+        }
+    }
+}
+
+/// One item of a batch, decided.
+pub enum Outcome {
+    Decided(Decision),
+    /// The tenant has no quota (and there is no default).
+    NoQuota,
+    /// The caller may not check for this tenant; nothing was decided.
+    NotAllowed,
+}
+
+/// A client's check over several resources at once (Envoy's descriptors): the decision, the
+/// policy it was decided under, and what each resource's own limits have left (None for a
+/// resource no limit matches). `each` is empty while the store fails: the decision's binding
+/// stands for every resource then, rather than a peek decided by the failure rule again.
+pub struct Several {
+    pub decision: Decision,
+    pub policy: Arc<Policy>,
+    pub each: Vec<Option<Binding>>,
+}
+
+/// The check service: what every entry point shares to decide.
+pub struct CheckService {
+    limiter: Arc<Limiter>,
+    policies: Arc<PolicyCache>,
+    metrics: Arc<Metrics>,
+    traces: Option<Arc<Traces>>,
+}
+
+impl CheckService {
+    pub fn new(
+        limiter: Arc<Limiter>,
+        policies: Arc<PolicyCache>,
+        metrics: Arc<Metrics>,
+        traces: Option<Arc<Traces>>,
+    ) -> Self {
+        Self {
+            limiter,
+            policies,
+            metrics,
+            traces,
+        }
+    }
+
+    /// The traces, for an entry point's own span around more than one check (gRPC).
+    pub fn traces(&self) -> Option<&Arc<Traces>> {
+        self.traces.as_ref()
+    }
+
+    /// Decides one check; None when the tenant has no quota. With traces on, a `check` span in
+    /// the caller's trace, whose W3C `traceparent` and `tracestate` `header` reads (called only
+    /// then).
+    pub async fn decide<'h>(
+        &self,
+        c: &Check<'_>,
+        header: impl Fn(&str) -> Option<&'h str>,
+    ) -> Option<Decision> {
+        let Some(t) = &self.traces else {
+            return self.decide_untraced(c).await;
+        };
+        let span = t.start_span("check", header("traceparent"), header("tracestate"));
+        let d = self.decide_untraced(c).await;
+        t.end_check(span, c.tenant.as_str(), d.as_ref());
+        d
+    }
+
+    async fn decide_untraced(&self, c: &Check<'_>) -> Option<Decision> {
+        let started = Instant::now();
+        let now = self.limiter.clock().now_ms();
+        let input = c.input();
+        // Decided in memory under the lent policy when it can be; only a check that must wait
+        // for the store holds a policy of its own.
+        let in_memory = self
+            .policies
+            .with(c.tenant.as_str(), c.client.as_str(), |policy| {
+                self.limiter
+                    .check_now_at(policy, input, now)
+                    .ok_or_else(|| policy.clone())
+            })?;
+        let d = match in_memory {
+            Ok(d) => d,
+            Err(policy) => Box::pin(self.limiter.check(&policy, input)).await,
+        };
+        self.metrics.check_decided(
+            c.tenant.as_str(),
+            d.label(),
+            started.elapsed().as_secs_f64(),
+        );
+        Some(d)
+    }
+
+    /// Decides a batch in order, each check as if sent alone, at one instant and under the
+    /// policies in force when it began (one snapshot), the metrics summed over it. `allowed`
+    /// says whether the caller may check for an item's tenant.
+    pub async fn decide_batch(
+        &self,
+        checks: &[Check<'_>],
+        allowed: impl Fn(&Check<'_>) -> bool,
+    ) -> Vec<Outcome> {
+        let policies = self.policies.view();
+        let mut metrics = self.metrics.batch_checks();
+        let mut out = Vec::with_capacity(checks.len());
+        // One read of the system clock for them all; an item's duration runs from the end of
+        // the one before (one read of the monotonic clock per item).
+        let now = self.limiter.clock().now_ms();
+        let mut started = Instant::now();
+        for (i, c) in checks.iter().enumerate() {
+            if i % AHEAD == 0 {
+                let next = checks[i..].iter().take(AHEAD);
+                self.limiter
+                    .bring_in(next.map(|c| (c.tenant.as_str(), c.client.as_str())));
+            }
+            if !allowed(c) {
+                out.push(Outcome::NotAllowed);
+                started = Instant::now();
+                continue;
+            }
+            let Some(policy) = policies.resolve(c.tenant.as_str(), c.client.as_str()) else {
+                out.push(Outcome::NoQuota);
+                started = Instant::now();
+                continue;
+            };
+            let input = c.input();
+            let d = match self.limiter.check_now_at(policy, input, now) {
+                Some(d) => d,
+                None => Box::pin(self.limiter.check(policy, input)).await,
+            };
+            let done = Instant::now();
+            metrics.check_decided(
+                c.tenant.as_str(),
+                d.label(),
+                done.duration_since(started).as_secs_f64(),
+            );
+            started = done;
+            out.push(Outcome::Decided(d));
+        }
+        out
+    }
+
+    /// Decides one check of `client` over several resources at once: all or nothing, over
+    /// every limit any of them meets, at `cost`. None when the tenant has no quota.
+    pub async fn decide_several(
+        &self,
+        tenant: &TenantId,
+        client: &ClientId,
+        cost: u64,
+        resources: &[Option<&str>],
+    ) -> Option<Several> {
+        let policy = self.policies.resolve(tenant.as_str(), client.as_str())?;
+        let input = CheckInput {
+            tenant,
+            client,
+            resource: None,
+            cost,
+        };
+        let started = Instant::now();
+        let decision = self.limiter.check_any(&policy, input, resources).await;
+        self.metrics.check_decided(
+            tenant.as_str(),
+            decision.label(),
+            started.elapsed().as_secs_f64(),
+        );
+        let mut each = Vec::new();
+        if decision.store_failure.is_none() {
+            each.reserve(resources.len());
+            for r in resources {
+                let peek = self
+                    .limiter
+                    .peek(
+                        &policy,
+                        CheckInput {
+                            resource: *r,
+                            ..input
+                        },
+                    )
+                    .await;
+                each.push(peek.binding);
+            }
+        }
+        Some(Several {
+            decision,
+            policy,
+            each,
+        })
+    }
+}
+
+/// Milliseconds as whole seconds, rounded up (the RateLimit-Reset and Retry-After unit).
+pub fn ceil_secs(ms: i64) -> i64 {
+    (ms.max(0) + 999) / 1000
+}

@@ -1,9 +1,11 @@
 //! quotad: a multi-tenant quota and rate-limit service.
 //!
 //! The binary (`src/main.rs`) only parses the command line; everything lives here so tests and
-//! benchmarks drive the same code. A check travels: `api` (parse at the edge) -> `policy`
-//! (cached policies) -> `limiter` (in-memory decision) -> answer; `sync` writes admitted hits to
-//! the `store` in the background.
+//! benchmarks drive the same code. A check travels: `api` or `grpc` (read at the edge, the
+//! token checked by `auth`) -> `checks` (the one check service) -> `policy` (cached policies)
+//! -> `limiter` (in-memory decision) -> answer; `sync` writes admitted hits to the `store` in
+//! the background. `tls` serves quotad's own ports over TLS; `cql` holds what the scylla store
+//! and `migrate` share, TLS to the nodes included.
 
 pub mod api;
 pub mod apply;

@@ -1,11 +1,14 @@
 //! The HTTP API (actix-web). Handlers parse input into domain types at the edge and hand them to
-//! the limiter or the store; every error is an [`ApiError`].
+//! the check service (`crate::checks`), the limiter or the store; every error is an
+//! [`ApiError`]. Tokens and principals are `crate::auth`'s.
 //!
-//! One module a job: `state` (what handlers share), `auth` (tokens and principals), `middleware`
-//! (before routing), `body` (reading and parsing JSON bodies), `routes` (the route table),
-//! `check`, `quotas`, `usage`, `adjust` (reset and grant), `history`, `audit` and `ops` (the
-//! handlers, each beside the types it answers with), `idempotency` (`Idempotency-Key`),
-//! and `openapi` (the document, which only names handlers and their types).
+//! One module a job: `state` (what handlers share), `middleware` (before routing), `body`
+//! (reading and parsing JSON bodies), `params` (query and path parameters), `responses` (the
+//! error answers the document names), `error`, `routes` (the route table), `check` and
+//! `forward_auth` (checks), `quotas`, `usage`, `adjust` (reset and grant), `history`, `audit`,
+//! `whoami`, `console` and `ops` (the handlers, each beside the types it answers with),
+//! `idempotency` (`Idempotency-Key`), and `openapi` (the document, which only names handlers
+//! and their types).
 
 mod adjust;
 mod audit;

@@ -3,8 +3,9 @@
 //! transaction's `[applied]`.
 //!
 //! A leaf: it imports neither `store` nor `migrate`, so both can import it without a circle.
-//! Statements themselves live beside the code that runs them (`store::scylla::statements`,
-//! `migrate::statements`).
+//! Statements themselves live beside the code that runs them (`store::scylla::statements`, and
+//! the migration files `migrate::files` reads). `tls` builds the rustls configuration of
+//! `store.tls_*` and explains a refused connection.
 
 mod keyspace;
 mod options;

@@ -26,7 +26,11 @@
 //! limit states, shards), `decision` (the verdicts and the answer), `share` (shares of the
 //! headroom among instances), `strict` (deciding through the store), `failure` (store
 //! deadlines and the `on_store_failure` rules), `caps` (memory caps), `eviction`, `sync` (the
-//! sync task's hooks) and `window` (the window arithmetic over buckets).
+//! sync task's hooks), `window` (the window arithmetic over buckets), `bucket` and `tokens`
+//! (token buckets), `loads` (first reads of counters), `reserve` (what was read when, for the
+//! share bound), `reset` (resets and grants), `usage` (usage reads), `writes` (what the sync
+//! task writes), `membership` (this instance's place in the fleet) and `ahead` (bringing a
+//! batch's entries into the cache).
 
 mod ahead;
 mod bucket;

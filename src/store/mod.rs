@@ -1,11 +1,12 @@
 //! The store: durable counters, policies, leases, usage history and the audit log.
 //!
-//! Five narrow traits: [`CounterStore`] (the limiter and the sync task: increments, reads,
+//! Six narrow traits: [`CounterStore`] (the limiter and the sync task: increments, reads,
 //! expiry), [`PolicyStore`] (the admin API and the policy cache), [`lease::LeaseStore`]
-//! (fleet membership), [`history::HistoryStore`] (usage by hour and day) and
-//! [`audit::AuditStore`] (the log of changes). [`Store`] is all five, and is what a backend implements: `embedded` (redb, one
-//! process) and `scylla` (Cassandra/ScyllaDB
-//! counter tables, many instances). Both run the same contract suite
+//! (fleet membership), [`history::HistoryStore`] (usage by hour and day),
+//! [`audit::AuditStore`] (the log of changes) and [`idempotency::IdempotencyStore`]
+//! (`Idempotency-Key` answers). [`Store`] is all six, and is what a backend implements:
+//! `embedded` (redb, one process) and `scylla` (Cassandra/ScyllaDB counter tables, many
+//! instances). Both run the same contract suite
 //! (`tests/store_contract/`). `kind` and `ping` are on [`CounterStore`]: readiness means
 //! "counters answer", and the counters are the hot path.
 //!
@@ -228,7 +229,7 @@ pub trait PolicyStore: Send + Sync + 'static {
 
 /// A whole backend: counters, policies, leases, usage history, the audit log and idempotency
 /// keys. Implemented by
-/// every type that implements the five.
+/// every type that implements the six.
 pub trait Store:
     CounterStore
     + PolicyStore

@@ -14,7 +14,7 @@ use super::body::{json_body, parse_json};
 use super::error::{ApiError, ErrorBody};
 use super::idempotency::{at_most_once, Failed};
 use super::middleware::RequestId;
-use super::params::path_ids;
+use super::params::Managed;
 use super::responses::AdminErrors;
 use super::state::AppState;
 use super::usage::{policy_of, UsageLimit, UsageView};
@@ -63,15 +63,11 @@ pub struct GrantView<'a> {
 }
 
 /// The caller (admin or tenant_admin of the path's tenant), the tenant and the client.
-fn target(
-    req: &HttpRequest,
-    state: &AppState,
-) -> Result<(Principal, TenantId, ClientId), ApiError> {
-    let who = state.auth.admin(req)?;
-    let (tenant, client) = path_ids(req)?;
-    who.may_manage(tenant.as_str())?;
-    let client = client.ok_or_else(|| ApiError::invalid("client", "client is required"))?;
-    Ok((who, tenant, client))
+fn target(m: Managed) -> Result<(Principal, TenantId, ClientId), ApiError> {
+    let client = m
+        .client
+        .ok_or_else(|| ApiError::invalid("client", "client is required"))?;
+    Ok((m.who, m.tenant, client))
 }
 
 /// The client-scoped limit `id` of `policy`, or a 400 naming `limit_id`.
@@ -115,11 +111,12 @@ fn counts_json(counts: impl IntoIterator<Item = (String, i64)>) -> String {
     security(("bearer" = [])),
 )]
 pub async fn reset(
+    m: Managed,
     req: HttpRequest,
     payload: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let (who, tenant, client) = target(&req, &state)?;
+    let (who, tenant, client) = target(m)?;
     // The body is optional: none at all (no Content-Type, nothing sent) resets every limit.
     let has_body = req.headers().contains_key(header::CONTENT_TYPE)
         || req
@@ -184,11 +181,12 @@ pub async fn reset(
     security(("bearer" = [])),
 )]
 pub async fn grant(
+    m: Managed,
     req: HttpRequest,
     payload: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let (who, tenant, client) = target(&req, &state)?;
+    let (who, tenant, client) = target(m)?;
     let body = json_body(&req, payload).await?;
     let dto: GrantDto = parse_json(&body)?;
     let amount = crate::domain::whole_u64(&dto.amount)

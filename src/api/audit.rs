@@ -12,7 +12,7 @@ use utoipa::{IntoParams, ToSchema};
 
 use super::error::ApiError;
 use super::middleware::RequestId;
-use super::params::{instant, page_size, query, PAGE_DEFAULT, PAGE_MAX};
+use super::params::{instant, page_size, query, Admin, PAGE_DEFAULT, PAGE_MAX};
 use super::responses::AdminErrors;
 use super::state::AppState;
 use crate::auth::Principal;
@@ -373,8 +373,11 @@ async fn newest(
     ),
     security(("bearer" = [])),
 )]
-pub async fn list(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
-    let who = state.auth.admin(&req)?;
+pub async fn list(
+    Admin(who): Admin,
+    req: HttpRequest,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
     let q: AuditParams = query(&req)?;
     let tenant = q
         .tenant

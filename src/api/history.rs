@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use super::error::ApiError;
-use super::params::{instant, page_size, path_ids, query};
+use super::params::{instant, page_size, query, Managed};
 use super::responses::AdminErrors;
 use super::state::AppState;
 use crate::store::history::{Counts, Step};
@@ -246,10 +246,11 @@ fn history_csv(points: &[HistoryPoint]) -> String {
     out
 }
 
-async fn history(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
-    let who = state.auth.admin(&req)?;
-    let (tenant, client) = path_ids(&req)?;
-    who.may_manage(tenant.as_str())?;
+async fn history(
+    Managed { tenant, client, .. }: Managed,
+    req: HttpRequest,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
     let q: HistoryParams = query(&req)?;
     let (step, default_points, max) = match q.step.as_deref() {
         None | Some("hour") => (Step::Hour, 24, MAX_HOURS),
@@ -329,10 +330,11 @@ async fn history(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpRes
     security(("bearer" = [])),
 )]
 pub async fn client_history(
+    m: Managed,
     req: HttpRequest,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    history(req, state).await
+    history(m, req, state).await
 }
 
 #[utoipa::path(
@@ -353,10 +355,11 @@ pub async fn client_history(
     security(("bearer" = [])),
 )]
 pub async fn tenant_history(
+    m: Managed,
     req: HttpRequest,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    history(req, state).await
+    history(m, req, state).await
 }
 
 #[utoipa::path(
@@ -376,10 +379,11 @@ pub async fn tenant_history(
     ),
     security(("bearer" = [])),
 )]
-pub async fn top(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
-    let who = state.auth.admin(&req)?;
-    let (tenant, _) = path_ids(&req)?;
-    who.may_manage(tenant.as_str())?;
+pub async fn top(
+    Managed { tenant, .. }: Managed,
+    req: HttpRequest,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
     let q: TopParams = query(&req)?;
     let limit = page_size(q.limit.as_deref(), 10, 1000)?;
     let (from, to) = span(

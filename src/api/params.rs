@@ -1,10 +1,59 @@
 //! The path and query of the admin routes, parsed into domain types; a bad one is a 400 naming it.
+//! The caller of an admin route, with the tenant it asks about: [`Managed`] and [`Admin`].
 
 use actix_web::{web, HttpRequest};
 use serde::Deserialize;
 
 use super::error::ApiError;
+use super::state::AppState;
+use crate::auth::Principal;
 use crate::domain::{ClientId, TenantId};
+
+/// An admin request about one tenant, as every admin route on `/{tenant}[/...]` starts: a token
+/// that may use the admin API (401/403), the path's tenant and client (400 when malformed),
+/// and a caller that may manage that tenant (403). Said once, as an extractor.
+pub struct Managed {
+    pub who: Principal,
+    pub tenant: TenantId,
+    pub client: Option<ClientId>,
+}
+
+impl Managed {
+    fn of(req: &HttpRequest) -> Result<Self, ApiError> {
+        let who = AppState::of(req)?.auth.admin(req)?;
+        let (tenant, client) = path_ids(req)?;
+        who.may_manage(tenant.as_str())?;
+        Ok(Managed {
+            who,
+            tenant,
+            client,
+        })
+    }
+}
+
+impl actix_web::FromRequest for Managed {
+    type Error = ApiError;
+    type Future = std::future::Ready<Result<Self, ApiError>>;
+
+    fn from_request(req: &HttpRequest, _: &mut actix_web::dev::Payload) -> Self::Future {
+        std::future::ready(Managed::of(req))
+    }
+}
+
+/// An admin request on no one tenant (the lists, the audit log, `whoami`): a token that may
+/// use the admin API.
+pub struct Admin(pub Principal);
+
+impl actix_web::FromRequest for Admin {
+    type Error = ApiError;
+    type Future = std::future::Ready<Result<Self, ApiError>>;
+
+    fn from_request(req: &HttpRequest, _: &mut actix_web::dev::Payload) -> Self::Future {
+        std::future::ready(
+            AppState::of(req).and_then(|s| s.auth.admin(req).map(Admin).map_err(ApiError::from)),
+        )
+    }
+}
 
 /// The `{tenant}` of the path, and its `{client}` when the route has one.
 pub fn path_ids(req: &HttpRequest) -> Result<(TenantId, Option<ClientId>), ApiError> {

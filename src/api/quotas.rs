@@ -9,7 +9,7 @@ use utoipa::{IntoParams, ToSchema};
 use super::audit;
 use super::body::{json_body, parse_json};
 use super::error::{ApiError, ErrorBody};
-use super::params::{page_size, path_ids, query, PAGE_DEFAULT, PAGE_MAX};
+use super::params::{page_size, query, Admin, Managed, PAGE_DEFAULT, PAGE_MAX};
 use super::responses::{AdminErrors, BodyErrors};
 use super::state::AppState;
 use crate::domain::{
@@ -80,13 +80,15 @@ pub struct QuotaList {
 }
 
 async fn put(
+    Managed {
+        who,
+        tenant,
+        client,
+    }: Managed,
     req: HttpRequest,
     payload: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let who = state.auth.admin(&req)?;
-    let (tenant, client) = path_ids(&req)?;
-    who.may_manage(tenant.as_str())?;
     let body = json_body(&req, payload).await?;
     let doc: PolicyDoc = parse_json(&body)?;
     let policy = Policy::from_doc(&doc, client.is_some())?;
@@ -117,10 +119,10 @@ async fn put(
     Ok(res.json(PolicyView::of(&record)?))
 }
 
-async fn get(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
-    let who = state.auth.admin(&req)?;
-    let (tenant, client) = path_ids(&req)?;
-    who.may_manage(tenant.as_str())?;
+async fn get(
+    Managed { tenant, client, .. }: Managed,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
     let key = PolicyKey { tenant, client };
     match state.store.get_policy(&key).await? {
         Some(r) => Ok(HttpResponse::Ok().json(PolicyView::of(&r)?)),
@@ -128,10 +130,15 @@ async fn get(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpRespons
     }
 }
 
-async fn delete(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
-    let who = state.auth.admin(&req)?;
-    let (tenant, client) = path_ids(&req)?;
-    who.may_manage(tenant.as_str())?;
+async fn delete(
+    Managed {
+        who,
+        tenant,
+        client,
+    }: Managed,
+    req: HttpRequest,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
     let key = PolicyKey { tenant, client };
     let before = state.store.get_policy(&key).await?;
     if !state.store.delete_policy(&key).await? {
@@ -171,11 +178,12 @@ fn not_found(key: &PolicyKey) -> ApiError {
     security(("bearer" = [])),
 )]
 pub async fn put_tenant(
+    m: Managed,
     req: HttpRequest,
     payload: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    put(req, payload, state).await
+    put(m, req, payload, state).await
 }
 
 #[utoipa::path(
@@ -192,11 +200,8 @@ pub async fn put_tenant(
     ),
     security(("bearer" = [])),
 )]
-pub async fn get_tenant(
-    req: HttpRequest,
-    state: web::Data<AppState>,
-) -> Result<HttpResponse, ApiError> {
-    get(req, state).await
+pub async fn get_tenant(m: Managed, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    get(m, state).await
 }
 
 #[utoipa::path(
@@ -214,10 +219,11 @@ pub async fn get_tenant(
     security(("bearer" = [])),
 )]
 pub async fn delete_tenant(
+    m: Managed,
     req: HttpRequest,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    delete(req, state).await
+    delete(m, req, state).await
 }
 
 #[utoipa::path(
@@ -237,11 +243,12 @@ pub async fn delete_tenant(
     security(("bearer" = [])),
 )]
 pub async fn put_client(
+    m: Managed,
     req: HttpRequest,
     payload: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    put(req, payload, state).await
+    put(m, req, payload, state).await
 }
 
 #[utoipa::path(
@@ -258,11 +265,8 @@ pub async fn put_client(
     ),
     security(("bearer" = [])),
 )]
-pub async fn get_client(
-    req: HttpRequest,
-    state: web::Data<AppState>,
-) -> Result<HttpResponse, ApiError> {
-    get(req, state).await
+pub async fn get_client(m: Managed, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    get(m, state).await
 }
 
 #[utoipa::path(
@@ -280,10 +284,11 @@ pub async fn get_client(
     security(("bearer" = [])),
 )]
 pub async fn delete_client(
+    m: Managed,
     req: HttpRequest,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    delete(req, state).await
+    delete(m, req, state).await
 }
 
 #[derive(Deserialize, IntoParams)]
@@ -336,8 +341,11 @@ fn just_before(prefix: &str) -> Option<String> {
     ),
     security(("bearer" = [])),
 )]
-pub async fn list(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
-    let who = state.auth.admin(&req)?;
+pub async fn list(
+    Admin(who): Admin,
+    req: HttpRequest,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
     let q: ListQuery = query(&req)?;
     let limit = page_size(q.limit.as_deref(), PAGE_DEFAULT, PAGE_MAX)?;
     let mut after = q
@@ -467,12 +475,10 @@ pub struct OverrideList {
     security(("bearer" = [])),
 )]
 pub async fn list_overrides(
+    Managed { tenant, .. }: Managed,
     req: HttpRequest,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let who = state.auth.admin(&req)?;
-    let (tenant, _) = path_ids(&req)?;
-    who.may_manage(tenant.as_str())?;
     let q: OverridesQuery = query(&req)?;
     let limit = page_size(q.limit.as_deref(), PAGE_DEFAULT, PAGE_MAX)?;
     let after = q

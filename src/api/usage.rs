@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use super::error::{ApiError, ErrorBody};
-use super::params::{path_ids, query};
+use super::params::{query, Managed};
 use super::responses::AdminErrors;
 use super::state::AppState;
 use std::sync::Arc;
@@ -88,10 +88,11 @@ impl<'a> UsageLimit<'a> {
     ),
     security(("bearer" = [])),
 )]
-pub async fn usage(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
-    let who = state.auth.admin(&req)?;
-    let (tenant, client) = path_ids(&req)?;
-    who.may_manage(tenant.as_str())?;
+pub async fn usage(
+    Managed { tenant, client, .. }: Managed,
+    req: HttpRequest,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
     let client = client.ok_or_else(|| ApiError::invalid("client", "client is required"))?;
     let q: UsageQuery = query(&req)?;
     if let Some(r) = &q.resource {
@@ -215,13 +216,11 @@ pub struct NearestClient {
     security(("bearer" = [])),
 )]
 pub async fn nearest(
+    Managed { tenant, .. }: Managed,
     req: HttpRequest,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     use futures::stream::{self, StreamExt, TryStreamExt};
-    let who = state.auth.admin(&req)?;
-    let (tenant, _) = path_ids(&req)?;
-    who.may_manage(tenant.as_str())?;
     let q: NearestQuery = query(&req)?;
     let limit = super::params::page_size(q.limit.as_deref(), 10, 100)?;
     let now = state.limiter.clock().now_ms();

@@ -1,13 +1,13 @@
 //! `GET /v1/whoami`: who the request's token is (its name, role and tenants), so that a console
 //! can say who is signed in and offer only what the token may do.
 
-use actix_web::{web, HttpRequest, HttpResponse};
+use actix_web::HttpResponse;
 use serde::Serialize;
 use utoipa::ToSchema;
 
 use super::error::ApiError;
+use super::params::Admin;
 use super::responses::AdminErrors;
-use super::state::AppState;
 
 /// The token's name (the audit log's actor), role, and the tenants it may manage.
 #[derive(Serialize, ToSchema)]
@@ -44,11 +44,7 @@ pub enum WhoRole {
     ),
     security(("bearer" = [])),
 )]
-pub async fn whoami(
-    req: HttpRequest,
-    state: web::Data<AppState>,
-) -> Result<HttpResponse, ApiError> {
-    let who = state.auth.admin(&req)?;
+pub async fn whoami(Admin(who): Admin) -> Result<HttpResponse, ApiError> {
     Ok(HttpResponse::Ok().json(WhoAmI {
         name: who.name.to_string(),
         role: who.role.as_str(),

@@ -3,11 +3,10 @@
 //!
 //! - **Transparent huge pages off for this process** (`prctl(PR_SET_THP_DISABLE)`, as Redis
 //!   does). mimalloc asks for huge pages on its arenas, and the kernel then zeroes 2 MiB at a
-//!   time on a first touch, and may compact memory to find them. On two cores shared with the
-//!   load generator, quotad's p99.9 at half its maximum rate was 2.2-3.6 ms (mean 2.8) as
-//!   it was, 1.9-3.4 ms (mean 2.3) without them, and 1.8-2.2 ms (mean 2.0) with the purge delay
-//!   below as well (docs/performance.md, "Settings that matter"). Other processes keep the machine's
-//!   setting.
+//!   time on a first touch, and may compact memory to find them: page faults on the request
+//!   path's cores, which showed in the p99.9 at half the maximum rate (measured with and
+//!   without, in docs/performance.md, "Settings that matter"). Other processes keep the
+//!   machine's setting.
 //! - **mimalloc returns freed memory to the OS after 10 s instead of 1 s.** The sync round and
 //!   the usage history's write free megabytes each time and take them again at the next
 //!   round or write; purged after 1 s, that memory was faulted in again at each history write.

@@ -2,18 +2,16 @@
 //!
 //! A sync round's passes over the limiter's entries and the embedded store's batch writes are
 //! tens of milliseconds of CPU each round. Run in one stretch, such a burst keeps the request
-//! threads waiting for a core: on two cores shared with the load generator, a process burning
-//! 26 ms every 250 ms beside the bare actix-web server took that server's p99.9 at half its
-//! rate from 1.2-1.6 ms to 3.7-4.8 ms, and the same 26 ms cut into 0.5 ms slices with a 50 µs
-//! sleep after each left it at 1.4-1.8 ms (`docs/performance.md`, "The shape of a round").
-//! A lower priority for the burst did not help: it is the sleep, which leaves the core idle for
-//! a moment, that lets the scheduler hand it to a waiting thread.
+//! threads waiting for a core, which shows in the tail latency; cut into short slices with a
+//! short sleep after each, it does not (measured in docs/benchmarking.md, "The shape of a
+//! round"). A lower priority for the burst does not help: it is the sleep, which leaves the
+//! core idle for a moment, that lets the scheduler hand it to a waiting thread.
 //!
 //! Work that runs shorter than a slice never sleeps, so a single check's store call is not
 //! slowed. Call [`Pacer::step`] between two steps of the work, never holding one of the
 //! limiter's locks (the embedded store's writer may be held: a strict check waits behind a
 //! sync write either way). The limiter's passes run on a runtime thread, which a pause blocks
-//! for about 0.1 ms; before, the pass itself held it for its whole length.
+//! for a moment; without slices, the pass itself would hold it for its whole length.
 
 use std::time::{Duration, Instant};
 

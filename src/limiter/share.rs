@@ -4,8 +4,7 @@
 //! share of the headroom it last read: `pending <= share x (max - stored)`. Shares follow demand,
 //! from the per-shard counts every read returns at no extra write: `share = (mine + a) / (total +
 //! a x N)` over the limit's window, with `a = 1 + total/100`, so the shares of all instances add
-//! up to 1, an instance carrying all the traffic gets nearly all the headroom (98% of it with
-//! N = 3), a newcomer or a key nobody has counted gets 1/N, and an instance that stops writing
+//! up to 1, an instance carrying all the traffic gets nearly all the headroom, a newcomer or a key nobody has counted gets 1/N, and an instance that stops writing
 //! fades out as its hits leave the window. If all instances read the store at the same moment
 //! they could never overshoot together; reads at different moments leave a small overshoot,
 //! measured by the simulation in `tests/simulation/` and reported in docs/accuracy.md.

@@ -363,8 +363,9 @@ impl Answered {
 }
 
 /// One shard's entries. The table holds a pointer per entry and the entries live in their own
-/// allocations: a table runs 44-88 % full, so a slot of the whole key and entry (152 bytes)
-/// left about 100 bytes per counter empty; a slot of 8 leaves a few (`docs/performance.md`).
+/// allocations: a hash table is never full, so a slot as large as the whole key and entry
+/// leaves most of its empty slots' bytes unused, where a pointer's slot leaves a few (memory
+/// per counter: `docs/performance.md`).
 #[derive(Default)]
 pub(super) struct Shard {
     table: HashTable<Box<Node>>,

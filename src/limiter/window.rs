@@ -7,7 +7,7 @@
 //! spread evenly across a bucket), rounded down, unless the bucket before it counted nothing:
 //! then traffic began inside the straddling bucket, its hits sit late in it rather than evenly,
 //! and it counts in full until it has left the window. (Without that rule a key's first bucket,
-//! filled late, let the fleet simulation over-admit by 7% ten seconds later.)
+//! filled late, lets a fleet over-admit one window later; the fleet simulation shows it.)
 //!
 //! # Error bound (tested against an exact sliding log below)
 //! Every hit at or after `t - W + g` sits in a bucket that counts in full, so the estimate is at

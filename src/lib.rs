@@ -7,23 +7,17 @@
 //! the background. `tls` serves quotad's own ports over TLS; `cql` holds what the scylla store
 //! and `migrate` share, TLS to the nodes included.
 
+pub use quotad_core::{clock, domain, history, keyhash, limiter, metrics, pace, policy};
+
 pub mod api;
 pub mod auth;
 pub mod checks;
 pub mod cli;
-pub mod clock;
 pub mod config;
 pub mod cql;
-pub mod domain;
 pub mod fleet;
 pub mod grpc;
-pub mod history;
-pub(crate) mod keyhash;
-pub mod limiter;
-pub mod metrics;
 pub mod migrate;
-pub mod pace;
-pub mod policy;
 pub mod retention;
 #[cfg(test)]
 mod scenarios;

@@ -79,8 +79,8 @@ impl Counts {
 }
 
 /// [`Counts`] from its figures, for the stores' unit tests.
-#[cfg(test)]
-pub(crate) fn counts(admitted: u64, cost: u64, denied: u64, by: &[(&str, u64)]) -> Counts {
+#[cfg(any(test, feature = "test-support"))]
+pub fn counts(admitted: u64, cost: u64, denied: u64, by: &[(&str, u64)]) -> Counts {
     Counts {
         admitted,
         cost,

@@ -271,8 +271,8 @@ impl Limiter {
     }
 
     /// Every shard's lock, held: for tests of what must never wait for one.
-    #[cfg(test)]
-    pub(crate) fn lock_every_shard(&self) -> Vec<impl Drop + '_> {
+    #[cfg(any(test, feature = "test-support"))]
+    pub fn lock_every_shard(&self) -> Vec<impl Drop + '_> {
         self.all_shards().map(|m| m.lock().unwrap()).collect()
     }
 

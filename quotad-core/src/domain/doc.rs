@@ -7,7 +7,6 @@
 
 use serde::{Deserialize, Serialize};
 use smol_str::SmolStr;
-use utoipa::ToSchema;
 
 use super::cost::whole_u64;
 use super::{
@@ -23,79 +22,84 @@ use super::{
 /// something else.
 ///
 /// The `schema` attributes state for the OpenAPI document what [`Policy::from_doc`] enforces.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, ToSchema)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
-#[schema(as = Policy)]
+#[cfg_attr(feature = "openapi", schema(as = Policy))]
 pub struct PolicyDoc {
     /// Ids unique. All the limits that apply to a check must admit it.
-    #[schema(min_items = 1, max_items = 16)]
+    #[cfg_attr(feature = "openapi", schema(min_items = 1, max_items = 16))]
     pub limits: Vec<LimitDoc>,
     /// Absent (or null): `enforce`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Mode>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Mode>))]
     pub mode: Option<String>,
     /// Absent (or null): `cached`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Consistency>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Consistency>))]
     pub consistency: Option<String>,
     /// Absent (or null): `local`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<OnStoreFailure>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<OnStoreFailure>))]
     pub on_store_failure: Option<String>,
     /// A fleet in several regions (data centres): each region's fixed part of every limit
     /// while another region is unheard, by region name, e.g. `{"eu": 0.6, "us": 0.4}`. Parts
     /// are above 0, at most 1, and add up to at most 1; a region left out gets nothing then.
     /// Absent (or null): each region's part is the share of the limit its traffic earned.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<std::collections::BTreeMap<String, f64>>, example = json!({"eu": 0.6, "us": 0.4}))]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<std::collections::BTreeMap<String, f64>>, example = json!({"eu": 0.6, "us": 0.4})))]
     pub regions: Option<std::collections::BTreeMap<String, f64>>,
 }
 
 /// One limit: a sliding `window`, a calendar `period` (UTC), or a token bucket (`burst`, `rate`,
 /// `per`). A window or a period takes `max`; a token bucket takes `burst` instead. Optional
 /// fields may also be null, which reads as absent.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, ToSchema)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
-#[schema(as = Limit)]
+#[cfg_attr(feature = "openapi", schema(as = Limit))]
 pub struct LimitDoc {
     /// The limit's identity: counts follow the id.
-    #[schema(pattern = "^[A-Za-z0-9._~:@-]{1,128}$", example = "per-second")]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(pattern = "^[A-Za-z0-9._~:@-]{1,128}$", example = "per-second")
+    )]
     pub id: String,
     /// The most a window or a period admits. Required with `window` or `period`; absent with a
     /// token bucket, whose size is `burst`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<u64>, minimum = 1, maximum = 9007199254740992.0, example = 100)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<u64>, minimum = 1, maximum = 9007199254740992.0, example = 100))]
     pub max: Option<serde_json::Number>,
     /// A sliding window from 1s to 31d, such as `1s`, `10m`, `1h 30m`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<String>, example = "10m")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, example = "10m"))]
     pub window: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Period>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Period>))]
     pub period: Option<String>,
     /// A token bucket: the most tokens it holds, and so the largest burst. A client may spend
     /// them all at once; `rate` tokens come back every `per`. The time an empty bucket takes to
     /// fill (`burst / rate x per`) must be from 1s to 31d.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<u64>, minimum = 1, maximum = 9007199254740992.0, example = 50)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<u64>, minimum = 1, maximum = 9007199254740992.0, example = 50))]
     pub burst: Option<serde_json::Number>,
     /// A token bucket: tokens that come back every `per`. Given with `burst`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<u64>, minimum = 1, maximum = 9007199254740992.0, example = 10)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<u64>, minimum = 1, maximum = 9007199254740992.0, example = 10))]
     pub rate: Option<serde_json::Number>,
     /// A token bucket: the time in which `rate` tokens come back, 1ms to 31d. Absent (or
     /// null) with a token bucket: `1s`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<String>, example = "1s")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, example = "1s"))]
     pub per: Option<String>,
     /// Applies to checks whose resource equals this, or starts with it when it ends in `*`.
     /// Absent (or null): applies to every check.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<String>, pattern = "^[ -~]{1,256}$", example = "PUT /products/*")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, pattern = "^[ -~]{1,256}$", example = "PUT /products/*"))]
     pub resource: Option<String>,
     /// Absent (or null): `client`. A client override holds client-scoped limits only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Scope>)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Scope>))]
     pub scope: Option<String>,
 }
 

@@ -17,9 +17,10 @@ macro_rules! wire_enum {
         }
     ) => {
         $(#[$meta])*
-        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, utoipa::ToSchema)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
         pub enum $name {
-            $($(#[$vmeta])* #[schema(rename = $wire)] $variant,)+
+            $($(#[$vmeta])* #[cfg_attr(feature = "openapi", schema(rename = $wire))] $variant,)+
         }
 
         impl $name {
@@ -91,6 +92,7 @@ mod tests {
         assert_eq!(Fruit::expected(), "apple, blood_orange or kiwi");
     }
 
+    #[cfg(feature = "openapi")]
     #[test]
     fn the_schema_lists_the_same_names() {
         use utoipa::PartialSchema;

@@ -1,0 +1,256 @@
+//! The store: durable counters, policies, leases, usage history and the audit log.
+//!
+//! Six narrow traits: [`CounterStore`] (the limiter and the sync task: increments, reads,
+//! expiry), [`PolicyStore`] (the admin API and the policy cache), [`lease::LeaseStore`]
+//! (fleet membership), [`history::HistoryStore`] (usage by hour and day),
+//! [`audit::AuditStore`] (the log of changes) and [`idempotency::IdempotencyStore`]
+//! (`Idempotency-Key` answers). [`Store`] is all six, and is what a backend implements; the
+//! backends live in the server crate: `embedded` (redb, one process) and `scylla`
+//! (Cassandra/ScyllaDB counter tables, many instances). Both run the same contract suite
+//! (`tests/store_contract/`). `kind` and `ping` are on [`CounterStore`]: readiness means
+//! "counters answer", and the counters are the hot path.
+//!
+//! Counter writes are increments, never sets: Cassandra counters cannot be set, and increments
+//! from many instances add up without coordination. Increments are not idempotent, so callers
+//! never retry one that may have landed: [`StoreError::Uncertain`] says so.
+
+pub mod audit;
+pub mod history;
+pub mod idempotency;
+pub mod lease;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+
+use crate::domain::{ClientId, Grain, TenantId};
+
+/// Which counter: (tenant, subject, limit id, grain). Buckets of it are keyed by start time.
+///
+/// `subject` is a client id, or [`crate::domain::TENANT_SUBJECT`] for tenant-scoped limits. The
+/// grain is part of the identity, so changing a limit's window to one with another bucket width
+/// starts a fresh count, while changing its `max` keeps what was consumed.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CounterKey {
+    pub tenant: Arc<str>,
+    pub subject: Arc<str>,
+    pub limit: Arc<str>,
+    pub grain: Grain,
+}
+
+impl CounterKey {
+    /// Counters of the same (tenant, subject): one entry of the limiter's memory. (`Arc`'s
+    /// equality compares the pointers before the strings, so the keys of one round, which share
+    /// their strings, are told together without reading them.)
+    pub fn same_subject(&self, o: &Self) -> bool {
+        self.subject == o.subject && self.tenant == o.tenant
+    }
+}
+
+/// An increment of one bucket.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Delta {
+    pub key: CounterKey,
+    pub start: i64,
+    /// Usually positive; negative only to compensate a strict-mode increment that was denied.
+    pub delta: i64,
+}
+
+/// A read of a counter's buckets that start in `[from, to]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CounterRange {
+    pub key: CounterKey,
+    pub from: i64,
+    pub to: i64,
+}
+
+/// One bucket as read from the store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BucketTotal {
+    pub start: i64,
+    /// The sum over all instances.
+    pub total: i64,
+    /// The part this instance wrote (its own shard); equal to `total` on the embedded store.
+    pub mine: i64,
+    /// The part this instance's region wrote (the shards of its slot, `lease`); equal to
+    /// `total` where there is one region.
+    pub region: i64,
+}
+
+impl BucketTotal {
+    /// A bucket nobody counted in.
+    pub fn empty(start: i64) -> Self {
+        BucketTotal {
+            start,
+            total: 0,
+            mine: 0,
+            region: 0,
+        }
+    }
+
+    /// A bucket of one region with one writer: every part is `total`.
+    pub fn alone(start: i64, total: i64) -> Self {
+        BucketTotal {
+            start,
+            total,
+            mine: total,
+            region: total,
+        }
+    }
+}
+
+/// Where a policy belongs: a tenant, or one client's override of it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PolicyKey {
+    pub tenant: TenantId,
+    pub client: Option<ClientId>,
+}
+
+/// A stored policy document with its bookkeeping.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PolicyRecord {
+    pub key: PolicyKey,
+    /// The canonical JSON document (`domain::PolicyDoc`).
+    pub body: String,
+    /// 1 on create, +1 on each replace.
+    pub version: u64,
+    pub updated_at: DateTime<Utc>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The store could not be reached or refused for now; nothing was written. Safe to retry.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    /// The call ran out of time or was cut off after it was sent: a write may or may not have
+    /// landed. Never resend a counter increment after this.
+    #[error("store outcome uncertain: {0}")]
+    Uncertain(String),
+    /// Anything else: corrupt data, a bug, a schema mismatch. Not retried.
+    #[error("store error: {0}")]
+    Internal(String),
+}
+
+impl StoreError {
+    /// Whether trying again later may succeed.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, StoreError::Unavailable(_) | StoreError::Uncertain(_))
+    }
+}
+
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// Durable counters: what the limiter and the sync task need.
+#[async_trait]
+pub trait CounterStore: Send + Sync + 'static {
+    /// A short name for logs and metrics (`embedded`, `scylla`).
+    fn kind(&self) -> &'static str;
+
+    /// Applies the increments. On error, none or some may have landed (see [`StoreError`]).
+    /// A bucket is kept at least [`Grain::retention_ms`] past its start; a store may drop it
+    /// as soon as a later increment of its counter is for a bucket that starts that much later
+    /// (increments are for buckets the clock has reached).
+    async fn increment(&self, deltas: &[Delta]) -> StoreResult<()>;
+
+    /// Reads the buckets of each range; one vector per range, in order, sorted by start,
+    /// holding only buckets that exist.
+    async fn read(&self, ranges: &[CounterRange]) -> StoreResult<Vec<Vec<BucketTotal>>>;
+
+    /// Increments, then reads back the ranges, as one step where the store can (strict mode).
+    /// The default is `increment` followed by `read`.
+    async fn increment_and_read(
+        &self,
+        deltas: &[Delta],
+        ranges: &[CounterRange],
+    ) -> StoreResult<Vec<Vec<BucketTotal>>> {
+        self.increment(deltas).await?;
+        self.read(ranges).await
+    }
+
+    /// Deletes buckets no window can need any more at `now_ms` (see
+    /// [`Grain::retention_ms`]), about `budget` of them (a store may finish the row or
+    /// partition it is in); returns how many went, counted in the store's unit (buckets on the
+    /// embedded store, partitions on scylla). Less than `budget` says the call found no more
+    /// to do for now.
+    async fn delete_expired(&self, now_ms: i64, budget: usize) -> StoreResult<u64>;
+
+    /// Succeeds while the store answers (`/readyz`).
+    async fn ping(&self) -> StoreResult<()>;
+
+    /// Makes everything written so far durable before shutdown.
+    async fn flush(&self) -> StoreResult<()> {
+        Ok(())
+    }
+}
+
+/// Stored policies: what the admin API and the policy cache need.
+#[async_trait]
+pub trait PolicyStore: Send + Sync + 'static {
+    /// Creates or replaces a policy; returns the record written (version bumped).
+    async fn put_policy(
+        &self,
+        key: &PolicyKey,
+        body: &str,
+        now: DateTime<Utc>,
+    ) -> StoreResult<PolicyRecord>;
+
+    async fn get_policy(&self, key: &PolicyKey) -> StoreResult<Option<PolicyRecord>>;
+
+    /// Deletes a policy; returns whether it existed. Deleting a tenant's policy leaves its
+    /// client overrides in place (they apply again if the tenant's policy comes back).
+    async fn delete_policy(&self, key: &PolicyKey) -> StoreResult<bool>;
+
+    /// Tenant policies (no overrides) with tenant > `after`, by tenant, at most `limit`.
+    async fn list_policies(
+        &self,
+        after: Option<&TenantId>,
+        limit: usize,
+    ) -> StoreResult<Vec<PolicyRecord>>;
+
+    /// The client overrides of `tenant` with client > `after`, by client, at most `limit`.
+    async fn list_overrides(
+        &self,
+        tenant: &TenantId,
+        after: Option<&ClientId>,
+        limit: usize,
+    ) -> StoreResult<Vec<PolicyRecord>>;
+
+    /// Every policy and override, for the policy cache.
+    async fn load_policies(&self) -> StoreResult<Vec<PolicyRecord>>;
+
+    /// A number that changes whenever any policy changes, so instances can poll cheaply.
+    async fn policies_generation(&self) -> StoreResult<u64>;
+}
+
+/// A whole backend: counters, policies, leases, usage history, the audit log and idempotency
+/// keys. Implemented by
+/// every type that implements the six.
+pub trait Store:
+    CounterStore
+    + PolicyStore
+    + lease::LeaseStore
+    + history::HistoryStore
+    + audit::AuditStore
+    + idempotency::IdempotencyStore
+{
+}
+
+impl<T> Store for T where
+    T: CounterStore
+        + PolicyStore
+        + lease::LeaseStore
+        + history::HistoryStore
+        + audit::AuditStore
+        + idempotency::IdempotencyStore
+{
+}
+
+/// The handle everyone shares.
+pub type DynStore = Arc<dyn Store>;
+/// The counter half of a [`DynStore`] (`Arc<dyn Store>` upcasts to it).
+pub type DynCounterStore = Arc<dyn CounterStore>;
+/// The policy half of a [`DynStore`].
+pub type DynPolicyStore = Arc<dyn PolicyStore>;
+/// The usage history of a [`DynStore`].
+pub type DynHistoryStore = Arc<dyn history::HistoryStore>;

@@ -8,8 +8,8 @@
 #   FILTER=outage scripts/repeat-tests.sh      # only the tests whose names contain "outage"
 #
 # Each run's output goes to $OUT/run-N.txt (default: a temp dir). It exits 1 if any run failed.
-# Set QUOTAD_TEST_REQUIRE_NGINX=1 QUOTAD_TEST_REQUIRE_CHROMIUM=1, as .ci/run does, so that the
-# proxy and console tests run rather than skip.
+# Set QUOTAD_TEST_REQUIRE_NGINX=1, as .ci/run does, so that the proxy test runs rather than
+# skips. The browser tests are ignored unless asked for: FILTER="console -- --ignored".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -1,11 +1,11 @@
 //! The console's accessibility, in a real headless Chromium: axe-core (vendored from npm into
 //! `console/vendor/`, never served) runs on every page, 1280 and 800 pixels wide, and must find
 //! no serious or critical violation of WCAG 2.1 A and AA; at 800 pixels no page scrolls
-//! sideways. Skipped without Chromium, as `console.rs` is, unless QUOTAD_TEST_REQUIRE_CHROMIUM=1.
+//! sideways. `#[ignore]`d, as `console.rs`'s browser test is, and failed where Chromium is missing.
 
 use serde_json::{json, Value};
 
-use crate::console::{browsers, Browser};
+use crate::console::Browser;
 use crate::helpers::*;
 
 const AXE: &str = include_str!("../../console/vendor/axe.min.js");
@@ -16,10 +16,8 @@ async fn violations(b: &Browser) -> Vec<String> {
         b.script(&format!("{AXE}\n;return 1;")).await;
     }
     let found = b
-        .cmd(
-            reqwest::Method::POST,
-            "/execute/async",
-            Some(json!({"script": "
+        .script_async(
+            "
                 const done = arguments[arguments.length - 1];
                 axe.run(document, {runOnly: {type: 'tag',
                         values: ['wcag2a', 'wcag2aa', 'wcag21a', 'wcag21aa']}})
@@ -28,15 +26,15 @@ async fn violations(b: &Browser) -> Vec<String> {
                     .map(v => v.impact + ' ' + v.id + ': ' + v.help + ' at '
                          + v.nodes.slice(0, 3).map(n => n.target.join(' ')).join(', '))))
                   .catch(e => done(['axe failed: ' + e]));",
-                "args": []})),
         )
         .await;
     match found {
-        Value::Array(v) => v
+        Ok(Value::Array(v)) => v
             .iter()
             .map(|s| s.as_str().unwrap_or("?").to_owned())
             .collect(),
-        other => vec![format!("axe did not answer: {other}")],
+        Ok(other) => vec![format!("axe did not answer: {other}")],
+        Err(e) => vec![format!("axe did not answer: {e}")],
     }
 }
 
@@ -50,10 +48,8 @@ async fn scrolls_sideways(b: &Browser) -> bool {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs chromium and chromedriver: cargo test --test api console -- --ignored (as .ci/run does)"]
 async fn every_console_page_passes_axe_at_1280_and_800_pixels() {
-    let Some((chromium, chromedriver)) = browsers() else {
-        return;
-    };
     let app = spawn_app().await;
     let r = app
         .put_quota(
@@ -68,7 +64,7 @@ async fn every_console_page_passes_axe_at_1280_and_800_pixels() {
         app.check_json("acme", "k1").await;
     }
     app.history_reaches("acme", "k1", 5, 1).await;
-    let b = Browser::start(chromium, chromedriver).await;
+    let b = Browser::start().await;
     // Each page, and what shows it has loaded.
     let pages = [
         ("/console/#/signin", "#signin"),
@@ -79,12 +75,7 @@ async fn every_console_page_passes_axe_at_1280_and_800_pixels() {
     ];
     let mut found = Vec::new();
     for width in [1280, 800] {
-        b.cmd(
-            reqwest::Method::POST,
-            "/window/rect",
-            Some(json!({"width": width, "height": 1000})),
-        )
-        .await;
+        b.resize(width, 1000).await;
         for (i, (path, ready)) in pages.iter().enumerate() {
             if i == 1 && width == 1280 {
                 // Signed in once, after the sign-in page was looked at.
@@ -112,10 +103,8 @@ async fn every_console_page_passes_axe_at_1280_and_800_pixels() {
 /// Navigation a support desk leans on: pages of tenants both ways, each tenant's refusals of
 /// the day in the list, many overrides folded away, the busiest clients, and a title a page.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs chromium and chromedriver: cargo test --test api console -- --ignored (as .ci/run does)"]
 async fn the_console_pages_both_ways_and_folds_what_is_long() {
-    let Some((chromium, chromedriver)) = browsers() else {
-        return;
-    };
     let app = spawn_app().await;
     let limits = json!({"limits": [{"id": "daily", "max": 2, "period": "day"}]});
     // 55 tenants: the list shows 50 a page.
@@ -139,7 +128,7 @@ async fn the_console_pages_both_ways_and_folds_what_is_long() {
             .unwrap();
         assert_eq!(r.status(), 201);
     }
-    let b = Browser::start(chromium, chromedriver).await;
+    let b = Browser::start().await;
     b.go(&app.url("/console/")).await;
     b.type_into("#token", ADMIN).await;
     b.click("#signin-submit").await;

@@ -134,12 +134,13 @@ pub fn document() -> &'static str {
     static DOC: OnceLock<String> = OnceLock::new();
     DOC.get_or_init(|| {
         let mut doc = serde_json::to_value(ApiDoc::openapi()).expect("the document serializes");
-        // A limit has exactly one of `window` and `period` that is not null
-        // (`Policy::from_doc`); utoipa's object schema cannot carry a `oneOf` beside its
-        // properties, the JSON can.
+        // A limit is a window, a period or a token bucket: exactly one of `window`, `period`
+        // and `burst` that is not null (`Policy::from_doc`); utoipa's object schema cannot
+        // carry a `oneOf` beside its properties, the JSON can.
         doc["components"]["schemas"]["Limit"]["oneOf"] = serde_json::json!([
             {"required": ["window"], "properties": {"window": {"type": "string"}}},
             {"required": ["period"], "properties": {"period": {"type": "string"}}},
+            {"required": ["burst"], "properties": {"burst": {"type": "integer"}}},
         ]);
         serde_json::to_string_pretty(&doc).expect("the document serializes")
     })

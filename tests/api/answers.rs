@@ -39,7 +39,8 @@ async fn quota_answers(c: &mut Conformance, app: &TestApp) {
     let policy = json!({"limits": [
         {"id": "per-minute", "max": 2, "window": "1m"},
         {"id": "monthly", "max": 1000, "period": "month", "scope": "tenant"},
-        {"id": "writes", "max": 1, "window": "10s", "resource": "PUT /p/*"}]});
+        {"id": "writes", "max": 1, "window": "10s", "resource": "PUT /p/*"},
+        {"id": "bursts", "burst": 20, "rate": 5, "per": "1s", "resource": "GET /b/*"}]});
     let q = "/v1/quotas/{tenant}";
     let o = "/v1/quotas/{tenant}/clients/{client}";
     c.send(app, "put", q, "/v1/quotas/acme", Some(policy.clone()), a)

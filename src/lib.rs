@@ -1,29 +1,37 @@
 //! quotad: a multi-tenant quota and rate-limit service.
 //!
 //! The binary (`src/main.rs`) only sets up the process and calls `cli`; everything lives here
-//! so tests and benchmarks drive the same code. A check travels: `api` or `grpc` (read at the edge, the
-//! token checked by `auth`) -> `checks` (the one check service) -> `policy` (cached policies)
-//! -> `limiter` (in-memory decision) -> answer; `sync` writes admitted hits to the `store` in
-//! the background. `tls` serves quotad's own ports over TLS; `cql` holds what the scylla store
-//! and `migrate` share, TLS to the nodes included.
+//! so tests and benchmarks drive the same code. The decision and the count are the core's
+//! (`quotad_core`, re-exported under the same names); this crate holds what reaches them, a
+//! folder a job:
+//!
+//! - entry points: `http` (the HTTP API and the console), `grpc` (Envoy's rate limit service),
+//!   `cli` (the command line), each reading its protocol and calling `checks`, the one check
+//!   service, with the tokens of `auth`;
+//! - `store` (the embedded backend, the store traits re-exported) and `scylla` (the
+//!   Cassandra/ScyllaDB backend, the CQL helpers and `quotad migrate`);
+//! - `tasks` (sync, retention, fleet membership), started by `startup`, which also builds the
+//!   servers (`tls` for their certificates, `traces` for OpenTelemetry);
+//! - `config` (the settings), `os` (scheduler and memory tuning).
+//!
+//! A check travels: `http` or `grpc` -> `checks` -> `policy` (cached policies) -> `limiter`
+//! (in-memory decision) -> answer; `tasks::sync` writes admitted hits to the `store` in the
+//! background.
 
 pub use quotad_core::{clock, domain, history, keyhash, limiter, metrics, pace, policy};
 
-pub mod api;
 pub mod auth;
 pub mod checks;
 pub mod cli;
 pub mod config;
-pub mod cql;
-pub mod fleet;
 pub mod grpc;
-pub mod migrate;
-pub mod retention;
+pub mod http;
+pub mod os;
 #[cfg(test)]
 mod scenarios;
-pub mod sched;
+pub mod scylla;
 pub mod startup;
 pub mod store;
-pub mod sync;
+pub mod tasks;
 pub mod tls;
 pub mod traces;

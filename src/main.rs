@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use quotad::cli::{Cli, Command, MemoryNote};
 
-mod memory;
+use quotad::os::memory;
 
 #[cfg(feature = "mimalloc")]
 #[global_allocator]
@@ -14,7 +14,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    // Before the runtime's threads start and touch memory (src/memory.rs).
+    // Before the runtime's threads start and touch memory (src/os/memory.rs).
     let tuned = matches!(cli.command, None | Some(Command::Serve)).then(memory::tune);
     let note = tuned.map(|t| MemoryNote {
         huge_pages_off: t.huge_pages_off,

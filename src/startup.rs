@@ -9,18 +9,18 @@ use actix_web::{middleware, web, App, HttpServer};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::api::{self, AppState, Auth};
 use crate::clock::{Clock, SystemClock};
 use crate::config::{Role, Settings, StoreKind};
-use crate::fleet::{Fleet, FleetConfig};
+use crate::http::{self, AppState, Auth};
 use crate::limiter::{Limiter, LimiterConfig, Membership};
 use crate::metrics::Metrics;
 use crate::policy::PolicyCache;
-use crate::retention::{Retention, RetentionConfig};
 use crate::store::embedded::EmbeddedStore;
-use crate::store::scylla::{parse_consistency, ScyllaOptions, ScyllaStore};
+use crate::scylla::store::{parse_consistency, ScyllaOptions, ScyllaStore};
 use crate::store::DynStore;
-use crate::sync::{SyncConfig, Syncer};
+use crate::tasks::fleet::{Fleet, FleetConfig};
+use crate::tasks::retention::{Retention, RetentionConfig};
+use crate::tasks::sync::{SyncConfig, Syncer};
 use crate::tls::{Certificate, TlsFiles};
 
 #[derive(Debug, thiserror::Error)]
@@ -64,7 +64,7 @@ pub fn scylla_options(settings: &Settings) -> Result<ScyllaOptions, StartError> 
         tls: match &st.tls_ca_file {
             None => None,
             Some(ca) => Some(
-                crate::cql::StoreTls::load(&crate::cql::TlsFiles {
+                crate::scylla::cql::StoreTls::load(&crate::scylla::cql::TlsFiles {
                     ca_file: ca.clone(),
                     client_cert: st.tls_cert_file.clone().zip(st.tls_key_file.clone()),
                     verify_hostname: st.tls_verify_hostname,
@@ -165,7 +165,7 @@ impl Application {
             store_timeout: settings.store.check_timeout(),
             request_timeout: settings.server.request_timeout_ms.get(),
             fleet: membership,
-            forward_auth: Arc::new(api::ForwardAuth::new(&settings.forward_auth)),
+            forward_auth: Arc::new(http::ForwardAuth::new(&settings.forward_auth)),
             traces: traces.clone(),
         };
         let grpc = match &settings.server.grpc_bind {
@@ -367,16 +367,16 @@ fn admin_token(settings: &Settings) -> String {
     token
 }
 
-/// Asks for the HTTP worker's time slice (`server.worker_slice_us`, `crate::sched`) on the
+/// Asks for the HTTP worker's time slice (`server.worker_slice_us`, `crate::os::sched`) on the
 /// calling thread; the first worker logs what came of it.
 fn worker_slice(us: u64) {
     static LOGGED: std::sync::Once = std::sync::Once::new();
     if us == 0 {
         return;
     }
-    let got = crate::sched::shorten(std::time::Duration::from_micros(us));
+    let got = crate::os::sched::shorten(std::time::Duration::from_micros(us));
     LOGGED.call_once(|| match got {
-        crate::sched::Slice::Set => tracing::info!(slice_us = us, "HTTP workers' time slice set"),
+        crate::os::sched::Slice::Set => tracing::info!(slice_us = us, "HTTP workers' time slice set"),
         other => tracing::info!(
             slice_us = us,
             outcome = ?other,
@@ -407,21 +407,21 @@ fn http_server(
         worker_slice(slice);
         App::new()
             .wrap(middleware::from_fn(move |req, next| {
-                api::limit_header_bytes(max_header_bytes, req, next)
+                http::limit_header_bytes(max_header_bytes, req, next)
             }))
             // Admin requests' spans, with traces on (off: the condition's one branch).
             .wrap(middleware::Condition::new(traces.is_some(), {
                 let traces = traces.clone();
                 middleware::from_fn(move |req, next| {
                     let t = traces.clone().expect("enabled only with traces");
-                    api::admin_span(t, req, next)
+                    http::admin_span(t, req, next)
                 })
             }))
             // The last wrapped runs first: every answer, a 431 included, carries the id.
-            .wrap(middleware::from_fn(api::request_id))
+            .wrap(middleware::from_fn(http::request_id))
             .app_data(data.clone())
-            .app_data(api::query_config())
-            .configure(api::routes)
+            .app_data(http::query_config())
+            .configure(http::routes)
     })
     .keep_alive(settings.server.keep_alive_ms.get())
     .client_request_timeout(settings.server.request_timeout_ms.get())

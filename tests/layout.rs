@@ -146,7 +146,7 @@ fn child_files(dir: &Path, name: &str) -> Vec<(PathBuf, Option<String>)> {
     out
 }
 
-/// Edges among the children of the module in `dir`, named `path` (`crate`, `crate::api`).
+/// Edges among the children of the module in `dir`, named `path` (`crate`, `crate::http`).
 fn sibling_edges(dir: &Path, path: &str) -> BTreeMap<String, BTreeMap<String, PathBuf>> {
     let kids = children(dir);
     let mut edges: BTreeMap<String, BTreeMap<String, PathBuf>> = BTreeMap::new();
@@ -216,7 +216,7 @@ fn find_cycle(edges: &BTreeMap<String, BTreeMap<String, PathBuf>>) -> Option<Vec
 }
 
 /// Every module with a folder, of the server (`src/`) and of the core (`quotad-core/src/`),
-/// with its path in its crate: `src` is `crate`, `src/api` is `crate::api`.
+/// with its path in its crate: `src` is `crate`, `src/http` is `crate::http`.
 fn module_dirs() -> Vec<(PathBuf, String)> {
     fn walk(dir: &Path, path: &str, out: &mut Vec<(PathBuf, String)>) {
         out.push((dir.to_path_buf(), path.to_string()));

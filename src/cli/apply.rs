@@ -324,7 +324,7 @@ pub async fn apply(store: &DynStore, changes: &[Change], actor: &str) -> Result<
                 None
             }
         };
-        let entry = crate::api::audit_entry(
+        let entry = crate::http::audit_entry(
             actor,
             "operator",
             &key,

@@ -141,7 +141,7 @@ pub(super) async fn print_audit(settings: &Settings, args: &AuditArgs) -> Result
         left -= page.len();
         for e in page {
             let line =
-                serde_json::to_string(&crate::api::AuditView::of(e)).map_err(|e| e.to_string())?;
+                serde_json::to_string(&crate::http::AuditView::of(e)).map_err(|e| e.to_string())?;
             if writeln!(out, "{line}").is_err() {
                 return Ok(()); // the reader went away (| head)
             }

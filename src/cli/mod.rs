@@ -241,7 +241,7 @@ pub async fn run(cli: Cli, memory: Option<MemoryNote>) -> ExitCode {
                 }
             };
             if let Some(spec) = datacenters {
-                match crate::migrate::datacenters_replication(&spec) {
+                match crate::scylla::migrate::datacenters_replication(&spec) {
                     Ok(r) => opts.replication = r,
                     Err(e) => {
                         eprintln!("quotad migrate: {e}");
@@ -249,7 +249,7 @@ pub async fn run(cli: Cli, memory: Option<MemoryNote>) -> ExitCode {
                     }
                 }
             }
-            match crate::migrate::run(&opts, dry_run, &mut std::io::stdout()).await {
+            match crate::scylla::migrate::run(&opts, dry_run, &mut std::io::stdout()).await {
                 Ok(_) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("quotad migrate: {e}");

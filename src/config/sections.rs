@@ -32,7 +32,7 @@ pub struct ServerSettings {
     /// Where Envoy's rate limit service (gRPC) listens; unset: not served.
     pub grpc_bind: Option<String>,
     /// The time slice each HTTP worker asks of the scheduler, in µs (Linux 6.12 and later,
-    /// `crate::sched`); 0: the kernel's own.
+    /// `crate::os::sched`); 0: the kernel's own.
     pub worker_slice_us: u64,
     /// TLS on the HTTP port and the gRPC port; off (plain text) unless both files are set.
     pub tls: TlsSettings,
@@ -269,7 +269,7 @@ impl Default for LimiterSettings {
     }
 }
 
-/// Fleet membership on the scylla store (`crate::fleet`).
+/// Fleet membership on the scylla store (`crate::tasks::fleet`).
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct FleetSettings {

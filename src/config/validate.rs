@@ -68,7 +68,10 @@ impl Settings {
             );
         }
         let slice = self.server.worker_slice_us as u128;
-        let (min, max) = (crate::sched::MIN.as_micros(), crate::sched::MAX.as_micros());
+        let (min, max) = (
+            crate::os::sched::MIN.as_micros(),
+            crate::os::sched::MAX.as_micros(),
+        );
         if slice != 0 && !(min..=max).contains(&slice) {
             return bad(
                 "server.worker_slice_us",
@@ -119,7 +122,7 @@ impl Settings {
             return bad("store.cache_mb", "must be 1..=1048576 (MiB)".into());
         }
         // The one keyspace rule, shared with `quotad migrate` and the store.
-        if let Err(e) = crate::cql::validate_keyspace(&st.keyspace) {
+        if let Err(e) = crate::scylla::cql::validate_keyspace(&st.keyspace) {
             return bad("store.keyspace", e);
         }
         let max = crate::store::lease::MAX_SHARDS;

@@ -20,7 +20,7 @@ use crate::metrics::Metrics;
 use crate::store::embedded::EmbeddedStore;
 use crate::store::faulty::{Fault, FaultyStore};
 use crate::store::{CounterKey, CounterRange, Delta, DynStore};
-use crate::sync::{SyncConfig, Syncer};
+use crate::tasks::sync::{SyncConfig, Syncer};
 
 const T0: i64 = 1_767_225_600_000; // 2026-01-01T00:00:00Z
 

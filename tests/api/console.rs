@@ -253,7 +253,7 @@ fn tenant_admin(secret: &str, tenants: &[&str]) -> TokenSettings {
     TokenSettings {
         name: secret.trim_end_matches("-secret").to_owned(),
         hash: String::new(),
-        sha256: hex::encode(quotad::api::digest(secret)),
+        sha256: hex::encode(quotad::http::digest(secret)),
         role: Role::TenantAdmin,
         tenants: Some(tenants.iter().map(|s| s.to_string()).collect()),
     }

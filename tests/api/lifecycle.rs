@@ -176,7 +176,7 @@ fn the_binary_drains_on_sigterm_and_a_second_run_sees_the_counts() {
         dir.path().join("data").join("quotad.redb").exists(),
         "store under ./data"
     );
-    // The serving process turns transparent huge pages off for itself (src/memory.rs); kernels
+    // The serving process turns transparent huge pages off for itself (src/os/memory.rs); kernels
     // since 6.x say so in /proc/<pid>/status.
     #[cfg(target_os = "linux")]
     {

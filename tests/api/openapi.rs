@@ -40,7 +40,7 @@ pub fn documented(doc: &Value) -> BTreeSet<(String, String)> {
 /// (method, path template) of every route in `api::ROUTES`, the table `api::routes` registers:
 /// a route added there without a `#[utoipa::path]` fails `every_route_is_documented`.
 fn registered() -> BTreeSet<(String, String)> {
-    quotad::api::ROUTES
+    quotad::http::ROUTES
         .iter()
         .map(|r| (r.method.as_str().to_lowercase(), r.path.to_owned()))
         .collect()

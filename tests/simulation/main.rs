@@ -40,7 +40,7 @@ use quotad::store::{
     BucketTotal, CounterKey, CounterRange, CounterStore, Delta, DynCounterStore, StoreError,
     StoreResult,
 };
-use quotad::sync::{SyncConfig, Syncer};
+use quotad::tasks::sync::{SyncConfig, Syncer};
 use rand::{Rng, SeedableRng};
 
 use fleet::*;
@@ -56,7 +56,7 @@ const SETTLE_MS: i64 = 25;
 const WINDOW_MS: i64 = 10_000;
 const MAX: u64 = 1_000;
 const DURATION_MS: i64 = 60_000;
-/// Fleet membership (`quotad::fleet`): how often an instance renews its lease and reads the
+/// Fleet membership (`quotad::tasks::fleet`): how often an instance renews its lease and reads the
 /// roster, and how long an unrenewed lease lives (the defaults of `[fleet]`).
 const HEARTBEAT_MS: i64 = 1_000;
 const LEASE_TTL_MS: i64 = 5_000;

@@ -3,12 +3,12 @@
 //! centres do. A cut link holds them back (as hints) until it heals. Each region writes a
 //! heartbeat every `REGION_BEAT_MS`, replicated the same way; an instance that finds another
 //! region's heartbeat older than `REGION_STALE_MS` keeps to its region's budget, as
-//! `quotad::fleet` tells the limiter on a real store.
+//! `quotad::tasks::fleet` tells the limiter on a real store.
 
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
-use quotad::fleet::regions::Watch;
 use quotad::store::lease::{Member, RegionBeat, MAX_SHARDS};
+use quotad::tasks::fleet::regions::Watch;
 
 use super::*;
 
@@ -325,7 +325,7 @@ pub(crate) async fn simulate_regions(
                 shared.beat(r, now);
             }
             // Each instance judges the heartbeats of its region's replica as the fleet task does
-            // (`quotad::fleet::regions::Watch`), with the leases as they stand there (a remote
+            // (`quotad::tasks::fleet::regions::Watch`), with the leases as they stand there (a remote
             // region's run out `LEASE_TTL_MS` after it was last heard).
             let beats = shared.beats.lock().unwrap().clone();
             for (i, (r, _, _, m)) in fleet.iter().enumerate() {

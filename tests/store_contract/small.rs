@@ -12,7 +12,7 @@ use quotad::config::{StoreKind, StoreSettings, SCYLLA_MAX_SYNC_DELAY_MS};
 use quotad::domain::{Policy, PolicyDoc};
 use quotad::limiter::{CheckInput, Decision, Limiter, LimiterConfig, Membership};
 use quotad::metrics::Metrics;
-use quotad::sync::{SyncConfig, Syncer};
+use quotad::tasks::sync::{SyncConfig, Syncer};
 use tokio::sync::watch;
 
 use super::*;

@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use quotad::cql::{StoreTls, TlsFiles};
+use quotad::scylla::cql::{StoreTls, TlsFiles};
 use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
 
 use super::*;

@@ -16,7 +16,7 @@ use std::io::Write;
 
 use scylla::client::session::Session;
 
-use crate::cql::ScyllaOptions;
+use crate::scylla::cql::ScyllaOptions;
 
 mod error;
 mod files;
@@ -24,7 +24,7 @@ mod history;
 mod keyspace;
 mod plan;
 
-pub use crate::cql::validate_keyspace;
+pub use crate::scylla::cql::validate_keyspace;
 use error::cql_err;
 pub use error::MigrateError;
 pub use files::{
@@ -114,11 +114,11 @@ fn check_options(opts: &ScyllaOptions) -> Result<String, MigrateError> {
 /// Connects without a keyspace (it may not exist yet), with the store's contact points,
 /// credentials and a generous timeout: schema changes wait for the cluster to agree.
 async fn connect(opts: &ScyllaOptions) -> Result<Session, MigrateError> {
-    crate::cql::session_builder(opts)
+    crate::scylla::cql::session_builder(opts)
         .build()
         .await
         .map_err(|e| {
-            MigrateError::Connect(crate::cql::explain_connect_error(
+            MigrateError::Connect(crate::scylla::cql::explain_connect_error(
                 &e.to_string(),
                 opts.tls.as_ref(),
             ))

@@ -3,7 +3,7 @@
 //! transaction's `[applied]`.
 //!
 //! A leaf: it imports neither `store` nor `migrate`, so both can import it without a circle.
-//! Statements themselves live beside the code that runs them (`store::scylla::statements`, and
+//! Statements themselves live beside the code that runs them (`scylla::store::statements`, and
 //! the migration files `migrate::files` reads). `tls` builds the rustls configuration of
 //! `store.tls_*` and explains a refused connection.
 

@@ -44,7 +44,7 @@ pub fn plan<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::migrate::{checksum, migrations};
+    use crate::scylla::migrate::{checksum, migrations};
 
     fn applied(m: &Migration) -> AppliedMigration {
         AppliedMigration {

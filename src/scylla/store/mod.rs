@@ -29,7 +29,7 @@
 //! Usage history ([`history`]) and the audit log ([`audit`]) are partitioned by UTC month, and
 //! retention deletes whole months through small index tables, never by a scan.
 //!
-//! Options, session building and the keyspace-name rule live in [`crate::cql`], shared with
+//! Options, session building and the keyspace-name rule live in [`crate::scylla::cql`], shared with
 //! `quotad migrate`; they are re-exported here under their old paths.
 
 mod audit;
@@ -45,5 +45,5 @@ mod policies;
 mod statements;
 mod store;
 
-pub use crate::cql::{parse_consistency, ScyllaOptions};
+pub use crate::scylla::cql::{parse_consistency, ScyllaOptions};
 pub use store::ScyllaStore;

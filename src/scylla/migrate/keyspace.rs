@@ -1,5 +1,5 @@
 //! The keyspace statement, the only CQL built from configuration: the name is validated
-//! ([`crate::cql::validate_keyspace`]) and the replication map is parsed and re-rendered
+//! ([`crate::scylla::cql::validate_keyspace`]) and the replication map is parsed and re-rendered
 //! ([`render_replication`]) so neither can carry anything but a name and a map. Which server
 //! answers decides whether the keyspace gets the `tablets` option.
 
@@ -10,7 +10,7 @@ use super::{cql_err, MigrateError};
 
 /// The keyspace statement for people who create the keyspace by hand; the tests check that
 /// [`create_keyspace_cql`] renders the same statement for the default options.
-pub const KEYSPACE_FILE: &str = include_str!("../../cql/keyspace.cql");
+pub const KEYSPACE_FILE: &str = include_str!("../../../cql/keyspace.cql");
 /// ScyllaDB has this table, Apache Cassandra does not.
 const SCYLLA_PROBE_CQL: &str = "SELECT * FROM system.versions LIMIT 1";
 
@@ -105,7 +105,7 @@ fn quoted_word(s: &str) -> Option<String> {
 }
 
 /// The keyspace statement. `replication` must come from [`render_replication`] and `ks` must
-/// have passed [`crate::cql::validate_keyspace`].
+/// have passed [`crate::scylla::cql::validate_keyspace`].
 pub fn create_keyspace_cql(ks: &str, replication: &str, server: ServerKind) -> String {
     match server {
         ServerKind::Scylla => format!(
@@ -150,8 +150,8 @@ pub async fn detect_server(session: &Session) -> Result<ServerKind, MigrateError
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cql::ScyllaOptions;
-    use crate::migrate::split_statements;
+    use crate::scylla::cql::ScyllaOptions;
+    use crate::scylla::migrate::split_statements;
 
     #[test]
     fn replication_is_parsed_and_rendered_canonically() {

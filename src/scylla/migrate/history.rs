@@ -7,7 +7,7 @@ use scylla::value::CqlTimestamp;
 
 use super::plan::AppliedMigration;
 use super::{cql_err, MigrateError, Migration};
-use crate::cql::lwt_applied;
+use crate::scylla::cql::lwt_applied;
 
 /// The bookkeeping table, created by the migrator itself (it must exist before any file runs).
 pub const SCHEMA_MIGRATIONS_CQL: &str = "CREATE TABLE IF NOT EXISTS schema_migrations (\
@@ -91,8 +91,8 @@ pub(super) async fn record(session: &Session, m: &Migration) -> Result<(), Migra
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cql::schema_check::{check, names, parse_tables};
-    use crate::migrate::split_statements;
+    use crate::scylla::cql::schema_check::{check, names, parse_tables};
+    use crate::scylla::migrate::split_statements;
 
     #[test]
     fn bookkeeping_statements_match_their_table() {

@@ -1,8 +1,8 @@
 //! The table of statements checked against the migrations' schema, without a server.
 
 use super::*;
-use crate::cql::schema_check::{check, names, parse_tables, Table};
-use crate::migrate;
+use crate::scylla::cql::schema_check::{check, names, parse_tables, Table};
+use crate::scylla::migrate;
 
 fn schema() -> Vec<Table> {
     let statements: Vec<String> = migrate::migrations()

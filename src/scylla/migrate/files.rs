@@ -15,31 +15,31 @@ use super::MigrateError;
 pub const MIGRATION_FILES: &[(&str, &str)] = &[
     (
         "0001_counters.cql",
-        include_str!("../../migrations/0001_counters.cql"),
+        include_str!("../../../migrations/0001_counters.cql"),
     ),
     (
         "0002_policies.cql",
-        include_str!("../../migrations/0002_policies.cql"),
+        include_str!("../../../migrations/0002_policies.cql"),
     ),
     (
         "0003_members.cql",
-        include_str!("../../migrations/0003_members.cql"),
+        include_str!("../../../migrations/0003_members.cql"),
     ),
     (
         "0004_history_audit.cql",
-        include_str!("../../migrations/0004_history_audit.cql"),
+        include_str!("../../../migrations/0004_history_audit.cql"),
     ),
     (
         "0005_idempotency.cql",
-        include_str!("../../migrations/0005_idempotency.cql"),
+        include_str!("../../../migrations/0005_idempotency.cql"),
     ),
     (
         "0006_client_counters.cql",
-        include_str!("../../migrations/0006_client_counters.cql"),
+        include_str!("../../../migrations/0006_client_counters.cql"),
     ),
     (
         "0007_regions.cql",
-        include_str!("../../migrations/0007_regions.cql"),
+        include_str!("../../../migrations/0007_regions.cql"),
     ),
 ];
 

@@ -367,7 +367,7 @@ macro_rules! statements {
         /// Every entry of the table with the CQL types of what is bound and read.
         #[cfg(test)]
         pub(crate) fn catalog() -> Vec<Entry> {
-            use crate::cql::schema_check::names;
+            use crate::scylla::cql::schema_check::names;
             vec![$(
                 Entry {
                     name: stringify!($field),

@@ -9,7 +9,7 @@ use scylla::errors::{
     PrepareError, RequestAttemptError, RequestError, UseKeyspaceError,
 };
 
-use crate::cql::{explain_connect_error, StoreTls};
+use crate::scylla::cql::{explain_connect_error, StoreTls};
 use crate::store::{StoreError, StoreResult};
 
 /// Whether the failed request could have changed data: decides between "nothing written,

@@ -24,7 +24,7 @@ use super::errors::{internal, map_exec, map_new_session, map_next_row, map_pager
 use super::legacy::NO_LEGACY;
 use super::partition::{months_between, months_spanned};
 use super::statements::{MonthNameValues, MonthRow, NameRow, Statements};
-use crate::cql::{lwt_applied, session_builder, ScyllaOptions};
+use crate::scylla::cql::{lwt_applied, session_builder, ScyllaOptions};
 use crate::store::{
     BucketTotal, CounterRange, CounterStore, Delta, PolicyStore, StoreError, StoreResult,
 };

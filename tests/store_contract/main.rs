@@ -46,13 +46,13 @@ use chrono::{DateTime, TimeZone, Utc};
 use futures::FutureExt;
 use quotad::domain::{ClientId, Grain, TenantId};
 use quotad::scylla::migrate;
+use quotad::scylla::store::{ScyllaOptions, ScyllaStore};
 use quotad::store::audit::{AuditCursor, AuditEntry, AuditQuery, AuditStore};
 use quotad::store::history::{
     ClientTotal, Counts, HistoryStore, Step, UsageDelta, UsagePoint, DAY_MS, HOUR_MS,
 };
 use quotad::store::idempotency::{Begun, Remembered};
 use quotad::store::lease::{Claim, MAX_SHARDS};
-use quotad::scylla::store::{ScyllaOptions, ScyllaStore};
 use quotad::store::{
     BucketTotal, CounterKey, CounterRange, CounterStore, Delta, PolicyKey, PolicyStore, Store,
     StoreError,

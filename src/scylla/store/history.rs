@@ -11,7 +11,7 @@
 //! before succeeded: the months' tenant rows (idempotent), the days' client lines, the points.
 //! So every `usage_history` partition is listed by a client line and every client line by a
 //! tenant row: retention, which finds partitions only through those indexes, never misses one.
-//! Counter writes are never retried (see [`super::store`]): once any counter write may have
+//! Counter writes are never retried (see [`super::backend`]): once any counter write may have
 //! landed, a failure is `Uncertain`.
 //!
 //! Retention ([`HistoryStore::delete_history_before`]) deletes whole partitions of months that

@@ -33,6 +33,7 @@
 //! `quotad migrate`; they are re-exported here under their old paths.
 
 mod audit;
+mod backend;
 mod counters;
 mod errors;
 mod history;
@@ -43,7 +44,6 @@ mod legacy;
 mod partition;
 mod policies;
 mod statements;
-mod store;
 
 pub use crate::scylla::cql::{parse_consistency, ScyllaOptions};
-pub use store::ScyllaStore;
+pub use backend::ScyllaStore;

@@ -151,11 +151,8 @@ async fn forward_auth_answers_with_a_status_and_headers_and_no_body() {
     }
 }
 
-/// A limit of 1 an hour on `POST /login`: the first request passes, and every other spelling
-/// of the same path meets the same limit.
-#[tokio::test]
-async fn every_spelling_of_a_limited_path_meets_its_limit() {
-    let app = spawn_app().await;
+/// Tenant `site`: a limit of 1 an hour on `POST /login`.
+async fn login_limit(app: &TestApp) {
     let r = app
         .put_quota(
             "site",
@@ -163,6 +160,14 @@ async fn every_spelling_of_a_limited_path_meets_its_limit() {
         )
         .await;
     assert_eq!(r.status(), 201);
+}
+
+/// A limit of 1 an hour on `POST /login`: the first request passes, and every other spelling
+/// of the same path meets the same limit.
+#[tokio::test]
+async fn every_spelling_of_a_limited_path_meets_its_limit() {
+    let app = spawn_app().await;
+    login_limit(&app).await;
     let at = |uri: &'static str| {
         [
             ("X-Quota-Tenant", "site"),
@@ -193,13 +198,7 @@ async fn every_spelling_of_a_limited_path_meets_its_limit() {
 #[tokio::test]
 async fn every_spelling_of_a_limited_path_meets_its_limit_in_a_check() {
     let app = spawn_app().await;
-    let r = app
-        .put_quota(
-            "site",
-            json!({"limits": [{"id": "login", "max": 1, "window": "1h", "resource": "POST /login"}]}),
-        )
-        .await;
-    assert_eq!(r.status(), 201);
+    login_limit(&app).await;
     let check = |resource: &str| {
         app.check(json!({"tenant": "site", "client": "attacker", "resource": resource}))
     };

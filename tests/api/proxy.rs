@@ -186,6 +186,8 @@ async fn every_spelling_of_a_limited_path_meets_its_limit() {
         "/login;x",
         "/a/../login",
         "/login?next=/",
+        "/LOGIN",
+        "/Login/",
     ] {
         let r = ask(&app, "GET", &at(uri)).await;
         assert_eq!(r.status(), 429, "{uri}");
@@ -211,6 +213,8 @@ async fn every_spelling_of_a_limited_path_meets_its_limit_in_a_check() {
         "/login/",
         "/login;x",
         "/a/../login",
+        "/LOGIN",
+        "/Login/",
     ] {
         let r = check(&format!("POST {path}")).await;
         assert_eq!(r.status(), 429, "{path}");

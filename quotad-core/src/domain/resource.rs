@@ -33,8 +33,9 @@ pub fn resource_from_bytes(bytes: &[u8]) -> String {
 /// on it: `%XX` of an unreserved character (letters, digits, `-._~`) decoded and other escapes'
 /// hex upper-cased; a segment's parameters (`;...`, which servlet containers strip) dropped;
 /// empty segments (`//`) and `.` dropped, `..` taking the segment before it away (RFC 3986
-/// 5.2.4, never above the root); no trailing slash but the root's. Case is kept: most backends
-/// route `/Login` apart from `/login`. `path` is printable ASCII (see [`resource_from_bytes`]).
+/// 5.2.4, never above the root); no trailing slash but the root's; letters in lower case, since
+/// many backends (Express by default, IIS) route `/LOGIN` as `/login`, and a limiter that errs
+/// errs toward limiting. `path` is printable ASCII (see [`resource_from_bytes`]).
 pub fn normalize_path(path: &str) -> String {
     let mut segments: Vec<String> = Vec::new();
     for raw in path.split('/') {
@@ -86,13 +87,14 @@ pub fn normalize_resource(resource: &str) -> std::borrow::Cow<'_, str> {
 fn is_normal(path: &str) -> bool {
     path.starts_with('/')
         && !path.contains(['%', ';'])
+        && !path.bytes().any(|b| b.is_ascii_uppercase())
         && (path == "/" || !path.ends_with('/'))
         && path[1..]
             .split('/')
             .all(|seg| !matches!(seg, "" | "." | ".."))
 }
 
-/// `%XX` of an unreserved character decoded, other escapes' hex upper-cased.
+/// `%XX` of an unreserved character decoded, other escapes' hex upper-cased, letters lowered.
 fn decode_unreserved(seg: &str) -> String {
     let b = seg.as_bytes();
     let mut out = String::with_capacity(seg.len());
@@ -103,7 +105,7 @@ fn decode_unreserved(seg: &str) -> String {
             if let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2])) {
                 let c = (h * 16 + l) as u8;
                 if c.is_ascii_alphanumeric() || b"-._~".contains(&c) {
-                    out.push(c as char);
+                    out.push(c.to_ascii_lowercase() as char);
                 } else {
                     out.push('%');
                     out.push((b[i + 1] as char).to_ascii_uppercase());
@@ -113,10 +115,43 @@ fn decode_unreserved(seg: &str) -> String {
                 continue;
             }
         }
-        out.push(b[i] as char);
+        out.push(b[i].to_ascii_lowercase() as char);
         i += 1;
     }
     out
+}
+
+/// A pattern of the form `METHOD /path` with its path's letters lowered, as checks' resources
+/// are ([`normalize_resource`]); the hex of `%XX` escapes upper-cased, as they are. Anything
+/// else as given.
+fn fold_path_case(pattern: &str) -> std::borrow::Cow<'_, str> {
+    use std::borrow::Cow;
+    let Some((method, path)) = pattern.split_once(' ') else {
+        return Cow::Borrowed(pattern);
+    };
+    let request = !method.is_empty()
+        && method.bytes().all(|b| b.is_ascii_uppercase())
+        && path.starts_with('/');
+    if !request || !path.bytes().any(|b| b.is_ascii_uppercase()) {
+        return Cow::Borrowed(pattern);
+    }
+    let mut out = String::with_capacity(pattern.len());
+    out.push_str(method);
+    out.push(' ');
+    let b = path.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' && i + 2 < b.len() {
+            out.push('%');
+            out.push(b[i + 1].to_ascii_uppercase() as char);
+            out.push(b[i + 2].to_ascii_uppercase() as char);
+            i += 3;
+            continue;
+        }
+        out.push(b[i].to_ascii_lowercase() as char);
+        i += 1;
+    }
+    Cow::Owned(out)
 }
 
 /// Checks the contract's resource rule without allocating.
@@ -147,9 +182,11 @@ pub enum ResourceMatch {
 impl ResourceMatch {
     pub(super) fn parse(s: &str, field: &str) -> Result<Self, FieldError> {
         validate_resource(field, s)?;
+        // A request's pattern (`METHOD /path`) in the case its resources are compared in.
+        let s = fold_path_case(s);
         Ok(match s.strip_suffix('*') {
             Some(prefix) => ResourceMatch::Prefix(prefix.to_owned()),
-            None => ResourceMatch::Exact(s.to_owned()),
+            None => ResourceMatch::Exact(s.into_owned()),
         })
     }
 
@@ -198,7 +235,8 @@ mod tests {
         }
         assert_eq!(normalize_path("/"), "/");
         assert_eq!(normalize_path(""), "/");
-        assert_eq!(normalize_path("/LOGIN"), "/LOGIN", "case is kept");
+        assert_eq!(normalize_path("/LOGIN"), "/login", "case is folded");
+        assert_eq!(normalize_path("/%4Cogin"), "/login");
         // An escape of a reserved character stays one (a slash inside a segment is not a
         // separator), its hex upper-cased.
         assert_eq!(normalize_path("/a%2fb/"), "/a%2Fb");
@@ -210,6 +248,8 @@ mod tests {
     fn a_check_resource_that_is_a_request_has_its_path_normalised() {
         for r in [
             "POST /login",
+            "POST /LOGIN",
+            "POST /Login/",
             "POST /%6Cogin",
             "POST //login",
             "POST /./login",
@@ -226,8 +266,13 @@ mod tests {
         assert_eq!(normalize_resource("GET /a//b/?x=1//"), "GET /a/b?x=1//");
         assert_eq!(
             normalize_resource("POST /LOGIN"),
-            "POST /LOGIN",
-            "case is kept"
+            "POST /login",
+            "case is folded"
+        );
+        assert_eq!(
+            normalize_resource("GET /A?Q=X"),
+            "GET /a?Q=X",
+            "the query as given"
         );
         for opaque in ["export", "reports:daily", "get //x", "POST login/", "/a//b"] {
             assert_eq!(normalize_resource(opaque), opaque);
@@ -265,5 +310,11 @@ mod tests {
         let e = ResourceMatch::parse("GET /a", "r").unwrap();
         assert!(e.matches(Some("GET /a")));
         assert!(!e.matches(Some("GET /ab")));
+        // A request's pattern is in the case its resources are compared in; others as given.
+        let f = ResourceMatch::parse("POST /Login%2fX", "r").unwrap();
+        assert_eq!(f, ResourceMatch::Exact("POST /login%2Fx".into()));
+        assert!(f.matches(Some(&normalize_resource("POST /LOGIN%2Fx"))));
+        let o = ResourceMatch::parse("Reports:Daily", "r").unwrap();
+        assert_eq!(o, ResourceMatch::Exact("Reports:Daily".into()));
     }
 }

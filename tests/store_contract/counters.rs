@@ -215,7 +215,7 @@ pub async fn policies_list_in_pages(store: &dyn Store) {
 /// everyone's. With `one_step` (a store whose `increment_and_read` is one step, as the
 /// embedded store's is), no two calls may see the same total: each saw exactly the
 /// increments before its own, so the totals seen are exactly 1..=N.
-pub async fn racing_writers_count_exactly(store: Arc<dyn Store>, one_step: bool) {
+pub async fn racing_writers_count_exactly(store: &Arc<dyn Store>, one_step: bool) {
     const TASKS: usize = 16;
     const ROUNDS: usize = 25;
     const N: i64 = (TASKS * ROUNDS) as i64;
@@ -287,7 +287,8 @@ pub async fn racing_writers_count_exactly(store: Arc<dyn Store>, one_step: bool)
     assert_eq!(totals(&got[0]), vec![(T0, N)]);
 }
 
-/// Runs last: the janitor sweeps everything the other checks wrote.
+/// The janitor sweeps the whole store; each case has a store of its own, so no other case's
+/// counters are swept with these.
 pub async fn delete_expired_removes_only_expired_buckets(store: &dyn Store) {
     let grain = Grain::Fixed(1_000);
     let k = key("expiry", "k1", "per-10s", grain);

@@ -86,7 +86,7 @@ pub(crate) async fn a_full_shard_space_refuses_one_more(store: &dyn Store) {
 
 /// Idempotency keys: one claim wins, the others see it with its fingerprint and, once
 /// recorded, the response; a freed key can be claimed again; keys are per scope; rows expire.
-pub async fn idempotency_keys_claim_once(store: Arc<dyn Store>) {
+pub async fn idempotency_keys_claim_once(store: &Arc<dyn Store>) {
     let ttl = Duration::from_secs(60);
     let tag = format!("k-{}", std::process::id());
     // Eight racing claims of one key: exactly one goes ahead.

@@ -1,47 +1,89 @@
-//! The store contract: one suite of checks, run against every store.
+//! The store contract: one suite of checks, run against every store, one test per case and
+//! store, so each case passes or fails on its own.
 //!
-//! - The embedded store: always, in a temporary directory, plus reopen-the-directory checks
-//!   that prove counters, policies, usage history and the audit log survive a restart.
+//! `every_store!` lists the cases once; `embedded.rs` and `scylla.rs` each turn every entry
+//! into a test of their module, on a store of its own: `embedded::increments_add_up`,
+//! `scylla::increments_add_up`, and so on. Each module adds the cases only its store has (the
+//! embedded store's full shard space, the scylla store's migrations and its second instance).
+//! To run one case, or one store's cases:
+//!
+//! ```text
+//! cargo test --test store_contract embedded::increments_add_up
+//! cargo test --test store_contract embedded::
+//! ```
+//!
+//! - The embedded store: always, each case in its own temporary directory; beside them,
+//!   reopen-the-directory checks prove counters, policies, usage history and the audit log
+//!   survive a restart.
 //! - The scylla store: needs a cluster, so its tests are `#[ignore]`d and a plain `cargo test`
 //!   lists them as ignored. To run them against a cluster:
 //!
 //!   ```text
 //!   docker compose up -d scylla        # or any Cassandra/ScyllaDB node
 //!   QUOTAD_TEST_SCYLLA_NODES=127.0.0.1:9042 cargo test --test store_contract -- --ignored
+//!   QUOTAD_TEST_SCYLLA_NODES=127.0.0.1:9042 cargo test --test store_contract \
+//!       scylla::increments_add_up -- --ignored
 //!   ```
 //!
 //!   `QUOTAD_TEST_SCYLLA_NODES` is a comma-separated list of `host:port`; run with `--ignored`
 //!   but without it, those tests fail and say so. Everything else about reaching the cluster
 //!   comes through quotad's own configuration: `QUOTAD__STORE__*` variables (credentials,
 //!   `*_file` forms, `TLS_CA_FILE`, `TLS_CERT_FILE`, ...) apply to every session the suite
-//!   opens, so a cluster that requires a password and TLS is tested as quotad reaches it. `strict_checks_hold_through_node_pauses`
-//!   also pauses the node: beside a node on this machine, add `QUOTAD_TEST_SCYLLA_PID=<its
-//!   process id>`; against a cluster elsewhere, add `--skip strict_checks_hold`. Each run makes its own keyspace
-//!   (`quotad_test_<tag>_<pid>_<time>`), migrates it with the real `quotad migrate` code, runs
-//!   the checks and drops the keyspace, also when a check fails.
+//!   opens, so a cluster that requires a password and TLS is tested as quotad reaches it.
+//!   `strict_checks_hold_through_node_pauses` also pauses the node: beside a node on this
+//!   machine, add `QUOTAD_TEST_SCYLLA_PID=<its process id>`; against a cluster elsewhere, add
+//!   `--skip strict_checks_hold`. Each scylla test makes its own keyspace
+//!   (`quotad_test_<tag>_<pid>_<n>_<time>`), migrates it with the real `quotad migrate` code,
+//!   runs its check and drops the keyspace, also when the check fails.
 //!
-//! The checks are `async fn(&dyn Store)` (or `Arc<dyn Store>` where they spawn tasks), one
+//! The checks are `async fn(&dyn Store)` (or `&Arc<dyn Store>` where they spawn tasks), one
 //! file a part of the contract: `counters` (counters, policies, the janitor), `history` (usage
 //! history, the audit log and their retention), `fleet` (leases, idempotency keys, overrides,
-//! credits), `small` (small cached limits exact on fleets of two and three), `stalls` (strict
-//! checks of two instances while the node is paused: it also needs `QUOTAD_TEST_SCYLLA_PID`,
-//! the node's process id on this machine). This file holds the helpers and runs the checks on
-//! each store; only `two_instances_share_counts` needs two scylla stores (the embedded store
-//! holds one process).
+//! credits), `regions`, `small` (small cached limits exact on fleets of two and three),
+//! `stalls` (strict checks of two instances while the node is paused: it also needs
+//! `QUOTAD_TEST_SCYLLA_PID`, the node's process id on this machine), `upgrade` and `tls`. This
+//! file holds the helpers, the list of cases and the tests that are not one case on one store.
+
+/// The cases every store must pass, listed once: `$case!(check, setup)` for each, where
+/// `check` is the check's function here (and the test's name) and `setup` says what a store
+/// of a fleet needs first: `Joined`, a shard lease (a scylla store writes nothing without one;
+/// the embedded store needs none), or `Fresh`, nothing (the check claims leases itself).
+macro_rules! every_store {
+    ($case:ident) => {
+        $case!(leases_hand_out_one_shard_per_instance, Fresh);
+        $case!(increments_add_up, Joined);
+        $case!(ranges_hold_only_their_buckets_in_order, Joined);
+        $case!(many_keys_in_one_call, Joined);
+        $case!(monthly_buckets_count, Joined);
+        $case!(policies_round_trip_with_versions, Joined);
+        $case!(policies_list_in_pages, Joined);
+        $case!(history_adds_up_point_by_point, Joined);
+        $case!(audit_pages_newest_first, Joined);
+        $case!(old_history_and_audit_are_deleted, Joined);
+        $case!(totals_may_go_below_zero, Joined);
+        $case!(overrides_list_by_tenant, Joined);
+        $case!(idempotency_keys_claim_once, Joined);
+        $case!(delete_expired_removes_only_expired_buckets, Joined);
+    };
+}
 
 mod counters;
+mod embedded;
 mod fleet;
 mod history;
 mod regions;
+mod scylla;
 mod small;
 mod stalls;
 mod tls;
 mod upgrade;
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use ::scylla::client::session_builder::SessionBuilder;
 use chrono::{DateTime, TimeZone, Utc};
 use futures::FutureExt;
 use quotad::domain::{ClientId, Grain, TenantId};
@@ -57,7 +99,6 @@ use quotad::store::{
     BucketTotal, CounterKey, CounterRange, CounterStore, Delta, PolicyKey, PolicyStore, Store,
     StoreError,
 };
-use scylla::client::session_builder::SessionBuilder;
 
 use counters::*;
 use fleet::*;
@@ -106,14 +147,18 @@ fn session_on(nodes: &[String]) -> SessionBuilder {
     .session_builder()
 }
 
+/// A keyspace name no other test uses: tests of one run differ by their number, runs by their
+/// process id and start time.
 fn unique_keyspace(tag: &str) -> String {
+    static MADE: AtomicU32 = AtomicU32::new(0);
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap()
         .as_nanos();
     format!(
-        "quotad_test_{tag}_{}_{}",
+        "quotad_test_{tag}_{}_{}_{}",
         std::process::id(),
+        MADE.fetch_add(1, Ordering::Relaxed),
         nanos % 1_000_000_000
     )
 }
@@ -164,7 +209,35 @@ fn client_key(t: &str, c: &str) -> PolicyKey {
 /// A moment well inside 2023, so bucket arithmetic is easy to follow.
 const T0: i64 = 1_700_000_000_000;
 
+/// The store as a case takes it: `&dyn Store`, or `&Arc<dyn Store>` where it spawns tasks.
+/// (A `&Arc<dyn Store>` given for a `&dyn Store` does not compile: the compiler tries to make
+/// the `Arc` itself the store rather than look through it.)
+trait CaseStore<'a> {
+    fn of(store: &'a Arc<dyn Store>) -> Self;
+}
+
+impl<'a> CaseStore<'a> for &'a dyn Store {
+    fn of(store: &'a Arc<dyn Store>) -> Self {
+        &**store
+    }
+}
+
+impl<'a> CaseStore<'a> for &'a Arc<dyn Store> {
+    fn of(store: &'a Arc<dyn Store>) -> Self {
+        store
+    }
+}
+
 // ---- scylla-specific -------------------------------------------------------------------------
+
+/// Without a lease nothing is written: the hits stay with the caller.
+async fn an_increment_without_a_lease_is_refused(store: &dyn Store) {
+    let k = key("no-lease", "k1", "l", Grain::Fixed(1_000));
+    match store.increment(&[delta(&k, T0, 1)]).await {
+        Err(StoreError::Unavailable(m)) => assert!(m.contains("lease"), "{m}"),
+        other => panic!("an increment without a lease: {other:?}"),
+    }
+}
 
 async fn two_instances_share_counts(a: &dyn Store, b: &dyn Store) {
     let k = key("shared", "k1", "l", Grain::Fixed(1_000));
@@ -192,6 +265,20 @@ async fn two_instances_share_counts(a: &dyn Store, b: &dyn Store) {
     );
 }
 
+/// A change made through one instance is seen by the other.
+async fn a_change_through_one_instance_is_seen_by_the_other(a: &dyn Store, b: &dyn Store) {
+    let g = b.policies_generation().await.unwrap();
+    a.put_policy(&tenant_key("seen-by-b"), "{}", Utc::now())
+        .await
+        .unwrap();
+    assert_ne!(b.policies_generation().await.unwrap(), g);
+    assert!(b
+        .get_policy(&tenant_key("seen-by-b"))
+        .await
+        .unwrap()
+        .is_some());
+}
+
 /// The cluster's contact points, a keyspace name no other run uses, and the options of a
 /// store on it (not created yet).
 fn fresh_keyspace(tag: &str) -> (Vec<String>, String, ScyllaOptions) {
@@ -206,6 +293,23 @@ fn fresh_keyspace(tag: &str) -> (Vec<String>, String, ScyllaOptions) {
     (nodes, ks, opts)
 }
 
+/// Runs `check` on a keyspace of the cluster no other run uses, not created yet, and drops the
+/// keyspace after it, also when the check fails.
+async fn in_fresh_keyspace<F, Fut>(tag: &str, check: F)
+where
+    F: FnOnce(Vec<String>, ScyllaOptions) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let (nodes, ks, opts) = fresh_keyspace(tag);
+    let result = std::panic::AssertUnwindSafe(check(nodes.clone(), opts))
+        .catch_unwind()
+        .await;
+    drop_keyspace(&nodes, &ks).await;
+    if let Err(panic) = result {
+        std::panic::resume_unwind(panic);
+    }
+}
+
 /// Runs `check` on a fresh keyspace of the cluster, migrated, and drops the keyspace after it,
 /// also when the check fails.
 async fn in_migrated_keyspace<F, Fut>(tag: &str, check: F)
@@ -213,16 +317,11 @@ where
     F: FnOnce(Vec<String>, ScyllaOptions) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
-    let (nodes, ks, opts) = fresh_keyspace(tag);
-    let run = async {
+    in_fresh_keyspace(tag, |nodes, opts| async move {
         migrate::run(&opts, false, &mut Vec::new()).await.unwrap();
-        check(nodes.clone(), opts.clone()).await;
-    };
-    let result = std::panic::AssertUnwindSafe(run).catch_unwind().await;
-    drop_keyspace(&nodes, &ks).await;
-    if let Err(panic) = result {
-        std::panic::resume_unwind(panic);
-    }
+        check(nodes, opts).await;
+    })
+    .await;
 }
 
 async fn drop_keyspace(nodes: &[String], ks: &str) {
@@ -252,79 +351,6 @@ async fn keyspace_exists(nodes: &[String], ks: &str) -> bool {
         .into_rows_result()
         .unwrap();
     rows.rows_num() > 0
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs a Cassandra/ScyllaDB cluster: set QUOTAD_TEST_SCYLLA_NODES=host:port and run with --ignored"]
-async fn scylla_store_passes_the_contract() {
-    let (nodes, ks, opts) = fresh_keyspace("c");
-    let run = async {
-        let mut out = Vec::new();
-        let report = migrate::run(&opts, false, &mut out).await.unwrap();
-        let log = String::from_utf8_lossy(&out).to_string();
-        assert!(report.keyspace_created, "{log}");
-        let all: Vec<u32> = migrate::migrations()
-            .unwrap()
-            .iter()
-            .map(|m| m.version)
-            .collect();
-        assert_eq!(report.applied, all, "{log}");
-        // Idempotent: a second run applies nothing, and neither does a dry run.
-        let again = migrate::run(&opts, false, &mut Vec::new()).await.unwrap();
-        assert!(again.applied.is_empty() && !again.keyspace_created);
-        assert_eq!(again.already_applied, all);
-        let dry = migrate::run(&opts, true, &mut Vec::new()).await.unwrap();
-        assert!(dry.applied.is_empty());
-
-        let a: Arc<dyn Store> = Arc::new(ScyllaStore::connect(opts.clone()).await.unwrap());
-        let b = ScyllaStore::connect(opts.clone()).await.unwrap();
-        assert_eq!(a.kind(), "scylla");
-        a.ping().await.unwrap();
-        leases_hand_out_one_shard_per_instance(&*a).await;
-        // Without a lease nothing is written: the hits stay with the caller.
-        let k = key("no-lease", "k1", "l", Grain::Fixed(1_000));
-        match a.increment(&[delta(&k, T0, 1)]).await {
-            Err(StoreError::Unavailable(m)) => assert!(m.contains("lease"), "{m}"),
-            other => panic!("an increment without a lease: {other:?}"),
-        }
-        let sa = join(&*a, "instance-a").await;
-        let sb = join(&b, "instance-b").await;
-        assert_ne!(sa, sb);
-        // a joined before b: it learns of b's shard at its next heartbeat, as here.
-        a.adopt(Some(sa), &a.roster().await.unwrap().used);
-
-        increments_add_up(&*a).await;
-        ranges_hold_only_their_buckets_in_order(&*a).await;
-        many_keys_in_one_call(&*a).await;
-        monthly_buckets_count(&*a).await;
-        policies_round_trip_with_versions(&*a).await;
-        policies_list_in_pages(&*a).await;
-        history_adds_up_point_by_point(&*a).await;
-        audit_pages_newest_first(&*a).await;
-        old_history_and_audit_are_deleted(&*a).await;
-        racing_writers_count_exactly(a.clone(), false).await;
-        totals_may_go_below_zero(&*a).await;
-        overrides_list_by_tenant(&*a).await;
-        idempotency_keys_claim_once(a.clone()).await;
-        two_instances_share_counts(&*a, &b).await;
-        // A change made through one instance is seen by the other.
-        let g = b.policies_generation().await.unwrap();
-        a.put_policy(&tenant_key("seen-by-b"), "{}", Utc::now())
-            .await
-            .unwrap();
-        assert_ne!(b.policies_generation().await.unwrap(), g);
-        assert!(b
-            .get_policy(&tenant_key("seen-by-b"))
-            .await
-            .unwrap()
-            .is_some());
-        delete_expired_removes_only_expired_buckets(&*a).await;
-    };
-    let result = std::panic::AssertUnwindSafe(run).catch_unwind().await;
-    drop_keyspace(&nodes, &ks).await;
-    if let Err(panic) = result {
-        std::panic::resume_unwind(panic);
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -387,8 +413,6 @@ async fn a_cluster_with_tls_and_a_password_names_each_refusal() {
     tls::each_refusal_says_why().await;
 }
 
-// ---- embedded --------------------------------------------------------------------------------
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs a Cassandra/ScyllaDB cluster: set QUOTAD_TEST_SCYLLA_NODES=host:port and run with --ignored"]
 async fn scylla_regions_split_the_shard_space() {
@@ -401,30 +425,7 @@ async fn scylla_regions_split_the_shard_space() {
     .await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn embedded_store_passes_the_contract() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = quotad::store::embedded::EmbeddedStore::open(dir.path()).unwrap();
-    assert_eq!(store.kind(), "embedded");
-    store.ping().await.unwrap();
-    leases_hand_out_one_shard_per_instance(&store).await;
-    a_full_shard_space_refuses_one_more(&store).await;
-    increments_add_up(&store).await;
-    ranges_hold_only_their_buckets_in_order(&store).await;
-    many_keys_in_one_call(&store).await;
-    monthly_buckets_count(&store).await;
-    policies_round_trip_with_versions(&store).await;
-    policies_list_in_pages(&store).await;
-    history_adds_up_point_by_point(&store).await;
-    audit_pages_newest_first(&store).await;
-    old_history_and_audit_are_deleted(&store).await;
-    delete_expired_removes_only_expired_buckets(&store).await;
-    totals_may_go_below_zero(&store).await;
-    overrides_list_by_tenant(&store).await;
-    a_store_without_regions_is_one(&store).await;
-    let store: Arc<dyn Store> = Arc::new(store);
-    idempotency_keys_claim_once(store).await;
-}
+// ---- embedded --------------------------------------------------------------------------------
 
 #[tokio::test]
 async fn embedded_counters_and_policies_survive_reopening_the_directory() {
@@ -505,5 +506,6 @@ async fn embedded_strict_increment_and_read_is_one_step() {
         .await
         .unwrap();
     assert_eq!(totals(&got[0]), vec![(T0, 2)]);
-    racing_writers_count_exactly(Arc::new(store), true).await;
+    let store: Arc<dyn Store> = Arc::new(store);
+    racing_writers_count_exactly(&store, true).await;
 }

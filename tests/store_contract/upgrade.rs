@@ -24,7 +24,7 @@ async fn old_release_wrote(nodes: &[String], ks: &str, k: &CounterKey, start: i6
     s.query_unpaged(
         OLD_INCREMENT,
         (
-            scylla::value::Counter(n),
+            ::scylla::value::Counter(n),
             &*k.tenant,
             &*k.subject,
             &*k.limit,

@@ -23,6 +23,8 @@ COPY migrations /usr/share/quotad/migrations
 COPY cql /usr/share/quotad/cql
 USER quotad
 WORKDIR /var/lib/quotad
+# Listening on every address, `serve` refuses to start with checks open: give it a check token
+# (QUOTAD__AUTH__CHECK_TOKEN or QUOTAD__AUTH__CHECK_TOKEN_FILE), docs/operations.md#securing-quotad.
 ENV QUOTAD__SERVER__BIND=0.0.0.0:8080 \
     QUOTAD__STORE__PATH=/var/lib/quotad/data
 EXPOSE 8080

@@ -27,8 +27,6 @@ pub mod config;
 pub mod grpc;
 pub mod http;
 pub mod os;
-#[cfg(test)]
-mod scenarios;
 pub mod scylla;
 pub mod startup;
 pub mod store;

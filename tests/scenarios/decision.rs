@@ -81,7 +81,7 @@ async fn concurrent_first_checks_of_a_client_share_one_read() {
         {"id": "s", "max": 1000, "window": "1s"},
         {"id": "m", "max": 10, "period": "month"}]})));
     // A slow store: all sixteen checks arrive while the first one's read is under way.
-    r.faulty.set(crate::store::faulty::Fault::Slow);
+    r.faulty.set(quotad::store::faulty::Fault::Slow);
     let tasks: Vec<_> = (0..16)
         .map(|_| {
             let (r, p) = (r.clone(), p.clone());
@@ -348,7 +348,7 @@ async fn bringing_in_a_batch_waits_for_no_lock_and_changes_no_count() {
         {"id": "a", "max": 5, "period": "hour"},
         {"id": "b", "max": 9, "window": "1m"},
         {"id": "t", "max": 50, "window": "1m", "scope": "tenant"}]}));
-    let clients: Vec<_> = (0..crate::limiter::AHEAD + 3)
+    let clients: Vec<_> = (0..quotad::limiter::AHEAD + 3)
         .map(|i| ids("acme", &format!("k{i}")))
         .collect();
     for (t, c) in &clients {

@@ -2,8 +2,8 @@
 //! instances' hits, and carries too large for an `i64`.
 
 use super::*;
-use crate::limiter::tokens::{fold, level, Carry};
-use crate::limiter::window::Bucket;
+use quotad::limiter::tokens::{fold, level, Carry};
+use quotad::limiter::window::Bucket;
 
 fn syncer(l: &Arc<Limiter>, s: &DynStore, m: &Arc<Metrics>) -> Syncer {
     Syncer::new(l.clone(), s.clone(), m.clone(), SyncConfig::default())
@@ -61,7 +61,7 @@ async fn buckets_are_folded_only_once_other_instances_hits_were_read() {
     let clock = ManualClock::new(T0);
     let m = Arc::new(Metrics::new(false));
     let mk = || {
-        let fleet = Arc::new(crate::limiter::Membership::alone());
+        let fleet = Arc::new(quotad::limiter::Membership::alone());
         fleet.set_members(2);
         Arc::new(Limiter::new(
             store.clone(),

@@ -1,7 +1,9 @@
 //! Behaviour tests of the limiter and the sync task together, on a real embedded store with a
 //! hand-driven clock: the rig and helpers here, the tests beside the idea they test (decision,
 //! sync, store failure, strict mode, memory caps, token buckets). They sit above both, so the
-//! limiter needs nothing of the sync task to be tested with it.
+//! limiter needs nothing of the sync task to be tested with it. They drive the library as its
+//! users do, through its public API (and the `test-support` feature's fault-injecting store), so
+//! no test rig ships in it.
 
 mod caps;
 mod decision;
@@ -13,14 +15,14 @@ mod tokens;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::clock::{Clock, ManualClock};
-use crate::domain::{ClientId, OnStoreFailure, Policy, PolicyDoc, TenantId};
-use crate::limiter::{CheckInput, Decision, Limiter, LimiterConfig};
-use crate::metrics::Metrics;
-use crate::store::embedded::EmbeddedStore;
-use crate::store::faulty::{Fault, FaultyStore};
-use crate::store::{CounterKey, CounterRange, Delta, DynStore};
-use crate::tasks::sync::{SyncConfig, Syncer};
+use quotad::clock::{Clock, ManualClock};
+use quotad::domain::{ClientId, OnStoreFailure, Policy, PolicyDoc, TenantId};
+use quotad::limiter::{CheckInput, Decision, Limiter, LimiterConfig};
+use quotad::metrics::Metrics;
+use quotad::store::embedded::EmbeddedStore;
+use quotad::store::faulty::{Fault, FaultyStore};
+use quotad::store::{CounterKey, CounterRange, Delta, DynStore};
+use quotad::tasks::sync::{SyncConfig, Syncer};
 
 const T0: i64 = 1_767_225_600_000; // 2026-01-01T00:00:00Z
 
@@ -102,7 +104,7 @@ async fn check(r: &Rig, p: &Policy, t: &TenantId, c: &ClientId, cost: u64) -> De
 }
 
 /// The store's total of a counter's current bucket.
-async fn stored(r: &Rig, t: &str, subject: &str, limit: &str, grain: crate::domain::Grain) -> i64 {
+async fn stored(r: &Rig, t: &str, subject: &str, limit: &str, grain: quotad::domain::Grain) -> i64 {
     let now = r.clock.now_ms();
     let got = r
         .store

@@ -192,8 +192,8 @@ async fn hits_the_store_counts_directly_reach_the_counters_held_in_memory_at_onc
 
 #[tokio::test]
 async fn a_large_usage_history_is_written_in_bounded_calls_and_whole() {
-    use crate::history::Answer;
-    use crate::store::history::Step;
+    use quotad::history::Answer;
+    use quotad::store::history::Step;
     let r = rig();
     // More distinct clients than one history call carries.
     let n = 16_384 + 100;
@@ -229,7 +229,7 @@ async fn a_large_usage_history_is_written_in_bounded_calls_and_whole() {
 /// The usage-history points of one client (or the tenant, `None`) in the hour of `at`:
 /// (admitted, cost, denied).
 async fn hour_point(r: &Rig, client: Option<&str>, at: i64) -> (u64, u64, u64) {
-    use crate::store::history::{Step, HOUR_MS};
+    use quotad::store::history::{Step, HOUR_MS};
     let hour = at - at.rem_euclid(HOUR_MS);
     let points = r
         .store
@@ -244,7 +244,7 @@ async fn hour_point(r: &Rig, client: Option<&str>, at: i64) -> (u64, u64, u64) {
 
 #[tokio::test]
 async fn admitted_checks_summed_in_entries_reach_the_history_with_the_denials() {
-    use crate::store::history::HOUR_MS;
+    use quotad::store::history::HOUR_MS;
     let r = rig();
     let p = policy(serde_json::json!({"limits": [{"id": "m", "max": 5, "window": "1m"}]}));
     let (t, c) = ids("acme", "k1");

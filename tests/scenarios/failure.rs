@@ -75,7 +75,7 @@ async fn at_a_cap_with_the_store_down_allow_counts_the_unrecorded_hit_and_local_
 
 #[tokio::test]
 async fn without_a_shard_lease_checks_follow_on_store_failure_and_resume_with_it() {
-    let fleet = Arc::new(crate::limiter::Membership::alone());
+    let fleet = Arc::new(quotad::limiter::Membership::alone());
     let r = rig_with(LimiterConfig {
         fleet: fleet.clone(),
         ..LimiterConfig::default()

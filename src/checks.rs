@@ -43,8 +43,8 @@ pub enum Outcome {
     Decided(Decision),
     /// The tenant has no quota (and there is no default).
     NoQuota,
-    /// The caller may not check for this tenant; nothing was decided.
-    NotAllowed,
+    /// The caller may not check for this tenant, and why; nothing was decided.
+    NotAllowed(crate::auth::Refusal),
 }
 
 /// A client's check over several resources at once (Envoy's descriptors): the decision, the
@@ -129,11 +129,11 @@ impl CheckService {
 
     /// Decides a batch in order, each check as if sent alone, at one instant and under the
     /// policies in force when it began (one snapshot), the metrics summed over it. `allowed`
-    /// says whether the caller may check for an item's tenant.
+    /// says whether the caller may check for an item's tenant, or why not.
     pub async fn decide_batch(
         &self,
         checks: &[Check<'_>],
-        allowed: impl Fn(&Check<'_>) -> bool,
+        allowed: impl Fn(&Check<'_>) -> Result<(), crate::auth::Refusal>,
     ) -> Vec<Outcome> {
         let policies = self.policies.view();
         let mut metrics = self.metrics.batch_checks();
@@ -148,8 +148,8 @@ impl CheckService {
                 self.limiter
                     .bring_in(next.map(|c| (c.tenant.as_str(), c.client.as_str())));
             }
-            if !allowed(c) {
-                out.push(Outcome::NotAllowed);
+            if let Err(refusal) = allowed(c) {
+                out.push(Outcome::NotAllowed(refusal));
                 started = Instant::now();
                 continue;
             }

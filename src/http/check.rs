@@ -313,7 +313,7 @@ pub async fn batch(req: HttpRequest, payload: web::Payload) -> Result<HttpRespon
     // token may not check, gets its own error in place, as it would alone.
     let allowed = |c: &Parsed<'_>| {
         who.as_ref()
-            .is_none_or(|w| w.may_check(c.tenant.as_str()).is_ok())
+            .map_or(Ok(()), |w| w.may_check(c.tenant.as_str()))
     };
     let outcomes = state.checks.decide_batch(&parsed, allowed).await;
     let decisions: Vec<Result<Decision, ApiError>> = outcomes
@@ -322,13 +322,7 @@ pub async fn batch(req: HttpRequest, payload: web::Payload) -> Result<HttpRespon
         .map(|(o, p)| match o {
             Outcome::Decided(d) => Ok(d),
             Outcome::NoQuota => Err(ApiError::no_quota(&p.tenant)),
-            Outcome::NotAllowed => Err(who
-                .as_ref()
-                .and_then(|w| w.may_check(p.tenant.as_str()).err())
-                .map_or_else(
-                    || ApiError::Internal("refused without a reason".into()),
-                    ApiError::from,
-                )),
+            Outcome::NotAllowed(refusal) => Err(refusal.into()),
         })
         .collect();
     let items: Vec<Item> = decisions

@@ -113,11 +113,11 @@ impl CheckService {
             .with(c.tenant.as_str(), c.client.as_str(), |policy| {
                 self.limiter
                     .check_now_at(policy, input, now)
-                    .ok_or_else(|| policy.clone())
+                    .map_err(|miss| (policy.clone(), miss))
             })?;
         let d = match in_memory {
             Ok(d) => d,
-            Err(policy) => Box::pin(self.limiter.check(&policy, input)).await,
+            Err((policy, miss)) => Box::pin(self.limiter.check_missed(&policy, input, miss)).await,
         };
         self.metrics.check_decided(
             c.tenant.as_str(),
@@ -160,8 +160,8 @@ impl CheckService {
             };
             let input = c.input();
             let d = match self.limiter.check_now_at(policy, input, now) {
-                Some(d) => d,
-                None => Box::pin(self.limiter.check(policy, input)).await,
+                Ok(d) => d,
+                Err(miss) => Box::pin(self.limiter.check_missed(policy, input, miss)).await,
             };
             let done = Instant::now();
             metrics.check_decided(

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use hashbrown::{DefaultHashBuilder, Equivalent};
 
-use super::{window, Limiter};
+use super::window;
 use crate::domain::{ClientId, Limit, LimitKind, Scope, TenantId, TENANT_SUBJECT};
 use crate::store::{CounterKey, CounterRange};
 
@@ -25,7 +25,7 @@ use crate::store::{CounterKey, CounterRange};
 #[repr(C)]
 pub(super) struct EntryKey {
     pub(super) hash: u64,
-    /// One allocation for all of a tenant's entries (see `Limiter::admit_client`).
+    /// One allocation for all of a tenant's entries (see `Table::admit_client`).
     pub(super) tenant: Arc<str>,
     pub(super) subject: Subject,
 }
@@ -157,32 +157,22 @@ fn owned_subject(l: &Limit, client: &ClientId) -> Arc<str> {
     }
 }
 
-impl Limiter {
-    pub(super) fn key_ref<'a>(&self, tenant: &'a str, subject: &'a str) -> EntryRef<'a> {
-        EntryRef::new(&self.hasher, tenant, subject)
+/// The store's key of the counter of `l` for `client`.
+pub(super) fn counter_key(tenant: &TenantId, client: &ClientId, l: &Limit) -> CounterKey {
+    CounterKey {
+        tenant: tenant.as_arc().clone(),
+        subject: owned_subject(l, client),
+        limit: l.id.as_arc().clone(),
+        grain: l.kind.grain(),
     }
+}
 
-    pub(super) fn counter_key(tenant: &TenantId, client: &ClientId, l: &Limit) -> CounterKey {
-        CounterKey {
-            tenant: tenant.as_arc().clone(),
-            subject: owned_subject(l, client),
-            limit: l.id.as_arc().clone(),
-            grain: l.kind.grain(),
-        }
-    }
-
-    /// The store range a decision on `l` needs at `now`.
-    pub(super) fn range_of(
-        tenant: &TenantId,
-        client: &ClientId,
-        l: &Limit,
-        now: i64,
-    ) -> CounterRange {
-        CounterRange {
-            key: Self::counter_key(tenant, client, l),
-            from: window::oldest_needed(l.kind, now),
-            to: newest_readable(l.kind, now),
-        }
+/// The store range a decision on `l` needs at `now`.
+pub(super) fn range_of(tenant: &TenantId, client: &ClientId, l: &Limit, now: i64) -> CounterRange {
+    CounterRange {
+        key: counter_key(tenant, client, l),
+        from: window::oldest_needed(l.kind, now),
+        to: newest_readable(l.kind, now),
     }
 }
 

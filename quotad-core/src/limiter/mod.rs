@@ -21,151 +21,73 @@
 //! - In steady state a check allocates nothing: lookups borrow the request's strings, and bucket
 //!   vectors keep their capacity as buckets roll.
 //!
-//! This file holds the limiter, its construction and the check and usage entry points. The
-//! rest, one idea a file: `key` (keys hashed once, store keys and ranges), `state` (entries,
-//! limit states, shards), `decision` (the verdicts and the answer), `share` (shares of the
-//! headroom among instances), `strict` (deciding through the store), `failure` (store
-//! deadlines and the `on_store_failure` rules), `caps` (memory caps), `eviction`, `sync` (the
-//! sync task's hooks), `window` (the window arithmetic over buckets), `bucket` and `tokens`
-//! (token buckets), `loads` (first reads of counters), `reserve` (what was read when, for the
-//! share bound), `reset` (resets and grants), `usage` (usage reads), `writes` (what the sync
-//! task writes), `membership` (this instance's place in the fleet) and `ahead` (bringing a
-//! batch's entries into the cache).
+//! The limiter is a few owned parts, each in its own file:
+//! - `table`: the table of counters in memory, with the memory caps and eviction (`room`) and
+//!   the sync task's pass over it (`sync`); `state` is what an entry holds, `key` how it is
+//!   named in memory and in the store;
+//! - `decision`: the pure, synchronous judgement of a check against the states it needs, over
+//!   the window arithmetic (`window`) and token buckets (`tokens`, `bucket`);
+//! - `share`: this instance's place in the fleet (`membership`) and its share of each
+//!   counter's headroom, with what it reserves for the others (`reserve`);
+//! - the store side: first reads under way (`loads`), sync writes under way (`writes`), strict
+//!   calls that answered late (`late`).
+//!
+//! `Limiter` holds them and decides with them: this file the checks that memory decides, and
+//! the sync task's calls; `miss` what a check does when memory cannot decide it (first reads,
+//! strict calls through the store, the failure rule); `admin` usage reads, resets and grants.
+//! `config` holds the tuning.
 
-mod ahead;
+mod admin;
 mod bucket;
-mod caps;
+mod config;
 mod decision;
-mod eviction;
-mod failure;
 mod key;
+mod late;
 mod loads;
 mod membership;
+mod miss;
 mod reserve;
-mod reset;
+mod room;
 mod share;
 mod state;
-mod strict;
 mod sync;
+mod table;
 pub mod tokens;
-mod usage;
 pub mod window;
 mod writes;
 
-use std::sync::atomic::AtomicUsize;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
-use crossbeam_utils::CachePadded;
-use hashbrown::DefaultHashBuilder;
 use smallvec::SmallVec;
 
-pub use ahead::AHEAD;
+pub use admin::{Granted, Usage};
+pub use config::{CheckInput, LimiterConfig};
 pub use decision::{Binding, Decision};
 pub use key::CLOCK_SKEW_MS;
 pub use membership::{Membership, RegionSeen};
-pub use reset::Granted;
 pub use share::share_of;
 pub use sync::SyncBatch;
-pub use usage::Usage;
+pub use table::AHEAD;
 pub use writes::Writing;
 
 use crate::clock::Clock;
-use crate::domain::{
-    ClientId, Consistency, Limit, OnStoreFailure, Policy, Scope, TenantId, TENANT_SUBJECT,
-};
+use crate::domain::{Consistency, Limit, OnStoreFailure, Policy, Scope, TENANT_SUBJECT};
 use crate::history::{Answer, Recorder};
 use crate::metrics::Metrics;
-use crate::store::{CounterRange, DynCounterStore, StoreError};
-use caps::{Cap, TenantClients};
-use decision::{Judging, Slots};
-use state::{buckets_from, lock, Answered, AnsweredHour, Entry, Shard};
-
-/// Tuning of the in-memory state.
-#[derive(Clone, Debug)]
-pub struct LimiterConfig {
-    /// Number of lock shards; more shards, less contention.
-    pub shards: usize,
-    /// An entry untouched this long, with nothing pending, leaves memory (re-read on next use).
-    pub idle_ms: i64,
-    /// Deadline of a store call made on the check path (first touch, strict mode).
-    pub store_timeout: Duration,
-    /// The fleet: how many instances share the store now (N in the shares), and whether this
-    /// one holds its shard lease. Alone unless the fleet task says otherwise.
-    pub fleet: Arc<Membership>,
-    /// The sync interval: how long a denial for an exhausted share lasts at most.
-    pub sync_interval_ms: i64,
-    /// The longest a counter's admitted hits wait in memory before they are written, when
-    /// nothing presses for sooner (`sync.max_delay_ms`): what a crash can lose.
-    pub max_sync_delay_ms: i64,
-    /// Most counters (key x limit) held in memory. A check that needs one more is decided
-    /// through the store instead (as in strict mode), holding nothing.
-    pub max_counters: usize,
-    /// Most distinct clients of one tenant held in memory; the same applies beyond it.
-    pub max_clients_per_tenant: usize,
-    /// Most (tenant, client, hour) rows of usage history waiting for the sync task; 0 records
-    /// no history at all.
-    pub max_history_rows: usize,
-}
-
-impl Default for LimiterConfig {
-    fn default() -> Self {
-        Self {
-            shards: 64,
-            idle_ms: 60_000,
-            store_timeout: Duration::from_millis(50),
-            fleet: Arc::new(Membership::alone()),
-            sync_interval_ms: 250,
-            max_sync_delay_ms: 250,
-            max_counters: 1_000_000,
-            max_clients_per_tenant: 100_000,
-            max_history_rows: 1_000_000,
-        }
-    }
-}
-
-/// A check as the limiter sees it.
-#[derive(Clone, Copy, Debug)]
-pub struct CheckInput<'a> {
-    pub tenant: &'a TenantId,
-    pub client: &'a ClientId,
-    pub resource: Option<&'a str>,
-    pub cost: u64,
-}
+use crate::store::history::UsageDelta;
+use crate::store::{BucketTotal, CounterRange, Delta, DynCounterStore, StoreError};
+use decision::{fill, Judging, Slots};
+use late::LateAnswers;
+use share::Shares;
+use state::{lock, AnsweredHour, LimitState};
+use table::Table;
 
 /// What the usage history names a denial that no limit bound (none is known to happen).
 static UNBOUND: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| Arc::from("-"));
 
 /// Most limits one check can touch without a heap allocation.
 type Applicable<'p> = SmallVec<[&'p Limit; 16]>;
-
-/// Puts the states `e` holds for the limits of `scope` in `slots`, by the limit's index, and
-/// returns its tally for the usage history; marks the entry used. (Filled in place: returning
-/// the slots, 136 bytes, copied them on every check, which the decision bench could see.)
-fn fill<'e>(
-    slots: &mut Slots<'e>,
-    e: Option<&'e mut Entry>,
-    limits: &[&Limit],
-    scope: Scope,
-    now: i64,
-) -> Option<&'e mut Answered> {
-    slots.extend(limits.iter().map(|_| None));
-    let Entry {
-        states,
-        last_used,
-        touched,
-        answered,
-        ..
-    } = e?;
-    *last_used = now;
-    *touched = true;
-    for s in states.iter_mut() {
-        if let Some(i) = limits.iter().position(|l| l.scope == scope && s.is(l)) {
-            slots[i] = Some(s);
-        }
-    }
-    Some(answered)
-}
 
 /// The limits of `policy` that a check on any of `resources` meets.
 fn applicable<'p>(policy: &'p Policy, resources: &[Option<&str>]) -> Applicable<'p> {
@@ -191,8 +113,8 @@ enum Locked {
     Decided(Decision, Tallied),
     /// The last units of a limit: the store decides (see `share`).
     Store,
-    /// These applicable limits (indices) have no state in memory yet.
-    Missing(SmallVec<[usize; 16]>),
+    /// These applicable limits (a bit per index) have no state in memory yet.
+    Missing(u32),
 }
 
 /// What deciding in memory came to: a decision (and whether its answer was summed for the
@@ -201,25 +123,17 @@ enum Now {
     Decided(Decision, bool),
     /// A strict policy, or the last units of a limit: the store decides.
     Store,
-    /// These applicable limits (indices) have no state in memory yet.
-    Missing(SmallVec<[usize; 16]>),
+    /// These applicable limits (a bit per index) have no state in memory yet.
+    Missing(u32),
 }
 
 /// The limiter: counter state in memory, the store behind it. Shared by every request
 /// handler and the sync task (`Arc<Limiter>`).
 pub struct Limiter {
-    /// Client entries. Each shard's lock has its cache line(s) to itself: unpadded, a shard
-    /// (40 bytes) shared a line with its neighbours, and two workers locking two neighbouring
-    /// shards took that line from each other at every lock and unlock.
-    shards: Box<[CachePadded<Mutex<Shard>>]>,
-    /// Tenant entries (subject `*`), apart: see [`Limiter::locked`].
-    tenant_shards: Box<[CachePadded<Mutex<Shard>>]>,
-    /// Counters (limit states) in memory, for `max_counters`.
-    counters: AtomicUsize,
-    /// Client entries in memory per tenant, for `max_clients_per_tenant`. Locked after a
-    /// shard, never before one.
-    tenant_clients: Mutex<TenantClients>,
-    hasher: DefaultHashBuilder,
+    /// The counters in memory.
+    table: Table,
+    /// This instance's place in the fleet, and its shares.
+    shares: Shares,
     store: DynCounterStore,
     clock: Arc<dyn Clock>,
     metrics: Arc<Metrics>,
@@ -229,14 +143,24 @@ pub struct Limiter {
     writes: writes::Writes,
     /// First reads under way, shared by concurrent first checks of a client.
     loads: loads::Loads,
-    /// Sync rounds so far: whose turn it is to be written (`Limiter::collect`).
-    rounds: std::sync::atomic::AtomicU64,
+    /// Sync rounds so far: whose turn it is to be written ([`Limiter::collect`]).
+    rounds: AtomicU64,
     /// Strict calls that answered after their deadline, for memory to learn from.
-    late: strict::LateAnswers,
+    late: LateAnswers,
     /// Checks decided by the failure rule since the store last answered the check path: one
     /// log line an episode, not one a check.
-    failing: std::sync::atomic::AtomicU64,
+    failing: AtomicU64,
     cfg: LimiterConfig,
+}
+
+/// A check memory could not decide ([`Limiter::check_now_at`]): what it waits for. Finish it
+/// with [`Limiter::check_missed`], under the same policy and input.
+#[derive(Debug)]
+pub struct Miss {
+    now: i64,
+    store: bool,
+    /// The applicable limits with no state in memory yet, a bit per limit's index.
+    missing: u32,
 }
 
 impl Limiter {
@@ -246,26 +170,18 @@ impl Limiter {
         metrics: Arc<Metrics>,
         cfg: LimiterConfig,
     ) -> Self {
-        let shards = || {
-            (0..cfg.shards.max(1))
-                .map(|_| CachePadded::default())
-                .collect()
-        };
         Self {
-            shards: shards(),
-            tenant_shards: shards(),
-            counters: AtomicUsize::new(0),
-            tenant_clients: Mutex::new(Default::default()),
-            hasher: DefaultHashBuilder::default(),
+            table: Table::new(&cfg, metrics.clone()),
+            shares: Shares::new(&cfg),
             store,
             clock,
             metrics,
             history: Recorder::new(cfg.shards, cfg.max_history_rows),
             writes: writes::Writes::default(),
             loads: loads::Loads::default(),
-            rounds: Default::default(),
-            late: Default::default(),
-            failing: Default::default(),
+            rounds: AtomicU64::default(),
+            late: LateAnswers::default(),
+            failing: AtomicU64::default(),
             cfg,
         }
     }
@@ -273,15 +189,7 @@ impl Limiter {
     /// Every shard's lock, held: for tests of what must never wait for one.
     #[cfg(any(test, feature = "test-support"))]
     pub fn lock_every_shard(&self) -> Vec<impl Drop + '_> {
-        self.all_shards().map(|m| m.lock().unwrap()).collect()
-    }
-
-    /// Every shard, client entries' then tenant entries'.
-    fn all_shards(&self) -> impl Iterator<Item = &Mutex<Shard>> {
-        self.shards
-            .iter()
-            .chain(self.tenant_shards.iter())
-            .map(|s| &**s)
+        self.table.all_shards().map(|m| m.lock().unwrap()).collect()
     }
 
     /// The answers waiting to be written to the usage history.
@@ -300,18 +208,17 @@ impl Limiter {
     /// Decides one check, and adds its answer to the usage history. Never fails: store
     /// trouble is decided by the policy's `on_store_failure` rule, and the decision says so.
     pub async fn check(&self, policy: &Policy, input: CheckInput<'_>) -> Decision {
-        let limits = applicable(policy, &[input.resource]);
-        let (d, recorded) = self.decide(policy, limits, input, true).await;
-        if !recorded {
-            self.record(policy, input, &d);
+        match self.check_now(policy, input) {
+            Ok(d) => d,
+            Err(miss) => self.check_missed(policy, input, miss).await,
         }
-        d
     }
 
-    /// [`Limiter::check`], when memory alone decides it: no store call, and none of the state
-    /// that awaiting one needs (the future of `check` is large, and moving it costs a check
-    /// on the hit path as much as deciding). None: nothing was taken; call `check`.
-    pub fn check_now(&self, policy: &Policy, input: CheckInput<'_>) -> Option<Decision> {
+    /// [`Limiter::check`], as far as memory decides it: the decision, or the [`Miss`] to finish
+    /// with [`Limiter::check_missed`] (a first read, a strict call). The memory path has no
+    /// future to build or move: the future of a store call is large, and moving it costs a
+    /// check on the hit path as much as deciding.
+    pub fn check_now(&self, policy: &Policy, input: CheckInput<'_>) -> Result<Decision, Miss> {
         self.check_now_at(policy, input, self.clock.now_ms())
     }
 
@@ -322,15 +229,50 @@ impl Limiter {
         policy: &Policy,
         input: CheckInput<'_>,
         now: i64,
-    ) -> Option<Decision> {
+    ) -> Result<Decision, Miss> {
         let limits = applicable(policy, &[input.resource]);
-        let Now::Decided(d, recorded) = self.decide_now(policy, &limits, input, now, true) else {
-            return None;
+        let (d, recorded) = match self.decide_now(policy, &limits, input, now, true) {
+            Now::Decided(d, recorded) => (d, recorded),
+            Now::Store => {
+                return Err(Miss {
+                    now,
+                    store: true,
+                    missing: 0,
+                })
+            }
+            Now::Missing(missing) => {
+                return Err(Miss {
+                    now,
+                    store: false,
+                    missing,
+                })
+            }
         };
         if !recorded {
             self.record(policy, input, &d);
         }
-        Some(d)
+        Ok(d)
+    }
+
+    /// Finishes a check memory could not decide, from where [`Limiter::check_now_at`] left
+    /// it: memory's part is not judged again before the read.
+    pub async fn check_missed(
+        &self,
+        policy: &Policy,
+        input: CheckInput<'_>,
+        miss: Miss,
+    ) -> Decision {
+        let limits = applicable(policy, &[input.resource]);
+        let (d, recorded) = if miss.store {
+            self.through_store(policy, &limits, input, miss.now).await
+        } else {
+            self.read_first(policy, limits, input, miss.now, miss.missing, true)
+                .await
+        };
+        if !recorded {
+            self.record(policy, input, &d);
+        }
+        d
     }
 
     /// One check over the limits that apply to any of `resources` (`input.resource` is not
@@ -395,43 +337,14 @@ impl Limiter {
         record: bool,
     ) -> (Decision, bool) {
         let now = self.clock.now_ms();
-        let mut missing = match self.decide_now(policy, &limits, input, now, record) {
-            Now::Decided(d, recorded) => return (d, recorded),
-            Now::Store => return self.through_store(policy, &limits, input, now).await,
-            Now::Missing(missing) => missing,
-        };
-        let tally = record && self.cfg.max_history_rows > 0;
-        for _ in 0..4 {
-            let want: Applicable<'_> = missing.iter().map(|&i| limits[i]).collect();
-            match self
-                .loads
-                .turn(input.tenant.as_arc(), input.client.as_arc())
-            {
-                loads::Turn::Lead(_reading) => match self.load(input, &want, now).await {
-                    Ok(None) => {}
-                    Ok(Some(cap)) => {
-                        // No room in memory: let the store count this check.
-                        self.metrics.memory_cap_check(cap.label());
-                        return (self.check_strict(policy, &limits, input, now).await, false);
-                    }
-                    Err(e) => return (self.on_failure(policy, &limits, input, now, &e), false),
-                },
-                loads::Turn::Follow(mut rx) => {
-                    // What the read installs is decided from below; a leader that failed or
-                    // read other limits leaves this check to read at its next turn.
-                    let wait = rx.wait_for(|done| *done);
-                    let _ = tokio::time::timeout(self.cfg.store_timeout, wait).await;
-                }
-            }
-            match self.locked(policy, &limits, input, now, None, tally) {
-                Locked::Decided(d, tallied) => return self.tallied(input, d, tallied),
-                Locked::Store => return self.through_store(policy, &limits, input, now).await,
-                Locked::Missing(m) => missing = m,
+        match self.decide_now(policy, &limits, input, now, record) {
+            Now::Decided(d, recorded) => (d, recorded),
+            Now::Store => self.through_store(policy, &limits, input, now).await,
+            Now::Missing(missing) => {
+                self.read_first(policy, limits, input, now, missing, record)
+                    .await
             }
         }
-        // Only reachable if entries are evicted as fast as they are loaded.
-        let e = StoreError::Unavailable("counter state kept being evicted".into());
-        (self.on_failure(policy, &limits, input, now, &e), false)
     }
 
     /// What [`Limiter::decide`] answers without awaiting anything, or what it must wait for.
@@ -446,7 +359,7 @@ impl Limiter {
         if limits.is_empty() {
             return Now::Decided(Decision::no_limit(), false);
         }
-        if !self.cfg.fleet.holds_lease() {
+        if !self.shares.fleet.holds_lease() {
             // This instance may be counting from a share another instance holds now (its
             // lease could not be renewed): decide as the policy says for a failing store.
             let e = StoreError::Unavailable("this instance holds no shard lease".into());
@@ -483,7 +396,7 @@ impl Limiter {
 
     /// Locks the entries the limits need and decides, or says which states are missing. When
     /// `tally`, an admitted check is summed in the client's entry for the usage history. With
-    /// `failing`, the store failed and this is that rule's local view (see `failure`).
+    /// `failing`, the store failed and this is that rule's local view (see `miss`).
     ///
     /// With both entries, the client's shard is locked first, its entry found and its limits
     /// judged, and only then the tenant's shard, held while the tenant's limits are judged and
@@ -503,16 +416,19 @@ impl Limiter {
         tally: bool,
     ) -> Locked {
         let tenant = input.tenant.as_str();
-        let kc = self.key_ref(tenant, input.client.as_str());
-        let kt = self.key_ref(tenant, TENANT_SUBJECT);
+        let kc = self.table.key_ref(tenant, input.client.as_str());
+        let kt = self.table.key_ref(tenant, TENANT_SUBJECT);
         let need_c = limits.iter().any(|l| l.scope == Scope::Client);
         let need_t = limits.iter().any(|l| l.scope == Scope::Tenant);
         let (force_admit, fleet) = match failing {
-            None => (false, self.fleet(policy)),
-            Some(rule) => (rule == OnStoreFailure::Allow, self.fleet_failing(policy)),
+            None => (false, self.shares.fleet(policy)),
+            Some(rule) => (
+                rule == OnStoreFailure::Allow,
+                self.shares.fleet_failing(policy),
+            ),
         };
         let mut j = Judging::new(limits, now, input.cost, force_admit, fleet);
-        let mut gc = need_c.then(|| lock(self.shard_of(kc)));
+        let mut gc = need_c.then(|| lock(self.table.shard_of(kc)));
         let mut cs = Slots::new();
         let answered = fill(
             &mut cs,
@@ -523,7 +439,7 @@ impl Limiter {
         );
         j.judge(&mut cs);
         let (outcome, reset) = {
-            let mut gt = need_t.then(|| lock(self.shard_of(kt)));
+            let mut gt = need_t.then(|| lock(self.table.shard_of(kt)));
             let mut ts = Slots::new();
             fill(
                 &mut ts,
@@ -557,34 +473,81 @@ impl Limiter {
         Locked::Decided(d, tallied)
     }
 
-    /// Reads the missing counters from the store and installs them (unless a racing check
-    /// installed them first, whose state then wins). Says which cap, if any, left one out.
-    async fn load(
+    /// A counter's state as a read over `buckets` gives it, noted in its shares' reads.
+    fn read_state(
         &self,
-        input: CheckInput<'_>,
-        limits: &[&Limit],
+        l: &Limit,
+        buckets: Vec<window::Bucket>,
+        share: f32,
         now: i64,
-    ) -> Result<Option<Cap>, StoreError> {
-        let ranges: Vec<CounterRange> = limits
-            .iter()
-            .map(|l| Self::range_of(input.tenant, input.client, l, now))
-            .collect();
-        let totals = self.with_deadline(self.store.read(&ranges), false).await?;
-        self.store_answered();
-        let mut capped = None;
-        for (l, (r, t)) in limits.iter().zip(ranges.iter().zip(totals)) {
-            let share = self.share(&t, r, now);
-            let part = self.region_part(&t, r, now, None);
-            if let Err(cap) = self.install(input, l, buckets_from(&t), share, now) {
-                capped = Some(cap);
-            } else if part.is_some() {
-                self.with_state(&r.key, |s| {
-                    if s.region().is_none() {
-                        s.set_region(part);
-                    }
-                });
-            }
-        }
-        Ok(capped)
+    ) -> LimitState {
+        let mut s = LimitState::new(l, buckets, share, now);
+        self.shares.note_read(&mut s, now);
+        s
+    }
+
+    /// Brings the client entries of up to [`AHEAD`] checks, `(tenant, client)`, into the
+    /// cache before a batch decides them.
+    pub fn bring_in<'a>(&self, checks: impl Iterator<Item = (&'a str, &'a str)>) {
+        self.table.bring_in(checks);
+    }
+
+    /// Drops what no longer counts: old buckets, empty states, and entries idle for
+    /// `idle_ms` with nothing pending (shorter near a memory cap); a counter holding unwritten
+    /// hits never leaves. Returns (counters in memory, pending hits). A sync round evicts in
+    /// the pass of its snapshot ([`Limiter::collect`]); this is the same between rounds.
+    pub fn evict(&self, now: i64) -> (usize, u64) {
+        self.table.evict(now, &self.history)
+    }
+
+    /// A sync round's snapshot: one pass over the entries that evicts what no longer counts,
+    /// takes the pending hits of every entry that is due (all of them with `all`) and lists
+    /// the counters to read back; with `answers`, also takes what the client entries summed
+    /// for the usage history. See the `sync` module for when an entry is due.
+    pub fn collect(&self, now: i64, answers: bool, all: bool) -> SyncBatch {
+        // Strict answers that came late: what they say counts in this round's snapshot.
+        self.late.learn(&self.table);
+        let (write_every, read_every) = self.shares.round_spans();
+        let round = sync::Round {
+            number: self.rounds.fetch_add(1, Ordering::Relaxed),
+            write_every,
+            read_every,
+            fleet: self.shares.fleet.members() > 1,
+        };
+        let writing = self.writes.begin();
+        self.table
+            .collect(now, (answers, all), round, writing, &self.history)
+    }
+
+    /// Takes what the client entries summed for the usage history, and nothing else.
+    pub fn take_answers(&self) -> Vec<UsageDelta> {
+        self.table.take_answers()
+    }
+
+    /// A snapshot's increments were refused with nothing written: they are pending again, to
+    /// be taken by the next round.
+    pub fn unwritten(&self, deltas: &[Delta]) {
+        self.table.unwritten(deltas);
+    }
+
+    /// Installs totals read back from the store: they include every instance's writes.
+    pub fn refreshed(&self, ranges: &[CounterRange], totals: Vec<Vec<BucketTotal>>) {
+        let now = self.clock.now_ms();
+        self.table.refreshed(ranges, totals, now, &self.shares);
+    }
+
+    /// Admitted checks the client entries summed that the usage history has not taken yet.
+    pub fn answers_waiting(&self) -> u64 {
+        self.table.answers_waiting()
+    }
+
+    /// Hits admitted and not yet written.
+    pub fn pending_hits(&self) -> u64 {
+        self.table.pending_hits()
+    }
+
+    /// The replication lag between regions the fleet task measured (0 in one region).
+    pub fn replication_lag_ms(&self) -> i64 {
+        self.shares.fleet.replication_lag_ms()
     }
 }

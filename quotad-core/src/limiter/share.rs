@@ -11,16 +11,19 @@
 //!
 //! A small limit (`max` up to [`LAST_UNITS`]) is no instance's share: rounded-down shares of
 //! it would leave its last units to nobody. Every check of it that memory does not deny (its
-//! window full) is decided through the store (`strict`), which sees every hit, so a fleet
+//! window full) is decided through the store (strict, `miss`), which sees every hit, so a fleet
 //! admits every unit of a small limit and never one more. A larger limit keeps its shares, so
 //! that far from it no check pays a round trip; where a share cannot hold a check, the store
 //! decides it only once no other instance can hold a share's hits unwritten ([`others_hold`]
 //! is 0), and otherwise the check waits for the next sync.
 
+use std::sync::Arc;
+
+use super::membership::Membership;
 use super::reserve::Reserve;
 use super::state::{LimitState, RegionPart};
 use super::window::Bucket;
-use super::{window, Limiter};
+use super::{window, LimiterConfig};
 use crate::domain::{Consistency, Grain, Limit, Policy};
 use crate::store::{BucketTotal, CounterRange};
 
@@ -102,7 +105,7 @@ pub(super) struct Fleet {
     /// denied until the next sync.
     pub(super) last_units: bool,
     /// The span over which the others last read a counter they hold hits of
-    /// (`Limiter::seen_span`; 0 alone).
+    /// (`Shares::seen_span`; 0 alone).
     pub(super) seen_span: i64,
     pub(super) sync_interval_ms: i64,
     /// While another region is unheard: keep to this region's budget.
@@ -153,7 +156,7 @@ pub fn last_units(max: u64) -> u64 {
 
 /// What the other instances may hold admitted and unwritten, at most: the rest of the
 /// headroom shared out as this instance read it over the span in which the others last read
-/// it (`Limiter::seen_span`), at the lowest count and with the least share it saw. Before its
+/// it (`Shares::seen_span`), at the lowest count and with the least share it saw. Before its
 /// reads cover that span, as though the count had been 0. Nothing of a small limit. Each
 /// share's allowance is rounded down, and so is their sum.
 pub(super) fn others_hold(l: &Limit, s: &LimitState, now: i64, fleet: Fleet) -> i128 {
@@ -274,7 +277,7 @@ impl LimitState {
         self.aux.as_ref().and_then(|a| a.seen.as_ref())
     }
 
-    /// Notes a read's count `est` at `period` of `Limiter::seen_span` (in a fleet).
+    /// Notes a read's count `est` at `period` of `Shares::seen_span` (in a fleet).
     pub(super) fn note_seen(&mut self, period: i64, est: i64) {
         let share = self.share;
         let aux = self.aux.get_or_insert_with(Box::default);
@@ -282,7 +285,38 @@ impl LimitState {
     }
 }
 
-impl Limiter {
+/// Entries not read back otherwise are read back every this many times the rounds between
+/// their writes (`sync.max_delay_ms`), and at least every [`REFRESH_IDLE_EVERY`] rounds: so
+/// what other instances did (or the store counted directly: strict checks, checks beyond a
+/// memory cap) reaches them even while this one only holds them.
+const REFRESH_IDLE_FACTOR: u32 = 4;
+const REFRESH_IDLE_EVERY: u32 = 8;
+
+/// This instance's place in the fleet, and the sync timing that shares and spans follow.
+pub(super) struct Shares {
+    pub(super) fleet: Arc<Membership>,
+    sync_interval_ms: i64,
+    max_sync_delay_ms: i64,
+}
+
+impl Shares {
+    pub(super) fn new(cfg: &LimiterConfig) -> Self {
+        Shares {
+            fleet: cfg.fleet.clone(),
+            sync_interval_ms: cfg.sync_interval_ms,
+            max_sync_delay_ms: cfg.max_sync_delay_ms,
+        }
+    }
+
+    /// Sync rounds between two writes of a counter that nothing presses, and between two
+    /// reads back of one nobody writes.
+    pub(super) fn round_spans(&self) -> (u8, u8) {
+        let interval = self.sync_interval_ms.max(1);
+        let write = (self.max_sync_delay_ms / interval).clamp(1, 60) as u32;
+        let read = (write * REFRESH_IDLE_FACTOR).max(REFRESH_IDLE_EVERY);
+        (write as u8, read.min(u8::MAX as u32) as u8)
+    }
+
     /// This region's part of a counter read back over `r`, in a fleet of several regions
     /// (`None` otherwise). While another region is unheard, the region's earned share is
     /// the one `kept` from before, else what the buckets settled before the cut say.
@@ -293,7 +327,7 @@ impl Limiter {
         now: i64,
         kept: Option<f32>,
     ) -> Option<RegionPart> {
-        let m = &self.cfg.fleet;
+        let m = &self.fleet;
         if m.regions() <= 1 {
             return None;
         }
@@ -329,17 +363,17 @@ impl Limiter {
     /// The span of a [`Reserve`](super::state::Reserve) period, in a fleet that writes lazily;
     /// None where every instance writes every round (or it is alone).
     pub(super) fn reserve_span(&self) -> Option<i64> {
-        let interval = self.cfg.sync_interval_ms.max(1);
-        (self.cfg.fleet.members() > 1 && self.cfg.max_sync_delay_ms > interval)
-            .then(|| self.cfg.max_sync_delay_ms + interval)
+        let interval = self.sync_interval_ms.max(1);
+        (self.fleet.members() > 1 && self.max_sync_delay_ms > interval)
+            .then(|| self.max_sync_delay_ms + interval)
     }
 
     /// The span in which every other instance of a fleet has read a counter it holds hits of:
     /// an instance reads a counter back whenever it writes it, and at least every few rounds
-    /// while it holds it (`Limiter::round_spans`). None alone.
+    /// while it holds it ([`Shares::round_spans`]). None alone.
     pub(super) fn seen_span(&self) -> Option<i64> {
-        let interval = self.cfg.sync_interval_ms.max(1);
-        (self.cfg.fleet.members() > 1).then(|| {
+        let interval = self.sync_interval_ms.max(1);
+        (self.fleet.members() > 1).then(|| {
             let (_, read_every) = self.round_spans();
             (i64::from(read_every) + 1) * interval
         })
@@ -365,15 +399,15 @@ impl Limiter {
     /// This instance's share of a counter read back over `r`.
     pub(super) fn share(&self, totals: &[BucketTotal], r: &CounterRange, now: i64) -> f32 {
         let (settled, eager) = self.settled(now);
-        let n = self.cfg.fleet.members();
+        let n = self.fleet.members();
         share_of(totals, r.key.grain, r.from, settled, n, eager)
     }
 
     /// Until when every instance has written its hits at `now` (buckets that ended before
     /// count in shares: see [`share_of`]), and whether the fleet writes every round (eager).
     fn settled(&self, now: i64) -> (i64, bool) {
-        let interval = self.cfg.sync_interval_ms;
-        let lag = self.cfg.max_sync_delay_ms.max(interval) - interval;
+        let interval = self.sync_interval_ms;
+        let lag = self.max_sync_delay_ms.max(interval) - interval;
         (now - 2 * interval - lag, lag == 0)
     }
 
@@ -381,20 +415,20 @@ impl Limiter {
         let budget = self.budget(policy);
         // Across regions a store read does not see the others' latest hits: the last units
         // stay shared out there (docs/accuracy.md).
-        let one_region = self.cfg.fleet.regions() <= 1;
+        let one_region = self.fleet.regions() <= 1;
         Fleet {
-            shares: (self.cfg.fleet.members() > 1 || budget.is_some())
+            shares: (self.fleet.members() > 1 || budget.is_some())
                 && policy.consistency == Consistency::Cached,
             last_units: one_region,
             seen_span: self.seen_span().unwrap_or(0),
-            sync_interval_ms: self.cfg.sync_interval_ms,
+            sync_interval_ms: self.sync_interval_ms,
             budget,
         }
     }
 
     /// This region's budget, while another region is unheard.
     fn budget(&self, policy: &Policy) -> Option<Budget> {
-        let m = &self.cfg.fleet;
+        let m = &self.fleet;
         m.cut_since()?;
         let fixed = m.region().and_then(|r| policy.region_split(r));
         Some(Budget {
@@ -409,10 +443,10 @@ impl Limiter {
     pub(super) fn fleet_failing(&self, policy: &Policy) -> Fleet {
         let budget = self.budget(policy);
         Fleet {
-            shares: self.cfg.fleet.members() > 1 || budget.is_some(),
+            shares: self.fleet.members() > 1 || budget.is_some(),
             last_units: false,
             seen_span: self.seen_span().unwrap_or(0),
-            sync_interval_ms: self.cfg.sync_interval_ms,
+            sync_interval_ms: self.sync_interval_ms,
             budget,
         }
     }

@@ -21,8 +21,7 @@ use super::key::{EntryKey, EntryRef};
 use super::reserve::Reserve;
 use super::tokens::{self, Carry};
 use super::window::{self, Bucket};
-use super::Limiter;
-use crate::domain::{Limit, LimitKind, TENANT_SUBJECT};
+use crate::domain::{Limit, LimitKind};
 use crate::store::history::HOUR_MS;
 use crate::store::{BucketTotal, CounterKey};
 
@@ -52,7 +51,7 @@ pub(super) struct LimitState {
 pub(super) struct Aux {
     pub(super) tokens: Option<TokenLevel>,
     pub(super) reserve: Option<Reserve>,
-    /// In a fleet: the reads of the last spans of `Limiter::seen_span`, for what the other
+    /// In a fleet: the reads of the last spans of `Shares::seen_span`, for what the other
     /// instances may hold unwritten (`share::others_hold`).
     pub(super) seen: Option<Reserve>,
     /// In a fleet of several regions: this region's part of the count (`share`).
@@ -89,7 +88,7 @@ pub(super) const TOKEN_SETTLE_ROUNDS: i64 = 2;
 pub(super) const TOKEN_MAX_UNFOLDED: i64 = 30;
 
 impl LimitState {
-    /// A limit's state over `buckets`, read at `now` from `Limiter::range_of`, nothing written
+    /// A limit's state over `buckets`, read at `now` over `key::range_of`, nothing written
     /// since the read that gave them.
     pub(super) fn new(l: &Limit, buckets: Vec<Bucket>, share: f32, now: i64) -> Self {
         LimitState {
@@ -491,33 +490,6 @@ pub(super) fn buckets_from(totals: &[BucketTotal]) -> Vec<Bucket> {
             pending: 0,
         })
         .collect()
-}
-
-impl Limiter {
-    /// The shard of a key, from bits of its hash the maps do not use for their slots (the low
-    /// bits pick a slot and the top 7 tag it). Tenant entries (subject `*`) have shards of
-    /// their own: a check locks its client's shard, then its tenant's (see `Limiter::locked`).
-    #[inline]
-    pub(super) fn shard_of(&self, k: EntryRef<'_>) -> &Mutex<Shard> {
-        let set = if k.subject == TENANT_SUBJECT {
-            &self.tenant_shards
-        } else {
-            &self.shards
-        };
-        &set[((k.hash >> 32) % set.len() as u64) as usize]
-    }
-
-    /// Runs `f` on a counter's state, if it is in memory.
-    pub(super) fn with_state<R>(
-        &self,
-        key: &CounterKey,
-        f: impl FnOnce(&mut LimitState) -> R,
-    ) -> Option<R> {
-        let r = self.key_ref(&key.tenant, &key.subject);
-        let mut g = lock(self.shard_of(r));
-        let s = g.get_mut(&r)?.states.iter_mut().find(|s| s.counts(key))?;
-        Some(f(s))
-    }
 }
 
 #[cfg(test)]

@@ -1,20 +1,24 @@
-//! The limiter's side of the sync task (the `sync` module drives it): what it hands over to
-//! write and read back, and how the results come back into memory.
+//! The table's side of the sync task (the server's sync task drives it through `Limiter`):
+//! what it hands over to write and read back, and how the results come back into memory.
 //!
-//! A round is: [`Limiter::collect`], one pass over the entries that evicts what no longer
+//! A round is: [`Table::collect`], one pass over the entries that evicts what no longer
 //! counts and takes a snapshot of the pending hits (moving exactly them from pending to stored;
 //! hits admitted meanwhile stay pending) and the counters to read back; write the snapshot
-//! ([`Limiter::unwritten`] gives it back if the store refused it); read back;
-//! [`Limiter::refreshed`] installs the totals, which include every instance's hits, and this
-//! instance's new share.
+//! ([`Table::unwritten`] gives it back if the store refused it); read back;
+//! [`Table::refreshed`] installs the totals, which include every instance's hits, and this
+//! instance's new share. A strict call carries a counter's pending hits to the store the same
+//! way ([`Table::carry_pending`]).
 
-use super::key::newest_readable;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::eviction::Tally;
+use super::key::newest_readable;
+use super::room::Tally;
+use super::share::Shares;
 use super::state::{lock, AnsweredHour, LimitState, Shard};
+use super::table::Table;
+use super::window;
 use super::writes::Writing;
-use super::{window, Limiter};
+use crate::history::Recorder;
 use crate::pace::Pacer;
 use crate::store::history::{Counts, UsageDelta};
 use crate::store::{BucketTotal, CounterKey, CounterRange, Delta};
@@ -53,12 +57,18 @@ fn usage_delta((tenant, client, h): (Arc<str>, Arc<str>, AnsweredHour)) -> Usage
     }
 }
 
-/// Entries not read back otherwise are read back every this many times the rounds between
-/// their writes (`sync.max_delay_ms`), and at least every [`REFRESH_IDLE_EVERY`] rounds: so
-/// what other instances did (or the store counted directly: strict checks, checks beyond a
-/// memory cap) reaches them even while this one only holds them.
-const REFRESH_IDLE_FACTOR: u32 = 4;
-const REFRESH_IDLE_EVERY: u32 = 8;
+/// Which round a pass is, and how often an entry's turn comes (`Shares::round_spans`).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Round {
+    /// Rounds so far: an entry's turn comes at the round its hash names.
+    pub(super) number: u64,
+    /// Rounds between two writes of a counter that nothing presses.
+    pub(super) write_every: u8,
+    /// Rounds between two reads back of one nobody writes.
+    pub(super) read_every: u8,
+    /// More than one instance: what is written is read back in the same round.
+    pub(super) fleet: bool,
+}
 
 /// A key's place in the rounds: FNV-1a over the tenant and the subject, stable across
 /// processes and versions.
@@ -71,18 +81,9 @@ fn slot_of(tenant: &str, subject: &[u8]) -> u64 {
     h
 }
 
-impl Limiter {
-    /// Sync rounds between two writes of a counter that nothing presses, and between two
-    /// reads back of one nobody writes.
-    pub(super) fn round_spans(&self) -> (u8, u8) {
-        let interval = self.cfg.sync_interval_ms.max(1);
-        let write = (self.cfg.max_sync_delay_ms / interval).clamp(1, 60) as u32;
-        let read = (write * REFRESH_IDLE_FACTOR).max(REFRESH_IDLE_EVERY);
-        (write as u8, read.min(u8::MAX as u32) as u8)
-    }
-
+impl Table {
     /// A sync round's one pass over the entries: evicts what no longer counts (as
-    /// [`Limiter::evict`]), takes a snapshot of the pending hits of every entry that is due
+    /// [`Table::evict`]), takes a snapshot of the pending hits of every entry that is due
     /// (as increments), and lists the counters to read back. With `all`, every entry is due;
     /// with `answers`, also takes what the client entries summed for the usage history.
     ///
@@ -97,26 +98,32 @@ impl Limiter {
     /// The hits taken count as written from here on (moved from pending to stored, which a
     /// second pass once did after the write returned): a write that reaches the store, or
     /// whose outcome is unknown, then needs no more passes over the entries. A write refused
-    /// with nothing written gives them back with [`Limiter::unwritten`] before the next pass.
+    /// with nothing written gives them back with [`Table::unwritten`] before the next pass.
     /// An entry whose hits are taken is not evicted in the same pass, so the next pass finds
     /// them pending again when they were given back: a counter holding unwritten hits still
     /// never leaves memory.
-    pub fn collect(&self, now: i64, answers: bool, all: bool) -> SyncBatch {
-        // Strict answers that came late: what they say counts in this round's snapshot.
-        self.learn_late();
+    pub(super) fn collect(
+        &self,
+        now: i64,
+        (answers, all): (bool, bool),
+        round: Round,
+        writing: Writing,
+        history: &Recorder,
+    ) -> SyncBatch {
         let mut batch = SyncBatch {
-            writing: Some(self.writes.begin()),
+            writing: Some(writing),
             ..SyncBatch::default()
         };
         let evicting = self.evicting(now);
         let mut tally = Tally::default();
-        let fleet = self.cfg.fleet.members() > 1;
-        let (write_every, read_every) = self.round_spans();
-        // Which round of the spans this is: an entry's turn comes at the round its hash names,
-        // so the entries a delay lets wait are written a slice a round, not all in one round.
-        let round = self
-            .rounds
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let Round {
+            number: round,
+            write_every,
+            read_every,
+            fleet,
+        } = round;
+        // An entry's turn comes at the round its hash names, so the entries a delay lets wait
+        // are written a slice a round, not all in one round.
         let turn =
             |slot: u64, every: u8| every == 1 || (round.wrapping_add(slot) % u64::from(every)) == 0;
         // Strings are copied after the lock is let go.
@@ -206,7 +213,7 @@ impl Limiter {
                 true
             });
             drop(g);
-            self.shard_evicted(&mut tally);
+            self.shard_evicted(&mut tally, history);
             batch.answers.extend(taken.drain(..).map(usage_delta));
             pace.step();
         }
@@ -214,9 +221,9 @@ impl Limiter {
         batch
     }
 
-    /// Takes what the client entries summed for the usage history (what [`Limiter::collect`]
+    /// Takes what the client entries summed for the usage history (what [`Table::collect`]
     /// takes with `answers`), and nothing else.
-    pub fn take_answers(&self) -> Vec<UsageDelta> {
+    pub(super) fn take_answers(&self) -> Vec<UsageDelta> {
         let mut taken = Vec::new();
         for shard in self.all_shards() {
             for (k, e) in lock(shard).iter_mut() {
@@ -231,7 +238,7 @@ impl Limiter {
     /// The snapshot's increments were refused with nothing written: they are pending again
     /// (hits admitted since the snapshot are pending already), to be taken by the next round.
     /// What was reset meanwhile is dropped as unwritten hits are (see `reset`).
-    pub fn unwritten(&self, deltas: &[Delta]) {
+    pub(super) fn unwritten(&self, deltas: &[Delta]) {
         self.each_state(
             deltas,
             |d| &d.key,
@@ -248,12 +255,17 @@ impl Limiter {
     }
 
     /// Installs totals read back from the store: they include every instance's writes.
-    pub fn refreshed(&self, ranges: &[CounterRange], totals: Vec<Vec<BucketTotal>>) {
-        let now = self.clock.now_ms();
+    pub(super) fn refreshed(
+        &self,
+        ranges: &[CounterRange],
+        totals: Vec<Vec<BucketTotal>>,
+        now: i64,
+        shares: &Shares,
+    ) {
         let read: Vec<(&CounterRange, f32, Vec<BucketTotal>)> = ranges
             .iter()
             .zip(totals)
-            .map(|(r, t)| (r, self.share(&t, r, now), t))
+            .map(|(r, t)| (r, shares.share(&t, r, now), t))
             .collect();
         self.each_state(
             &read,
@@ -261,7 +273,7 @@ impl Limiter {
             |s, run| {
                 for (r, share, t) in run {
                     let kept = s.region().map(|p| p.earned);
-                    s.set_region(self.region_part(t, r, now, kept));
+                    s.set_region(shares.region_part(t, r, now, kept));
                     s.share = *share;
                     s.settling = 0;
                     s.read_back(now);
@@ -271,7 +283,7 @@ impl Limiter {
                     for bt in t {
                         window::bucket_at(&mut s.buckets, bt.start).stored = bt.total;
                     }
-                    self.note_read(s, now);
+                    shares.note_read(s, now);
                 }
             },
         );
@@ -311,28 +323,32 @@ impl Limiter {
         }
     }
 
-    /// Admitted checks the client entries summed that the usage history has not taken yet.
-    pub fn answers_waiting(&self) -> u64 {
-        self.all_shards()
-            .map(|s| lock(s).values().map(|e| e.answered.checks()).sum::<u64>())
-            .sum()
-    }
-
-    /// Hits admitted and not yet written.
-    /// The replication lag between regions the fleet task measured (0 in one region).
-    pub fn replication_lag_ms(&self) -> i64 {
-        self.cfg.fleet.replication_lag_ms()
-    }
-
-    pub fn pending_hits(&self) -> u64 {
-        self.all_shards()
-            .map(|s| {
-                lock(s)
-                    .values()
-                    .flat_map(|e| e.states.iter())
-                    .map(LimitState::pending)
-                    .sum::<u64>()
-            })
-            .sum()
+    /// Takes the hits pending in memory for these counters, as a round's snapshot does (moved
+    /// from pending to stored), for a strict call to write.
+    pub(super) fn carry_pending(&self, ranges: &[CounterRange], now: i64) -> Vec<Delta> {
+        let mut carried = Vec::new();
+        for r in ranges {
+            self.with_state(&r.key, |s| {
+                if s.pending() == 0 {
+                    return;
+                }
+                let needed = s.oldest_needed(now);
+                for b in s.buckets.iter_mut().filter(|b| b.pending > 0) {
+                    let n = b.pending.min(i64::MAX as u64);
+                    b.pending = 0;
+                    if b.start < needed {
+                        continue;
+                    }
+                    carried.push(Delta {
+                        key: r.key.clone(),
+                        start: b.start,
+                        delta: n as i64,
+                    });
+                    b.stored = b.stored.saturating_add(n as i64);
+                    s.settling = s.settling.saturating_add(n);
+                }
+            });
+        }
+        carried
     }
 }

@@ -7,8 +7,16 @@
 //! read, so that it reads again once the write is done: between two writes every hit is in
 //! exactly one of the two places.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
+
+use crate::store::StoreError;
+
+/// How long a read waits for sync writes under way before it sums what it has: a write takes
+/// milliseconds, and one the store does not answer ends at the sync task's own deadline.
+const WAIT_FOR_WRITES: Duration = Duration::from_secs(2);
 
 /// The snapshots taken and the writes of them still under way.
 #[derive(Debug, Default)]
@@ -55,5 +63,43 @@ impl Writes {
     /// one snapshot at a time, so once a later one was taken, the earlier ones are done.
     pub(super) fn done_before(&self, mark: u64) -> bool {
         self.under_way.load(Ordering::SeqCst) == 0 || self.begun.load(Ordering::SeqCst) > mark
+    }
+
+    /// Runs `read` (of the store, then of this instance's unwritten hits) between two sync
+    /// writes: after any write under way, and again if a snapshot was taken meanwhile.
+    pub(super) async fn between<T, F, Fut>(&self, mut read: F) -> Result<T, StoreError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, StoreError>>,
+    {
+        loop {
+            // None when it gave up waiting: the read is then as good as it gets.
+            let mark = self.wait(Writes::quiet).await;
+            let out = read().await?;
+            if mark.is_none_or(|m| self.none_since(m)) {
+                return Ok(out);
+            }
+        }
+    }
+
+    /// Waits until every sync write of a snapshot taken before `mark` is done, for at most
+    /// [`WAIT_FOR_WRITES`].
+    pub(super) async fn wait_done_before(&self, mark: u64) {
+        self.wait(|w| w.done_before(mark).then_some(())).await;
+    }
+
+    /// Polls the sync writes every millisecond until `ready` gives something, for at most
+    /// [`WAIT_FOR_WRITES`] (then None).
+    async fn wait<T>(&self, ready: impl Fn(&Writes) -> Option<T>) -> Option<T> {
+        let give_up = tokio::time::Instant::now() + WAIT_FOR_WRITES;
+        loop {
+            if let Some(v) = ready(self) {
+                return Some(v);
+            }
+            if tokio::time::Instant::now() >= give_up {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
     }
 }

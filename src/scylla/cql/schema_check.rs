@@ -8,14 +8,14 @@
 use scylla::value::{Counter, CqlTimestamp, MaybeUnset};
 
 #[derive(Debug, Clone)]
-pub struct Table {
+pub struct SchemaTable {
     pub name: String,
     pub columns: Vec<(String, String)>,
     pub partition_key: Vec<String>,
     pub clustering: Vec<String>,
 }
 
-impl Table {
+impl SchemaTable {
     pub fn column_type(&self, c: &str) -> Option<&str> {
         self.columns
             .iter()
@@ -116,7 +116,7 @@ fn is_ident(t: &str) -> bool {
 }
 
 /// The tables created by a set of CQL statements.
-pub fn parse_tables(statements: &[String]) -> Vec<Table> {
+pub fn parse_tables(statements: &[String]) -> Vec<SchemaTable> {
     let mut out = Vec::new();
     for s in statements {
         let t = tokens(s);
@@ -142,7 +142,7 @@ pub fn parse_tables(statements: &[String]) -> Vec<Table> {
             }
             items.last_mut().unwrap().push(w.clone());
         }
-        let mut table = Table {
+        let mut table = SchemaTable {
             name,
             columns: Vec::new(),
             partition_key: Vec::new(),
@@ -213,7 +213,7 @@ fn tuple_column(t: &[String], i: usize) -> Option<String> {
 
 /// Checks one statement; returns a description of the first problem.
 pub fn check(
-    tables: &[Table],
+    tables: &[SchemaTable],
     cql: &str,
     binds: &[&str],
     row: Option<&[&str]>,

@@ -1,10 +1,10 @@
 //! The table of statements checked against the migrations' schema, without a server.
 
 use super::*;
-use crate::scylla::cql::schema_check::{check, names, parse_tables, Table};
+use crate::scylla::cql::schema_check::{check, names, parse_tables, SchemaTable};
 use crate::scylla::migrate;
 
-fn schema() -> Vec<Table> {
+fn schema() -> Vec<SchemaTable> {
     let statements: Vec<String> = migrate::migrations()
         .unwrap()
         .iter()

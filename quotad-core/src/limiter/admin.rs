@@ -1,3 +1,9 @@
+//! What an admin reads and changes of the counters: `/v1/usage`, resets and grants.
+//!
+//! Usage. A read sums the store's totals and this instance's pending hits. It is taken between
+//! two sync writes (see `writes`): a hit a round has taken but not yet written is in neither
+//! place, so a read that overlaps a write waits for it and reads again.
+//!
 //! Reset: a client's consumption brought to zero now, in the store (so every instance and a
 //! restart see it) and in this instance's memory.
 //!
@@ -17,12 +23,27 @@
 //! Grant: a credit of `amount` written as minus `amount` into the current bucket of one limit.
 //! It counts as long as that bucket does (the window it is in, the current period), lets the
 //! client go beyond `max` by as much, and for a token bucket refills it (never beyond full).
-use super::key::newest_readable;
+
+use super::key::{counter_key, newest_readable, range_of};
 use super::state::buckets_from;
-use super::window;
+use super::tokens::Carry;
+use super::window::{self, Bucket};
 use super::Limiter;
 use crate::domain::{ClientId, Limit, LimitId, Policy, Scope, TenantId, MAX_LIMIT};
 use crate::store::{CounterKey, CounterRange, Delta, StoreError};
+
+/// One limit's usage, for `/v1/usage`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Usage {
+    pub limit_id: LimitId,
+    pub scope: Scope,
+    /// The limit's resource pattern, as its policy writes it; None when it has none.
+    pub resource: Option<String>,
+    pub count: u64,
+    pub limit: u64,
+    pub remaining: u64,
+    pub reset_after_ms: i64,
+}
 
 /// What a grant did to one limit.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -36,6 +57,91 @@ pub struct Granted {
 }
 
 impl Limiter {
+    /// Adds this instance's unwritten hits of `l` to `buckets`, read from the store over `r`;
+    /// returns the carry to read a token bucket with: this instance's when it holds the counter,
+    /// otherwise a full bucket at the start of the read.
+    pub(super) fn add_local(
+        &self,
+        l: &Limit,
+        r: &CounterRange,
+        buckets: &mut Vec<Bucket>,
+    ) -> Carry {
+        let mut carry = Carry {
+            at: r.from,
+            deficit: 0,
+        };
+        self.table.with_state(&r.key, |s| {
+            for b in s.buckets.iter().filter(|b| b.pending > 0) {
+                window::bucket_at(buckets, b.start).pending += b.pending;
+            }
+            if s.kind == l.kind {
+                carry = s.carry();
+            }
+        });
+        carry
+    }
+
+    /// `/v1/usage`: the store's totals plus this instance's unwritten hits. Consumes nothing.
+    pub async fn usage(
+        &self,
+        policy: &Policy,
+        tenant: &TenantId,
+        client: &ClientId,
+        resource: Option<&str>,
+    ) -> Result<Vec<Usage>, StoreError> {
+        let pick = |l: &Limit| l.applies_to(resource);
+        self.writes
+            .between(|| self.usage_now(policy, tenant, client, &pick))
+            .await
+    }
+
+    /// [`Limiter::usage`] of every limit of the policy, whatever resource it names: what a
+    /// console shows of a client.
+    pub async fn usage_of_every_limit(
+        &self,
+        policy: &Policy,
+        tenant: &TenantId,
+        client: &ClientId,
+    ) -> Result<Vec<Usage>, StoreError> {
+        let pick = |_: &Limit| true;
+        self.writes
+            .between(|| self.usage_now(policy, tenant, client, &pick))
+            .await
+    }
+
+    /// The usage of the limits `pick` takes, read once, whatever the sync task does meanwhile.
+    async fn usage_now(
+        &self,
+        policy: &Policy,
+        tenant: &TenantId,
+        client: &ClientId,
+        pick: &dyn Fn(&Limit) -> bool,
+    ) -> Result<Vec<Usage>, StoreError> {
+        let now = self.clock.now_ms();
+        let limits: Vec<&Limit> = policy.limits.iter().filter(|l| pick(l)).collect();
+        let ranges: Vec<CounterRange> = limits
+            .iter()
+            .map(|l| range_of(tenant, client, l, now))
+            .collect();
+        let totals = self.with_deadline(self.store.read(&ranges), false).await?;
+        let mut out = Vec::with_capacity(limits.len());
+        for ((l, r), t) in limits.iter().zip(&ranges).zip(totals) {
+            let mut buckets = buckets_from(&t);
+            let carry = self.add_local(l, r, &mut buckets);
+            let count = window::estimate(l.kind, &buckets, carry, now);
+            out.push(Usage {
+                limit_id: l.id.clone(),
+                scope: l.scope,
+                resource: l.resource.as_ref().map(|r| r.render()),
+                count: count.max(0) as u64,
+                limit: l.max,
+                remaining: (l.max as i128 - count as i128).clamp(0, u64::MAX as i128) as u64,
+                reset_after_ms: window::reset_after(l.kind, &buckets, carry, now),
+            });
+        }
+        Ok(out)
+    }
+
     /// Resets the client-scoped limits of `policy` for `client` (only `limit` when given).
     /// Returns each limit with the count it had in the store. On an error, nothing or, when
     /// uncertain, some of the reset may have landed.
@@ -80,7 +186,7 @@ impl Limiter {
         // then cancelled.)
         let mark = self.writes.begun();
         for r in &ranges {
-            self.with_state(&r.key, |s| {
+            self.table.with_state(&r.key, |s| {
                 for b in s.buckets.iter_mut() {
                     b.stored = 0;
                     b.pending = 0;
@@ -89,7 +195,7 @@ impl Limiter {
         }
         // Hits a round took before the reset are on their way to the store: read once they
         // are there. (A round taken since holds only hits admitted after the reset.)
-        self.writes_done_before(mark).await;
+        self.writes.wait_done_before(mark).await;
         let read = self.store.read(&ranges).await?;
         let mut deltas = Vec::new();
         for ((l, r), buckets) in limits.iter().zip(&ranges).zip(&read) {
@@ -146,12 +252,12 @@ impl Limiter {
         amount: u64,
     ) -> Result<(), StoreError> {
         let d = Delta {
-            key: Self::counter_key(tenant, client, l),
+            key: counter_key(tenant, client, l),
             start: l.kind.grain().bucket_start(now),
             delta: -(amount.min(i64::MAX as u64) as i64),
         };
         self.store.increment(std::slice::from_ref(&d)).await?;
-        self.with_state(&d.key, |s| {
+        self.table.with_state(&d.key, |s| {
             window::bucket_at(&mut s.buckets, d.start).stored += d.delta;
         });
         Ok(())
@@ -166,15 +272,16 @@ impl Limiter {
         l: &Limit,
         now: i64,
     ) -> Result<i64, StoreError> {
-        let r = Self::range_of(tenant, client, l, now);
-        self.between_writes(|| async {
-            let totals = self
-                .with_deadline(self.store.read(std::slice::from_ref(&r)), false)
-                .await?;
-            let mut buckets = buckets_from(totals.first().map_or(&[][..], |t| &t[..]));
-            let carry = self.add_local(l, &r, &mut buckets);
-            Ok(window::estimate(l.kind, &buckets, carry, now))
-        })
-        .await
+        let r = range_of(tenant, client, l, now);
+        self.writes
+            .between(|| async {
+                let totals = self
+                    .with_deadline(self.store.read(std::slice::from_ref(&r)), false)
+                    .await?;
+                let mut buckets = buckets_from(totals.first().map_or(&[][..], |t| &t[..]));
+                let carry = self.add_local(l, &r, &mut buckets);
+                Ok(window::estimate(l.kind, &buckets, carry, now))
+            })
+            .await
     }
 }

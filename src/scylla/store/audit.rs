@@ -81,12 +81,13 @@ impl AuditStore for ScyllaStore {
         // The index first, so every partition written is listed. Both rows are in the
         // partition `month`: one batch, applied at once.
         let mut batch = Batch::new(BatchType::Unlogged);
-        batch.append_statement(self.st.note_audit_month.clone());
-        batch.append_statement(self.st.note_audit_month.clone());
+        batch.append_statement(self.cql.st.note_audit_month.clone());
+        batch.append_statement(self.cql.st.note_audit_month.clone());
         batch.set_is_idempotent(true);
         let index: (MonthNameValues<'_>, MonthNameValues<'_>) =
             ((month, entry.tenant.as_str()), (month, ALL));
-        self.session
+        self.cql
+            .session
             .batch(&batch, index)
             .await
             .map_err(|e| map_exec(e, Op::Write))?;
@@ -109,7 +110,9 @@ impl AuditStore for ScyllaStore {
             ))
         };
         let (mine, all) = (copy(entry.tenant.as_str())?, copy(ALL)?);
-        self.run_all(&self.st.insert_audit, vec![mine, all]).await
+        self.cql
+            .run_all(&self.cql.st.insert_audit, vec![mine, all])
+            .await
     }
 
     /// Month partitions newest first, from the month of the newest entry the page may hold down
@@ -128,11 +131,12 @@ impl AuditStore for ScyllaStore {
             return Ok(Vec::new());
         }
         let months = self
+            .cql
             .months_to_read(
                 month_of(from),
                 month_of(newest),
-                &self.st.list_audit_months,
-                &self.st.find_audit_month,
+                &self.cql.st.list_audit_months,
+                &self.cql.st.find_audit_month,
                 scope,
             )
             .await?;
@@ -143,11 +147,11 @@ impl AuditStore for ScyllaStore {
                 Some(c) => {
                     let v: ReadAuditBeforeValues<'_> =
                         (scope, month, CqlTimestamp(c.at_ms), c.id.as_str(), want);
-                    self.read_all(&self.st.read_audit_before, v).await?
+                    self.cql.read_all(&self.cql.st.read_audit_before, v).await?
                 }
                 None => {
                     let v: ReadAuditValues<'_> = (scope, month, CqlTimestamp(q.to), want);
-                    self.read_all(&self.st.read_audit, v).await?
+                    self.cql.read_all(&self.cql.st.read_audit, v).await?
                 }
             };
             for row in rows {
@@ -174,24 +178,32 @@ impl AuditStore for ScyllaStore {
             return Ok(0);
         }
         let months = self
-            .months_ended_by(&self.st.list_audit_months, before)
+            .cql
+            .months_ended_by(&self.cql.st.list_audit_months, before)
             .await?;
         for month in months {
             let values: MonthValues = (month,);
-            let scopes: Vec<NameRow> = self.read_all(&self.st.list_month_scopes, values).await?;
+            let scopes: Vec<NameRow> = self
+                .cql
+                .read_all(&self.cql.st.list_month_scopes, values)
+                .await?;
             let doomed = &scopes[..scopes.len().min(budget - removed)];
             let parts: Vec<AuditPartitionValues<'_>> =
                 doomed.iter().map(|(s,)| (s.as_str(), month)).collect();
-            self.run_all(&self.st.delete_audit_partition, parts).await?;
+            self.cql
+                .run_all(&self.cql.st.delete_audit_partition, parts)
+                .await?;
             let rows: Vec<MonthNameValues<'_>> =
                 doomed.iter().map(|(s,)| (month, s.as_str())).collect();
-            self.run_all(&self.st.delete_audit_scope_month, rows)
+            self.cql
+                .run_all(&self.cql.st.delete_audit_scope_month, rows)
                 .await?;
             removed += doomed.len();
             if doomed.len() < scopes.len() {
                 return Ok(removed as u64);
             }
-            self.run_all(&self.st.delete_audit_month, vec![values])
+            self.cql
+                .run_all(&self.cql.st.delete_audit_month, vec![values])
                 .await?;
         }
         Ok(removed as u64)

@@ -1,4 +1,4 @@
-//! The store itself: one session, the prepared statements, and the counter operations.
+//! The store itself: the shared connection ([`super::connection`]) and the counter operations.
 //!
 //! The counter operations themselves are [`super::counters`] (and [`super::legacy`] for the
 //! layout of earlier releases). Counter writes are never retried: they are not idempotent, so
@@ -11,32 +11,19 @@ use std::sync::atomic::{AtomicI32, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
-
 use async_trait::async_trait;
-use futures::stream::{self, StreamExt, TryStreamExt};
-use scylla::client::execution_profile::ExecutionProfile;
-use scylla::client::session::Session;
-use scylla::statement::batch::{Batch, BatchType};
-use scylla::statement::prepared::PreparedStatement;
-use scylla::statement::SerialConsistency;
 
-use super::errors::{internal, map_exec, map_new_session, map_next_row, map_pager, Op};
+use super::connection::Cql;
 use super::legacy::NO_LEGACY;
-use super::partition::{months_between, months_spanned};
-use super::statements::{MonthNameValues, MonthRow, NameRow, Statements};
-use crate::scylla::cql::{lwt_applied, session_builder, ScyllaOptions};
+use crate::scylla::cql::ScyllaOptions;
 use crate::store::{
     BucketTotal, CounterRange, CounterStore, Delta, PolicyStore, StoreError, StoreResult,
 };
 
-/// The widest range of months read month by month; a wider one goes through the month index
-/// ([`ScyllaStore::months_to_read`]). 13: a year of daily points, whatever day it starts on.
-const CALENDAR_WALK_MONTHS: i64 = 13;
-
 /// The scylla store; cheap to share behind an `Arc` (one session, its own connection pools).
 pub struct ScyllaStore {
-    pub(super) session: Session,
-    pub(super) st: Statements,
+    /// The session and the prepared statements.
+    pub(super) cql: Arc<Cql>,
     /// The shard this instance writes, from its lease; -1 while it holds none.
     pub(super) shard: AtomicI32,
     /// The shards a read sums: every shard ever claimed.
@@ -46,9 +33,8 @@ pub struct ScyllaStore {
     pub(super) region_slot: AtomicI32,
     /// The region joined, and its slot: what heartbeats write.
     pub(super) region: std::sync::OnceLock<(String, i16)>,
-    /// `store.local_dc`, else the data centre of the contact points (`contact_dc`).
+    /// `store.local_dc`, else the data centre of the contact points ([`super::connection`]).
     pub(super) local_dc: Option<String>,
-    pub(super) max_concurrency: usize,
     /// Token after which the janitor's next sweep of the old counter table continues. A std
     /// mutex: it is only read and written between awaits, never held across one.
     pub(super) janitor_cursor: Mutex<i64>,
@@ -68,94 +54,19 @@ impl fmt::Debug for ScyllaStore {
     }
 }
 
-/// The data centre of the contact points, as the session's view of the cluster names it, and
-/// whether the cluster has several. Contact points in several data centres: an error asking
-/// for `store.local_dc`.
-async fn contact_dc(
-    session: &Session,
-    nodes: &[String],
-) -> Result<(Option<String>, bool), StoreError> {
-    let state = session.get_cluster_state();
-    let all = state.get_nodes_info();
-    let mut dcs: Vec<&str> = all.iter().filter_map(|n| n.datacenter.as_deref()).collect();
-    dcs.sort_unstable();
-    dcs.dedup();
-    if dcs.len() <= 1 {
-        return Ok((dcs.first().map(|d| d.to_string()), false));
-    }
-    let mut contact = Vec::new();
-    for host in nodes {
-        if let Ok(addrs) = tokio::net::lookup_host(host.as_str()).await {
-            contact.extend(addrs);
-        }
-    }
-    let mut theirs: Vec<&str> = all
-        .iter()
-        .filter(|n| {
-            contact
-                .iter()
-                .any(|c| c.ip() == n.address.ip() && c.port() == n.address.port())
-        })
-        .filter_map(|n| n.datacenter.as_deref())
-        .collect();
-    theirs.sort_unstable();
-    theirs.dedup();
-    match theirs.as_slice() {
-        [one] => Ok((Some(one.to_string()), true)),
-        _ => Err(StoreError::Internal(format!(
-            "the cluster has several data centres ({}): set store.local_dc to this instance's",
-            dcs.join(", ")
-        ))),
-    }
-}
-
 impl ScyllaStore {
     /// Connects to the keyspace (which `quotad migrate` must have created) and prepares every
     /// statement. Fails with `Internal` on bad options or a missing schema, `Unavailable` when
     /// the cluster cannot be reached.
     pub async fn connect(opts: ScyllaOptions) -> Result<ScyllaStore, StoreError> {
-        opts.validate().map_err(StoreError::Internal)?;
-        let profile = ExecutionProfile::builder()
-            .consistency(opts.consistency)
-            .serial_consistency(Some(SerialConsistency::LocalSerial))
-            .request_timeout(Some(opts.request_timeout))
-            .build()
-            .into_handle();
-        let build = |dc: Option<String>| {
-            let mut builder = session_builder(&opts)
-                .use_keyspace(&opts.keyspace, false)
-                .default_execution_profile_handle(profile.clone());
-            if let Some(dc) = dc {
-                builder = builder.prefer_datacenter(dc);
-            }
-            async move { builder.build().await }
-        };
-        let mut session = build(opts.local_dc.clone())
-            .await
-            .map_err(|e| map_new_session(e, opts.tls.as_ref()))?;
-        let mut local_dc = opts.local_dc.clone();
-        if local_dc.is_none() {
-            // Unset: the data centre of the contact points. With several data centres the
-            // session must prefer it, or LOCAL_* levels would be local to whichever node
-            // coordinated each request, and leases and strict counts would split.
-            let (dc, several) = contact_dc(&session, &opts.nodes).await?;
-            if several {
-                session = build(dc.clone())
-                    .await
-                    .map_err(|e| map_new_session(e, opts.tls.as_ref()))?;
-            }
-            local_dc = dc;
-        }
-        let st = Statements::prepare(&session).await?;
+        let (cql, local_dc) = Cql::connect(&opts).await?;
         let store = ScyllaStore {
-            session,
-            st,
+            cql: Arc::new(cql),
             shard: AtomicI32::new(-1),
             read_shards: ArcSwap::from_pointee(Vec::new()),
             region_slot: AtomicI32::new(0),
             region: std::sync::OnceLock::new(),
             local_dc,
-            max_concurrency: opts.max_concurrency,
             janitor_cursor: Mutex::new(i64::MIN),
             client_cursor: Mutex::new(i64::MIN),
             legacy_until: AtomicI64::new(NO_LEGACY),
@@ -175,170 +86,6 @@ impl ScyllaStore {
         self.shard
             .store(write.map_or(-1, i32::from), Ordering::Relaxed);
         self.read_shards.store(Arc::new(read.to_vec()));
-    }
-
-    /// Runs a prepared lightweight transaction; returns its `[applied]`.
-    pub(super) async fn lwt(
-        &self,
-        st: &PreparedStatement,
-        values: impl scylla::serialize::row::SerializeRow,
-    ) -> StoreResult<bool> {
-        let res = self
-            .session
-            .execute_unpaged(st, values)
-            .await
-            .map_err(|e| map_exec(e, Op::Write))?;
-        let rows = res.into_rows_result().map_err(internal)?;
-        lwt_applied(&rows).map_err(StoreError::Internal)
-    }
-
-    /// Applies counter updates of ONE partition: a single statement, or a COUNTER batch (one
-    /// partition, so it is applied atomically on its replicas and routed right). Never
-    /// retried: the statements are non-idempotent, and a timeout is `Uncertain`.
-    pub(super) async fn counter_batch<V>(
-        &self,
-        st: &PreparedStatement,
-        values: &[V],
-    ) -> StoreResult<()>
-    where
-        V: scylla::serialize::row::SerializeRow,
-    {
-        match values {
-            [] => Ok(()),
-            [one] => self
-                .session
-                .execute_unpaged(st, one)
-                .await
-                .map(|_| ())
-                .map_err(|e| map_exec(e, Op::Write)),
-            _ => {
-                let mut batch = Batch::new(BatchType::Counter);
-                for _ in values {
-                    batch.append_statement(st.clone());
-                }
-                self.session
-                    .batch(&batch, values)
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| map_exec(e, Op::Write))
-            }
-        }
-    }
-
-    /// Runs statements that are safe to repeat (deletes, index rows) in parallel; the first
-    /// error, as a write's.
-    pub(super) async fn run_all<V>(&self, st: &PreparedStatement, values: Vec<V>) -> StoreResult<()>
-    where
-        V: scylla::serialize::row::SerializeRow,
-    {
-        stream::iter(values)
-            .map(|v| async move {
-                self.session
-                    .execute_unpaged(st, v)
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| map_exec(e, Op::Write))
-            })
-            .buffer_unordered(self.max_concurrency)
-            .try_collect()
-            .await
-    }
-
-    /// Every row a read returns, page by page (for partitions that may hold more rows than
-    /// one answer should carry).
-    /// The months an index statement lists (rows of one `int` month) that ended at or before
-    /// `before`, oldest first: what retention deletes.
-    pub(super) async fn months_ended_by(
-        &self,
-        st: &PreparedStatement,
-        before: i64,
-    ) -> StoreResult<Vec<i32>> {
-        let listed: Vec<super::statements::MonthRow> = self.read_all(st, ()).await?;
-        let mut months: Vec<i32> = listed
-            .into_iter()
-            .map(|(m,)| m)
-            .filter(|m| super::partition::month_end(*m).is_some_and(|end| end <= before))
-            .collect();
-        months.sort_unstable();
-        Ok(months)
-    }
-
-    /// Every row of one unpaged read (a partition small enough for one answer).
-    pub(super) async fn read_rows<R>(
-        &self,
-        st: &PreparedStatement,
-        values: impl scylla::serialize::row::SerializeRow,
-    ) -> StoreResult<Vec<R>>
-    where
-        R: for<'f, 'm> scylla::deserialize::row::DeserializeRow<'f, 'm>,
-    {
-        let res = self
-            .session
-            .execute_unpaged(st, values)
-            .await
-            .map_err(|e| map_exec(e, Op::Read))?;
-        let rows = res.into_rows_result().map_err(internal)?;
-        let out = rows
-            .rows::<R>()
-            .map_err(internal)?
-            .map(|r| r.map_err(internal))
-            .collect();
-        out
-    }
-
-    pub(super) async fn read_all<R>(
-        &self,
-        st: &PreparedStatement,
-        values: impl scylla::serialize::row::SerializeRow,
-    ) -> StoreResult<Vec<R>>
-    where
-        R: for<'f, 'm> scylla::deserialize::row::DeserializeRow<'f, 'm> + 'static,
-    {
-        let pager = self
-            .session
-            .execute_iter(st.clone(), values)
-            .await
-            .map_err(map_pager)?;
-        pager
-            .rows_stream::<R>()
-            .map_err(internal)?
-            .map_err(map_next_row)
-            .try_collect()
-            .await
-    }
-
-    /// The months of `first..=last` (yyyymm, oldest first) that may hold `name`'s partitions
-    /// of usage history or the audit log. A short range is walked month by month (an empty
-    /// partition costs one cheap read); a longer one, e.g. "since 1970", visits only the months
-    /// that the month index lists (`list`: its partition keys, one per month kept) and that
-    /// hold `name` (`find`).
-    pub(super) async fn months_to_read(
-        &self,
-        first: i32,
-        last: i32,
-        list: &PreparedStatement,
-        find: &PreparedStatement,
-        name: &str,
-    ) -> StoreResult<Vec<i32>> {
-        if months_spanned(first, last) <= CALENDAR_WALK_MONTHS {
-            return Ok(months_between(first, last));
-        }
-        let listed: Vec<MonthRow> = self.read_all(list, ()).await?;
-        let mut months: Vec<i32> = listed
-            .into_iter()
-            .map(|(m,)| m)
-            .filter(|m| (first..=last).contains(m))
-            .collect();
-        months.sort_unstable();
-        let held: Vec<Option<i32>> = stream::iter(months.into_iter().map(|m| async move {
-            let values: MonthNameValues<'_> = (m, name);
-            let rows: Vec<NameRow> = self.read_all(find, values).await?;
-            Ok::<_, StoreError>((!rows.is_empty()).then_some(m))
-        }))
-        .buffered(self.max_concurrency)
-        .try_collect()
-        .await?;
-        Ok(held.into_iter().flatten().collect())
     }
 }
 

@@ -111,8 +111,8 @@ impl ScyllaStore {
             .collect();
         // By index: a closure over references trips the compiler's lifetime inference here.
         let outcomes: Vec<StoreResult<()>> = stream::iter(0..batches.len())
-            .map(|i| self.counter_batch(&self.st.increment, &batches[i]))
-            .buffer_unordered(self.max_concurrency)
+            .map(|i| self.cql.counter_batch(&self.cql.st.increment, &batches[i]))
+            .buffer_unordered(self.cql.max_concurrency)
             .collect()
             .await;
         combine_write_outcomes(outcomes)
@@ -129,7 +129,7 @@ impl ScyllaStore {
         let queries = &queries;
         let answers: Vec<(usize, Vec<CounterRow>)> = stream::iter(0..queries.len())
             .map(|q| async move { Ok::<_, StoreError>((q, self.ask(&queries[q]).await?)) })
-            .buffer_unordered(self.max_concurrency)
+            .buffer_unordered(self.cql.max_concurrency)
             .try_collect()
             .await?;
         let mut sums: Vec<BTreeMap<i64, BucketTotal>> = vec![BTreeMap::new(); ranges.len()];
@@ -165,12 +165,12 @@ impl ScyllaStore {
         match &q.ask {
             Ask::Starts(starts) => {
                 let values: ReadStartsValues<'_> = (q.tenant, q.subject, starts);
-                self.read_rows(&self.st.read_starts, values).await
+                self.cql.read_rows(&self.cql.st.read_starts, values).await
             }
             // A span may hold many rows: page through them.
             Ask::Span(from, to) => {
                 let values: ReadSpanValues<'_> = (q.tenant, q.subject, *from, *to);
-                self.read_all(&self.st.read_span, values).await
+                self.cql.read_all(&self.cql.st.read_span, values).await
             }
         }
     }

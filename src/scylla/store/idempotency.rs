@@ -32,13 +32,14 @@ impl IdempotencyStore for ScyllaStore {
     ) -> StoreResult<Begun> {
         for _ in 0..MAX_CLAIM_ATTEMPTS {
             let values: ClaimIdempotencyValues<'_> = (scope, key, fingerprint, ttl_secs(ttl));
-            if self.lwt(&self.st.claim_idempotency, values).await? {
+            if self.cql.lwt(&self.cql.st.claim_idempotency, values).await? {
                 return Ok(Begun::Claimed);
             }
             let values: GetIdempotencyValues<'_> = (scope, key);
             let res = self
+                .cql
                 .session
-                .execute_unpaged(&self.st.get_idempotency, values)
+                .execute_unpaged(&self.cql.st.get_idempotency, values)
                 .await
                 .map_err(|e| map_exec(e, Op::Read))?;
             let rows = res.into_rows_result().map_err(internal)?;
@@ -72,7 +73,9 @@ impl IdempotencyStore for ScyllaStore {
             key,
             fingerprint,
         );
-        self.lwt(&self.st.finish_idempotency, values).await?;
+        self.cql
+            .lwt(&self.cql.st.finish_idempotency, values)
+            .await?;
         Ok(())
     }
 
@@ -83,7 +86,9 @@ impl IdempotencyStore for ScyllaStore {
         fingerprint: &str,
     ) -> StoreResult<()> {
         let values: AbandonIdempotencyValues<'_> = (scope, key, fingerprint);
-        self.lwt(&self.st.abandon_idempotency, values).await?;
+        self.cql
+            .lwt(&self.cql.st.abandon_idempotency, values)
+            .await?;
         Ok(())
     }
 }

@@ -106,7 +106,7 @@ impl ScyllaStore {
             let page = &page;
             let counts: Vec<u64> = stream::iter(0..page.len())
                 .map(|i| self.expire_client(&page[i].0, now_ms))
-                .buffer_unordered(self.max_concurrency)
+                .buffer_unordered(self.cql.max_concurrency)
                 .try_collect()
                 .await?;
             deleted += counts.iter().sum::<u64>();
@@ -127,11 +127,15 @@ impl ScyllaStore {
     /// The next `limit` client partitions after `cursor` in token order, with tokens.
     async fn scan_clients(&self, cursor: i64, limit: usize) -> StoreResult<Vec<(ClientRow, i64)>> {
         let values: ScanValues = (cursor, i32::try_from(limit).unwrap_or(i32::MAX));
-        let rows: Vec<ClientRow> = self.read_rows(&self.st.scan_clients, values).await?;
+        let rows: Vec<ClientRow> = self
+            .cql
+            .read_rows(&self.cql.st.scan_clients, values)
+            .await?;
         let mut out = Vec::with_capacity(rows.len());
         for row in rows {
             let key: ClientValues<'_> = (&row.0, &row.1);
             let token = self
+                .cql
                 .st
                 .read_client
                 .calculate_token(&key)
@@ -146,7 +150,7 @@ impl ScyllaStore {
     /// Deletes a client's expired runs of buckets; returns how many rows they held.
     async fn expire_client(&self, c: &ClientRow, now_ms: i64) -> StoreResult<u64> {
         let key: ClientValues<'_> = (&c.0, &c.1);
-        let rows: Vec<CounterRow> = self.read_all(&self.st.read_client, key).await?;
+        let rows: Vec<CounterRow> = self.cql.read_all(&self.cql.st.read_client, key).await?;
         let keys: Vec<(i64, i64)> = rows.iter().map(|r| (r.0, r.2)).collect();
         let runs = expired_runs(&keys, now_ms);
         let doomed = keys
@@ -155,7 +159,9 @@ impl ScyllaStore {
             .count() as u64;
         let deletes: Vec<ReadSpanValues<'_>> =
             runs.iter().map(|&(a, b)| (&*c.0, &*c.1, a, b)).collect();
-        self.run_all(&self.st.delete_starts, deletes).await?;
+        self.cql
+            .run_all(&self.cql.st.delete_starts, deletes)
+            .await?;
         Ok(doomed)
     }
 
@@ -206,13 +212,17 @@ impl ScyllaStore {
         limit: usize,
     ) -> StoreResult<Vec<(PartitionRow, i64)>> {
         let values: ScanValues = (cursor, i32::try_from(limit).unwrap_or(i32::MAX));
-        let rows: Vec<PartitionRow> = self.read_rows(&self.st.scan_partitions, values).await?;
+        let rows: Vec<PartitionRow> = self
+            .cql
+            .read_rows(&self.cql.st.scan_partitions, values)
+            .await?;
         let mut out = Vec::with_capacity(rows.len());
         for row in rows {
             // The driver computes the token exactly as the server does (Murmur3 over the
             // serialized key), so the cursor needs no token() in the SELECT.
             let key: PartitionValues<'_> = (&row.0, &row.1, &row.2, row.3, row.4, row.5);
             let token = self
+                .cql
                 .st
                 .delete_partition
                 .calculate_token(&key)
@@ -229,13 +239,14 @@ impl ScyllaStore {
             .map(|i| async move {
                 let row = &doomed[i];
                 let key: PartitionValues<'_> = (&row.0, &row.1, &row.2, row.3, row.4, row.5);
-                self.session
-                    .execute_unpaged(&self.st.delete_partition, key)
+                self.cql
+                    .session
+                    .execute_unpaged(&self.cql.st.delete_partition, key)
                     .await
                     .map(|_| ())
                     .map_err(|e| map_exec(e, Op::Write))
             })
-            .buffer_unordered(self.max_concurrency)
+            .buffer_unordered(self.cql.max_concurrency)
             .collect()
             .await;
         outcomes.into_iter().collect()

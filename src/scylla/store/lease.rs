@@ -35,8 +35,9 @@ const MAX_CLAIM_ATTEMPTS: usize = 16;
 impl ScyllaStore {
     async fn members(&self) -> StoreResult<Vec<Member>> {
         let res = self
+            .cql
             .session
-            .execute_unpaged(&self.st.list_members, ())
+            .execute_unpaged(&self.cql.st.list_members, ())
             .await
             .map_err(|e| map_exec(e, Op::Read))?;
         let rows = res.into_rows_result().map_err(internal)?;
@@ -55,11 +56,12 @@ impl ScyllaStore {
     async fn try_claim(&self, shard: i16, owner: &str, ttl: Duration) -> StoreResult<bool> {
         let now = CqlTimestamp(Utc::now().timestamp_millis());
         let values: ClaimShardValues<'_> = (shard, owner, now, ttl_secs(ttl));
-        let applied = self.lwt(&self.st.claim_shard, values).await?;
+        let applied = self.cql.lwt(&self.cql.st.claim_shard, values).await?;
         if applied {
             let used: MarkUsedValues = (USED_PART, shard);
-            self.session
-                .execute_unpaged(&self.st.mark_used, used)
+            self.cql
+                .session
+                .execute_unpaged(&self.cql.st.mark_used, used)
                 .await
                 .map_err(|e| map_exec(e, Op::Write))?;
         }
@@ -107,19 +109,20 @@ impl LeaseStore for ScyllaStore {
     async fn renew(&self, shard: i16, owner: &str, ttl: Duration) -> StoreResult<bool> {
         let now = CqlTimestamp(Utc::now().timestamp_millis());
         let values: RenewShardValues<'_> = (ttl_secs(ttl), owner, now, shard, owner);
-        self.lwt(&self.st.renew_shard, values).await
+        self.cql.lwt(&self.cql.st.renew_shard, values).await
     }
 
     async fn release(&self, shard: i16, owner: &str) -> StoreResult<bool> {
         let values: ReleaseShardValues<'_> = (shard, owner);
-        self.lwt(&self.st.release_shard, values).await
+        self.cql.lwt(&self.cql.st.release_shard, values).await
     }
 
     async fn roster(&self) -> StoreResult<Roster> {
         let members = self.members().await?;
         let res = self
+            .cql
             .session
-            .execute_unpaged(&self.st.list_used, ListUsedValues::from((USED_PART,)))
+            .execute_unpaged(&self.cql.st.list_used, ListUsedValues::from((USED_PART,)))
             .await
             .map_err(|e| map_exec(e, Op::Read))?;
         let rows = res.into_rows_result().map_err(internal)?;
@@ -155,7 +158,7 @@ impl LeaseStore for ScyllaStore {
                         )));
                     };
                     let values: ClaimRegionSlotValues<'_> = (free, region);
-                    if !self.lwt(&self.st.claim_region_slot, values).await? {
+                    if !self.cql.lwt(&self.cql.st.claim_region_slot, values).await? {
                         tried.push(free);
                         continue;
                     }
@@ -183,9 +186,12 @@ impl LeaseStore for ScyllaStore {
         let logged: LogRegionBeatValues<'_> =
             (region, at_ms.div_euclid(MINUTE_MS), CqlTimestamp(at_ms));
         let (row, log) = futures::join!(
-            self.session.execute_unpaged(&self.st.beat_region, values),
-            self.session
-                .execute_unpaged(&self.st.log_region_beat, logged),
+            self.cql
+                .session
+                .execute_unpaged(&self.cql.st.beat_region, values),
+            self.cql
+                .session
+                .execute_unpaged(&self.cql.st.log_region_beat, logged),
         );
         row.and(log).map(|_| ()).map_err(|e| map_exec(e, Op::Write))
     }
@@ -198,8 +204,10 @@ impl LeaseStore for ScyllaStore {
         for minute in from.div_euclid(MINUTE_MS)..=(to - 1).div_euclid(MINUTE_MS) {
             let values: ReadRegionBeatsValues<'_> =
                 (region, minute, CqlTimestamp(from), CqlTimestamp(to));
-            let rows: Vec<RegionBeatAtRow> =
-                self.read_rows(&self.st.read_region_beats, values).await?;
+            let rows: Vec<RegionBeatAtRow> = self
+                .cql
+                .read_rows(&self.cql.st.read_region_beats, values)
+                .await?;
             out.extend(rows.into_iter().map(|(at,)| at.0));
         }
         Ok(out)
@@ -207,8 +215,9 @@ impl LeaseStore for ScyllaStore {
 
     async fn regions(&self) -> StoreResult<Vec<RegionBeat>> {
         let res = self
+            .cql
             .session
-            .execute_unpaged(&self.st.list_region_beats, ())
+            .execute_unpaged(&self.cql.st.list_region_beats, ())
             .await
             .map_err(|e| map_exec(e, Op::Read))?;
         let rows = res.into_rows_result().map_err(internal)?;
@@ -231,8 +240,9 @@ impl ScyllaStore {
     /// Every claimed region slot, by slot.
     async fn region_slots(&self) -> StoreResult<Vec<(i16, String)>> {
         let res = self
+            .cql
             .session
-            .execute_unpaged(&self.st.list_region_slots, ())
+            .execute_unpaged(&self.cql.st.list_region_slots, ())
             .await
             .map_err(|e| map_exec(e, Op::Read))?;
         let rows = res.into_rows_result().map_err(internal)?;

@@ -39,14 +39,14 @@ impl ScyllaStore {
     /// serves (claimed once for the whole fleet). Returns the instant before which ranges also
     /// read the old table, or [`NO_LEGACY`].
     pub(super) async fn legacy_until(&self) -> StoreResult<i64> {
-        let any: Vec<PartitionRow> = self.read_all(&self.st.legacy_any, ()).await?;
+        let any: Vec<PartitionRow> = self.cql.read_all(&self.cql.st.legacy_any, ()).await?;
         if any.is_empty() {
             return Ok(NO_LEGACY);
         }
         let claim: ClaimLayoutValues<'_> = (LAYOUT_NAME, Utc::now().timestamp_millis());
-        self.lwt(&self.st.claim_layout, claim).await?;
+        self.cql.lwt(&self.cql.st.claim_layout, claim).await?;
         let read: ReadLayoutValues<'_> = (LAYOUT_NAME,);
-        let rows: Vec<LayoutRow> = self.read_all(&self.st.read_layout, read).await?;
+        let rows: Vec<LayoutRow> = self.cql.read_all(&self.cql.st.read_layout, read).await?;
         let since = rows
             .first()
             .and_then(|r| r.0)
@@ -90,7 +90,7 @@ impl ScyllaStore {
                     .await?;
                 Ok::<_, StoreError>((i, shard, rows))
             }))
-            .buffer_unordered(self.max_concurrency)
+            .buffer_unordered(self.cql.max_concurrency)
             .try_collect()
             .await?;
         for (i, shard, rows) in results {
@@ -125,7 +125,10 @@ impl ScyllaStore {
             from,
             to,
         );
-        let rows: Vec<BucketRow> = self.read_rows(&self.st.legacy_read_buckets, values).await?;
+        let rows: Vec<BucketRow> = self
+            .cql
+            .read_rows(&self.cql.st.legacy_read_buckets, values)
+            .await?;
         Ok(rows
             .into_iter()
             .map(|(start, hits)| (start, hits.map_or(0, |Counter(n)| n)))

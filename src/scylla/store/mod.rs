@@ -34,6 +34,7 @@
 
 mod audit;
 mod backend;
+mod connection;
 mod counters;
 mod errors;
 mod history;

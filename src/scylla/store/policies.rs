@@ -43,11 +43,12 @@ impl ScyllaStore {
             client,
         );
         let st = if serial {
-            &self.st.get_policy_serial
+            &self.cql.st.get_policy_serial
         } else {
-            &self.st.get_policy
+            &self.cql.st.get_policy
         };
         let res = self
+            .cql
             .session
             .execute_unpaged(st, values)
             .await
@@ -66,8 +67,9 @@ impl ScyllaStore {
         for _ in 0..3 {
             let values: BumpGenerationValues<'_> = (Counter(1), GENERATION_ID);
             match self
+                .cql
                 .session
-                .execute_unpaged(&self.st.bump_generation, values)
+                .execute_unpaged(&self.cql.st.bump_generation, values)
                 .await
             {
                 Ok(_) => return Ok(()),
@@ -123,13 +125,16 @@ impl PolicyStore for ScyllaStore {
             let (done, version) = match current {
                 None => {
                     let v: InsertPolicyValues<'_> = (part, kind, tenant, client, body, 1, at);
-                    (self.lwt(&self.st.insert_policy, v).await?, 1u64)
+                    (self.cql.lwt(&self.cql.st.insert_policy, v).await?, 1u64)
                 }
                 Some(cur) => {
                     let old = i64::try_from(cur.version).map_err(internal)?;
                     let v: UpdatePolicyValues<'_> =
                         (body, old + 1, at, part, kind, tenant, client, old);
-                    (self.lwt(&self.st.update_policy, v).await?, cur.version + 1)
+                    (
+                        self.cql.lwt(&self.cql.st.update_policy, v).await?,
+                        cur.version + 1,
+                    )
                 }
             };
             if done {
@@ -160,7 +165,7 @@ impl PolicyStore for ScyllaStore {
             key.tenant.as_str(),
             client,
         );
-        let existed = self.lwt(&self.st.delete_policy, values).await?;
+        let existed = self.cql.lwt(&self.cql.st.delete_policy, values).await?;
         if existed {
             self.bump_generation().await?;
         }
@@ -181,8 +186,9 @@ impl PolicyStore for ScyllaStore {
         let parts: Vec<Vec<PolicyRow>> = stream::iter((0..POLICY_PARTS).map(|part| async move {
             let values: ListPoliciesValues<'_> = (part, KIND_TENANT, after, lim);
             let res = self
+                .cql
                 .session
-                .execute_unpaged(&self.st.list_policies, values)
+                .execute_unpaged(&self.cql.st.list_policies, values)
                 .await
                 .map_err(|e| map_exec(e, Op::Read))?;
             let rows = res.into_rows_result().map_err(internal)?;
@@ -193,7 +199,7 @@ impl PolicyStore for ScyllaStore {
                 .map_err(internal)?;
             Ok::<_, StoreError>(out)
         }))
-        .buffer_unordered(self.max_concurrency)
+        .buffer_unordered(self.cql.max_concurrency)
         .try_collect()
         .await?;
         // Each partition is sorted by tenant; merging the few heads is a sort of <= 16*limit.
@@ -221,8 +227,9 @@ impl PolicyStore for ScyllaStore {
             i32::try_from(limit).unwrap_or(i32::MAX),
         );
         let res = self
+            .cql
             .session
-            .execute_unpaged(&self.st.list_overrides, values)
+            .execute_unpaged(&self.cql.st.list_overrides, values)
             .await
             .map_err(|e| map_exec(e, Op::Read))?;
         let rows = res.into_rows_result().map_err(internal)?;
@@ -237,8 +244,9 @@ impl PolicyStore for ScyllaStore {
         let parts: Vec<Vec<PolicyRow>> = stream::iter((0..POLICY_PARTS).map(|part| async move {
             let values: LoadPoliciesValues = (part,);
             let pager = self
+                .cql
                 .session
-                .execute_iter(self.st.load_policies.clone(), values)
+                .execute_iter(self.cql.st.load_policies.clone(), values)
                 .await
                 .map_err(map_pager)?;
             pager
@@ -248,7 +256,7 @@ impl PolicyStore for ScyllaStore {
                 .try_collect::<Vec<_>>()
                 .await
         }))
-        .buffer_unordered(self.max_concurrency)
+        .buffer_unordered(self.cql.max_concurrency)
         .try_collect()
         .await?;
         let mut out: Vec<PolicyRecord> = parts
@@ -263,8 +271,9 @@ impl PolicyStore for ScyllaStore {
     async fn policies_generation(&self) -> StoreResult<u64> {
         let values: ReadGenerationValues<'_> = (GENERATION_ID,);
         let res = self
+            .cql
             .session
-            .execute_unpaged(&self.st.read_generation, values)
+            .execute_unpaged(&self.cql.st.read_generation, values)
             .await
             .map_err(|e| map_exec(e, Op::Read))?;
         let rows = res.into_rows_result().map_err(internal)?;

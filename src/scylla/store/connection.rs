@@ -1,0 +1,285 @@
+//! The connection every part of the store shares ([`Cql`]): one session, the prepared
+//! statements, and the ways the parts run them: a lightweight transaction, the counter updates
+//! of one partition, repeatable writes in parallel, reads whole or page by page, and the months
+//! of usage history or the audit log to read or delete.
+//!
+//! [`Cql::connect`] builds it from the options; with several data centres and no
+//! `store.local_dc`, the session prefers the data centre of the contact points.
+
+use futures::stream::{self, StreamExt, TryStreamExt};
+use scylla::client::execution_profile::ExecutionProfile;
+use scylla::client::session::Session;
+use scylla::statement::batch::{Batch, BatchType};
+use scylla::statement::prepared::PreparedStatement;
+use scylla::statement::SerialConsistency;
+
+use super::errors::{internal, map_exec, map_new_session, map_next_row, map_pager, Op};
+use super::partition::{month_end, months_between, months_spanned};
+use super::statements::{MonthNameValues, MonthRow, NameRow, Statements};
+use crate::scylla::cql::{lwt_applied, session_builder, ScyllaOptions};
+use crate::store::{StoreError, StoreResult};
+
+/// The widest range of months read month by month; a wider one goes through the month index
+/// ([`Cql::months_to_read`]). 13: a year of daily points, whatever day it starts on.
+const CALENDAR_WALK_MONTHS: i64 = 13;
+
+/// The session and its prepared statements; the parts share it behind an `Arc`.
+pub(super) struct Cql {
+    pub(super) session: Session,
+    pub(super) st: Statements,
+    /// Most requests one call of a part has in flight at once (`store.max_concurrency`).
+    pub(super) max_concurrency: usize,
+}
+
+/// The data centre of the contact points, as the session's view of the cluster names it, and
+/// whether the cluster has several. Contact points in several data centres: an error asking
+/// for `store.local_dc`.
+async fn contact_dc(
+    session: &Session,
+    nodes: &[String],
+) -> Result<(Option<String>, bool), StoreError> {
+    let state = session.get_cluster_state();
+    let all = state.get_nodes_info();
+    let mut dcs: Vec<&str> = all.iter().filter_map(|n| n.datacenter.as_deref()).collect();
+    dcs.sort_unstable();
+    dcs.dedup();
+    if dcs.len() <= 1 {
+        return Ok((dcs.first().map(|d| d.to_string()), false));
+    }
+    let mut contact = Vec::new();
+    for host in nodes {
+        if let Ok(addrs) = tokio::net::lookup_host(host.as_str()).await {
+            contact.extend(addrs);
+        }
+    }
+    let mut theirs: Vec<&str> = all
+        .iter()
+        .filter(|n| {
+            contact
+                .iter()
+                .any(|c| c.ip() == n.address.ip() && c.port() == n.address.port())
+        })
+        .filter_map(|n| n.datacenter.as_deref())
+        .collect();
+    theirs.sort_unstable();
+    theirs.dedup();
+    match theirs.as_slice() {
+        [one] => Ok((Some(one.to_string()), true)),
+        _ => Err(StoreError::Internal(format!(
+            "the cluster has several data centres ({}): set store.local_dc to this instance's",
+            dcs.join(", ")
+        ))),
+    }
+}
+
+impl Cql {
+    /// Connects to the keyspace (which `quotad migrate` must have created) and prepares every
+    /// statement. Returns the connection and the local data centre: `store.local_dc`, else
+    /// the data centre of the contact points. Fails with `Internal` on bad options or a
+    /// missing schema, `Unavailable` when the cluster cannot be reached.
+    pub(super) async fn connect(opts: &ScyllaOptions) -> StoreResult<(Cql, Option<String>)> {
+        opts.validate().map_err(StoreError::Internal)?;
+        let profile = ExecutionProfile::builder()
+            .consistency(opts.consistency)
+            .serial_consistency(Some(SerialConsistency::LocalSerial))
+            .request_timeout(Some(opts.request_timeout))
+            .build()
+            .into_handle();
+        let build = |dc: Option<String>| {
+            let mut builder = session_builder(opts)
+                .use_keyspace(&opts.keyspace, false)
+                .default_execution_profile_handle(profile.clone());
+            if let Some(dc) = dc {
+                builder = builder.prefer_datacenter(dc);
+            }
+            async move { builder.build().await }
+        };
+        let mut session = build(opts.local_dc.clone())
+            .await
+            .map_err(|e| map_new_session(e, opts.tls.as_ref()))?;
+        let mut local_dc = opts.local_dc.clone();
+        if local_dc.is_none() {
+            // Unset: the data centre of the contact points. With several data centres the
+            // session must prefer it, or LOCAL_* levels would be local to whichever node
+            // coordinated each request, and leases and strict counts would split.
+            let (dc, several) = contact_dc(&session, &opts.nodes).await?;
+            if several {
+                session = build(dc.clone())
+                    .await
+                    .map_err(|e| map_new_session(e, opts.tls.as_ref()))?;
+            }
+            local_dc = dc;
+        }
+        let st = Statements::prepare(&session).await?;
+        let cql = Cql {
+            session,
+            st,
+            max_concurrency: opts.max_concurrency,
+        };
+        Ok((cql, local_dc))
+    }
+
+    /// Runs a prepared lightweight transaction; returns its `[applied]`.
+    pub(super) async fn lwt(
+        &self,
+        st: &PreparedStatement,
+        values: impl scylla::serialize::row::SerializeRow,
+    ) -> StoreResult<bool> {
+        let res = self
+            .session
+            .execute_unpaged(st, values)
+            .await
+            .map_err(|e| map_exec(e, Op::Write))?;
+        let rows = res.into_rows_result().map_err(internal)?;
+        lwt_applied(&rows).map_err(StoreError::Internal)
+    }
+
+    /// Applies counter updates of ONE partition: a single statement, or a COUNTER batch (one
+    /// partition, so it is applied atomically on its replicas and routed right). Never
+    /// retried: the statements are non-idempotent, and a timeout is `Uncertain`.
+    pub(super) async fn counter_batch<V>(
+        &self,
+        st: &PreparedStatement,
+        values: &[V],
+    ) -> StoreResult<()>
+    where
+        V: scylla::serialize::row::SerializeRow,
+    {
+        match values {
+            [] => Ok(()),
+            [one] => self
+                .session
+                .execute_unpaged(st, one)
+                .await
+                .map(|_| ())
+                .map_err(|e| map_exec(e, Op::Write)),
+            _ => {
+                let mut batch = Batch::new(BatchType::Counter);
+                for _ in values {
+                    batch.append_statement(st.clone());
+                }
+                self.session
+                    .batch(&batch, values)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| map_exec(e, Op::Write))
+            }
+        }
+    }
+
+    /// Runs statements that are safe to repeat (deletes, index rows) in parallel; the first
+    /// error, as a write's.
+    pub(super) async fn run_all<V>(&self, st: &PreparedStatement, values: Vec<V>) -> StoreResult<()>
+    where
+        V: scylla::serialize::row::SerializeRow,
+    {
+        stream::iter(values)
+            .map(|v| async move {
+                self.session
+                    .execute_unpaged(st, v)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| map_exec(e, Op::Write))
+            })
+            .buffer_unordered(self.max_concurrency)
+            .try_collect()
+            .await
+    }
+
+    /// The months an index statement lists (rows of one `int` month) that ended at or before
+    /// `before`, oldest first: what retention deletes.
+    pub(super) async fn months_ended_by(
+        &self,
+        st: &PreparedStatement,
+        before: i64,
+    ) -> StoreResult<Vec<i32>> {
+        let listed: Vec<MonthRow> = self.read_all(st, ()).await?;
+        let mut months: Vec<i32> = listed
+            .into_iter()
+            .map(|(m,)| m)
+            .filter(|m| month_end(*m).is_some_and(|end| end <= before))
+            .collect();
+        months.sort_unstable();
+        Ok(months)
+    }
+
+    /// Every row of one unpaged read (a partition small enough for one answer).
+    pub(super) async fn read_rows<R>(
+        &self,
+        st: &PreparedStatement,
+        values: impl scylla::serialize::row::SerializeRow,
+    ) -> StoreResult<Vec<R>>
+    where
+        R: for<'f, 'm> scylla::deserialize::row::DeserializeRow<'f, 'm>,
+    {
+        let res = self
+            .session
+            .execute_unpaged(st, values)
+            .await
+            .map_err(|e| map_exec(e, Op::Read))?;
+        let rows = res.into_rows_result().map_err(internal)?;
+        let out = rows
+            .rows::<R>()
+            .map_err(internal)?
+            .map(|r| r.map_err(internal))
+            .collect();
+        out
+    }
+
+    /// Every row a read returns, page by page (for partitions that may hold more rows than
+    /// one answer should carry).
+    pub(super) async fn read_all<R>(
+        &self,
+        st: &PreparedStatement,
+        values: impl scylla::serialize::row::SerializeRow,
+    ) -> StoreResult<Vec<R>>
+    where
+        R: for<'f, 'm> scylla::deserialize::row::DeserializeRow<'f, 'm> + 'static,
+    {
+        let pager = self
+            .session
+            .execute_iter(st.clone(), values)
+            .await
+            .map_err(map_pager)?;
+        pager
+            .rows_stream::<R>()
+            .map_err(internal)?
+            .map_err(map_next_row)
+            .try_collect()
+            .await
+    }
+
+    /// The months of `first..=last` (yyyymm, oldest first) that may hold `name`'s partitions
+    /// of usage history or the audit log. A short range is walked month by month (an empty
+    /// partition costs one cheap read); a longer one, e.g. "since 1970", visits only the months
+    /// that the month index lists (`list`: its partition keys, one per month kept) and that
+    /// hold `name` (`find`).
+    pub(super) async fn months_to_read(
+        &self,
+        first: i32,
+        last: i32,
+        list: &PreparedStatement,
+        find: &PreparedStatement,
+        name: &str,
+    ) -> StoreResult<Vec<i32>> {
+        if months_spanned(first, last) <= CALENDAR_WALK_MONTHS {
+            return Ok(months_between(first, last));
+        }
+        let listed: Vec<MonthRow> = self.read_all(list, ()).await?;
+        let mut months: Vec<i32> = listed
+            .into_iter()
+            .map(|(m,)| m)
+            .filter(|m| (first..=last).contains(m))
+            .collect();
+        months.sort_unstable();
+        let held: Vec<Option<i32>> = stream::iter(months.into_iter().map(|m| async move {
+            let values: MonthNameValues<'_> = (m, name);
+            let rows: Vec<NameRow> = self.read_all(find, values).await?;
+            Ok::<_, StoreError>((!rows.is_empty()).then_some(m))
+        }))
+        .buffered(self.max_concurrency)
+        .try_collect()
+        .await?;
+        Ok(held.into_iter().flatten().collect())
+    }
+}

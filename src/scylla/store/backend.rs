@@ -12,12 +12,16 @@ use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 
 use super::connection::Cql;
 use super::legacy::NO_LEGACY;
+use super::policies::Policies;
+use crate::domain::{ClientId, TenantId};
 use crate::scylla::cql::ScyllaOptions;
 use crate::store::{
-    BucketTotal, CounterRange, CounterStore, Delta, PolicyStore, StoreError, StoreResult,
+    BucketTotal, CounterRange, CounterStore, Delta, PolicyKey, PolicyRecord, PolicyStore,
+    StoreError, StoreResult,
 };
 
 /// The scylla store; cheap to share behind an `Arc` (one session, its own connection pools).
@@ -43,6 +47,7 @@ pub struct ScyllaStore {
     /// Ranges that begin before this instant also read the old counter table
     /// ([`super::legacy`]); [`NO_LEGACY`] once it is empty.
     pub(super) legacy_until: AtomicI64,
+    policies: Policies,
 }
 
 impl fmt::Debug for ScyllaStore {
@@ -60,8 +65,9 @@ impl ScyllaStore {
     /// the cluster cannot be reached.
     pub async fn connect(opts: ScyllaOptions) -> Result<ScyllaStore, StoreError> {
         let (cql, local_dc) = Cql::connect(&opts).await?;
+        let cql = Arc::new(cql);
         let store = ScyllaStore {
-            cql: Arc::new(cql),
+            cql: cql.clone(),
             shard: AtomicI32::new(-1),
             read_shards: ArcSwap::from_pointee(Vec::new()),
             region_slot: AtomicI32::new(0),
@@ -70,6 +76,7 @@ impl ScyllaStore {
             janitor_cursor: Mutex::new(i64::MIN),
             client_cursor: Mutex::new(i64::MIN),
             legacy_until: AtomicI64::new(NO_LEGACY),
+            policies: Policies::new(cql.clone()),
         };
         let until = store.legacy_until().await?;
         store.legacy_until.store(until, Ordering::Relaxed);
@@ -109,6 +116,51 @@ impl CounterStore for ScyllaStore {
 
     async fn ping(&self) -> StoreResult<()> {
         // Our own table, not system.local: proves the keyspace and schema answer too.
-        PolicyStore::policies_generation(self).await.map(|_| ())
+        self.policies.generation().await.map(|_| ())
+    }
+}
+
+#[async_trait]
+impl PolicyStore for ScyllaStore {
+    async fn put_policy(
+        &self,
+        key: &PolicyKey,
+        body: &str,
+        now: DateTime<Utc>,
+    ) -> StoreResult<PolicyRecord> {
+        self.policies.put(key, body, now).await
+    }
+
+    async fn get_policy(&self, key: &PolicyKey) -> StoreResult<Option<PolicyRecord>> {
+        self.policies.get(key).await
+    }
+
+    async fn delete_policy(&self, key: &PolicyKey) -> StoreResult<bool> {
+        self.policies.delete(key).await
+    }
+
+    async fn list_policies(
+        &self,
+        after: Option<&TenantId>,
+        limit: usize,
+    ) -> StoreResult<Vec<PolicyRecord>> {
+        self.policies.list(after, limit).await
+    }
+
+    async fn list_overrides(
+        &self,
+        tenant: &TenantId,
+        after: Option<&ClientId>,
+        limit: usize,
+    ) -> StoreResult<Vec<PolicyRecord>> {
+        self.policies.list_overrides(tenant, after, limit).await
+    }
+
+    async fn load_policies(&self) -> StoreResult<Vec<PolicyRecord>> {
+        self.policies.load().await
+    }
+
+    async fn policies_generation(&self) -> StoreResult<u64> {
+        self.policies.generation().await
     }
 }

@@ -3,13 +3,15 @@
 //! Create is `IF NOT EXISTS`, replace is `IF version = ?`, so two admins on two instances
 //! cannot both write version 2: the loser re-reads (at LOCAL_SERIAL) and tries again, up to
 //! [`MAX_CAS_ATTEMPTS`] times. Every change then bumps a counter row, the generation other
-//! instances poll ([`PolicyStore::policies_generation`]).
+//! instances poll ([`Policies::generation`]).
 
-use async_trait::async_trait;
+use std::sync::Arc;
+
 use chrono::{DateTime, Utc};
 use futures::stream::{self, StreamExt, TryStreamExt};
 use scylla::value::{Counter, CqlTimestamp};
 
+use super::connection::Cql;
 use super::errors::{internal, map_exec, map_next_row, map_pager, Op};
 use super::partition::{policy_part, POLICY_PARTS};
 use super::statements::{
@@ -17,9 +19,8 @@ use super::statements::{
     ListPoliciesValues, LoadPoliciesValues, PolicyKeyValues, PolicyRow, ReadGenerationValues,
     UpdatePolicyValues,
 };
-use super::ScyllaStore;
 use crate::domain::{ClientId, TenantId};
-use crate::store::{PolicyKey, PolicyRecord, PolicyStore, StoreError, StoreResult};
+use crate::store::{PolicyKey, PolicyRecord, StoreError, StoreResult};
 
 /// Tries of a compare-and-set policy write before giving up under contention.
 const MAX_CAS_ATTEMPTS: usize = 8;
@@ -29,7 +30,41 @@ const GENERATION_ID: &str = "policies";
 const KIND_TENANT: i8 = 0;
 const KIND_OVERRIDE: i8 = 1;
 
-impl ScyllaStore {
+fn policy_kind(key: &PolicyKey) -> (i8, &str) {
+    match &key.client {
+        None => (KIND_TENANT, ""),
+        Some(c) => (KIND_OVERRIDE, c.as_str()),
+    }
+}
+
+fn record_from_row(
+    (tenant, client, body, version, updated_at): PolicyRow,
+) -> StoreResult<PolicyRecord> {
+    let tenant = TenantId::parse(&tenant).map_err(internal)?;
+    let client = if client.is_empty() {
+        None
+    } else {
+        Some(ClientId::parse(&client).map_err(internal)?)
+    };
+    Ok(PolicyRecord {
+        key: PolicyKey { tenant, client },
+        body,
+        version: u64::try_from(version).map_err(internal)?,
+        updated_at: DateTime::<Utc>::from_timestamp_millis(updated_at.0)
+            .ok_or_else(|| internal("updated_at out of range"))?,
+    })
+}
+
+/// The policies and their generation.
+pub(super) struct Policies {
+    cql: Arc<Cql>,
+}
+
+impl Policies {
+    pub(super) fn new(cql: Arc<Cql>) -> Self {
+        Policies { cql }
+    }
+
     async fn read_policy(
         &self,
         key: &PolicyKey,
@@ -81,36 +116,8 @@ impl ScyllaStore {
             last.map(|e| e.to_string()).unwrap_or_default()
         )))
     }
-}
 
-fn policy_kind(key: &PolicyKey) -> (i8, &str) {
-    match &key.client {
-        None => (KIND_TENANT, ""),
-        Some(c) => (KIND_OVERRIDE, c.as_str()),
-    }
-}
-
-fn record_from_row(
-    (tenant, client, body, version, updated_at): PolicyRow,
-) -> StoreResult<PolicyRecord> {
-    let tenant = TenantId::parse(&tenant).map_err(internal)?;
-    let client = if client.is_empty() {
-        None
-    } else {
-        Some(ClientId::parse(&client).map_err(internal)?)
-    };
-    Ok(PolicyRecord {
-        key: PolicyKey { tenant, client },
-        body,
-        version: u64::try_from(version).map_err(internal)?,
-        updated_at: DateTime::<Utc>::from_timestamp_millis(updated_at.0)
-            .ok_or_else(|| internal("updated_at out of range"))?,
-    })
-}
-
-#[async_trait]
-impl PolicyStore for ScyllaStore {
-    async fn put_policy(
+    pub(super) async fn put(
         &self,
         key: &PolicyKey,
         body: &str,
@@ -153,11 +160,11 @@ impl PolicyStore for ScyllaStore {
         )))
     }
 
-    async fn get_policy(&self, key: &PolicyKey) -> StoreResult<Option<PolicyRecord>> {
+    pub(super) async fn get(&self, key: &PolicyKey) -> StoreResult<Option<PolicyRecord>> {
         self.read_policy(key, false).await
     }
 
-    async fn delete_policy(&self, key: &PolicyKey) -> StoreResult<bool> {
+    pub(super) async fn delete(&self, key: &PolicyKey) -> StoreResult<bool> {
         let (kind, client) = policy_kind(key);
         let values: PolicyKeyValues<'_> = (
             policy_part(key.tenant.as_str()),
@@ -172,7 +179,7 @@ impl PolicyStore for ScyllaStore {
         Ok(existed)
     }
 
-    async fn list_policies(
+    pub(super) async fn list(
         &self,
         after: Option<&TenantId>,
         limit: usize,
@@ -209,7 +216,7 @@ impl PolicyStore for ScyllaStore {
         all.into_iter().map(record_from_row).collect()
     }
 
-    async fn list_overrides(
+    pub(super) async fn list_overrides(
         &self,
         tenant: &TenantId,
         after: Option<&ClientId>,
@@ -240,7 +247,7 @@ impl PolicyStore for ScyllaStore {
         Ok(out)
     }
 
-    async fn load_policies(&self) -> StoreResult<Vec<PolicyRecord>> {
+    pub(super) async fn load(&self) -> StoreResult<Vec<PolicyRecord>> {
         let parts: Vec<Vec<PolicyRow>> = stream::iter((0..POLICY_PARTS).map(|part| async move {
             let values: LoadPoliciesValues = (part,);
             let pager = self
@@ -268,7 +275,7 @@ impl PolicyStore for ScyllaStore {
         Ok(out)
     }
 
-    async fn policies_generation(&self) -> StoreResult<u64> {
+    pub(super) async fn generation(&self) -> StoreResult<u64> {
         let values: ReadGenerationValues<'_> = (GENERATION_ID,);
         let res = self
             .cql

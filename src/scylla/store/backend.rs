@@ -15,10 +15,12 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 use super::connection::Cql;
+use super::history::History;
 use super::legacy::NO_LEGACY;
 use super::policies::Policies;
 use crate::domain::{ClientId, TenantId};
 use crate::scylla::cql::ScyllaOptions;
+use crate::store::history::{ClientTotal, HistoryStore, Step, UsageDelta, UsagePoint};
 use crate::store::{
     BucketTotal, CounterRange, CounterStore, Delta, PolicyKey, PolicyRecord, PolicyStore,
     StoreError, StoreResult,
@@ -47,6 +49,7 @@ pub struct ScyllaStore {
     /// Ranges that begin before this instant also read the old counter table
     /// ([`super::legacy`]); [`NO_LEGACY`] once it is empty.
     pub(super) legacy_until: AtomicI64,
+    history: History,
     policies: Policies,
 }
 
@@ -76,6 +79,7 @@ impl ScyllaStore {
             janitor_cursor: Mutex::new(i64::MIN),
             client_cursor: Mutex::new(i64::MIN),
             legacy_until: AtomicI64::new(NO_LEGACY),
+            history: History::new(cql.clone()),
             policies: Policies::new(cql.clone()),
         };
         let until = store.legacy_until().await?;
@@ -162,5 +166,36 @@ impl PolicyStore for ScyllaStore {
 
     async fn policies_generation(&self) -> StoreResult<u64> {
         self.policies.generation().await
+    }
+}
+
+#[async_trait]
+impl HistoryStore for ScyllaStore {
+    async fn add_usage(&self, deltas: &[UsageDelta]) -> StoreResult<()> {
+        self.history.add(deltas).await
+    }
+
+    async fn usage_points(
+        &self,
+        tenant: &str,
+        client: Option<&str>,
+        step: Step,
+        from: i64,
+        to: i64,
+    ) -> StoreResult<Vec<UsagePoint>> {
+        self.history.points(tenant, client, step, from, to).await
+    }
+
+    async fn clients_seen(
+        &self,
+        tenant: &str,
+        from: i64,
+        to: i64,
+    ) -> StoreResult<Vec<ClientTotal>> {
+        self.history.clients_seen(tenant, from, to).await
+    }
+
+    async fn delete_history_before(&self, before: i64, budget: usize) -> StoreResult<u64> {
+        self.history.delete_before(before, budget).await
     }
 }

@@ -14,27 +14,25 @@
 //! Counter writes are never retried (see [`super::connection`]): once any counter write may have
 //! landed, a failure is `Uncertain`.
 //!
-//! Retention ([`HistoryStore::delete_history_before`]) deletes whole partitions of months that
+//! Retention ([`History::delete_before`]) deletes whole partitions of months that
 //! ended at or before `before`. A deleted counter cannot reliably be incremented again; that
 //! never matters here, because nothing writes history for an hour that far past retention.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
 
-use async_trait::async_trait;
 use futures::stream::{self, StreamExt, TryStreamExt};
 use scylla::value::{Counter, MaybeUnset};
 
+use super::connection::Cql;
 use super::errors::{combine_write_outcomes, internal};
 use super::partition::{month_end, month_of, month_start, FIRST_MS, LAST_MS};
 use super::statements::{
     AddClientDayValues, AddUsagePointValues, ClientDayRow, ClientDayValues, MonthNameValues,
     MonthValues, NameRow, ReadUsagePointsValues, UsageHistoryKeyValues, UsagePointRow,
 };
-use super::ScyllaStore;
 use crate::domain::TENANT_SUBJECT;
-use crate::store::history::{
-    ClientTotal, Counts, HistoryStore, Step, UsageDelta, UsagePoint, DAY_MS,
-};
+use crate::store::history::{ClientTotal, Counts, Step, UsageDelta, UsagePoint, DAY_MS};
 use crate::store::{StoreError, StoreResult};
 
 const ADMITTED: &str = "admitted";
@@ -188,7 +186,16 @@ fn days_in(from: i64, to: i64) -> impl Iterator<Item = i64> {
         .take_while(move |d| *d < to)
 }
 
-impl ScyllaStore {
+/// Usage history and its indexes.
+pub(super) struct History {
+    cql: Arc<Cql>,
+}
+
+impl History {
+    pub(super) fn new(cql: Arc<Cql>) -> Self {
+        History { cql }
+    }
+
     /// Runs counter updates, a batch per partition chunk, in parallel; the outcome as one
     /// error (`Uncertain` once any may have landed).
     async fn write_counters<V>(
@@ -228,7 +235,7 @@ impl ScyllaStore {
     }
 
     /// Deletes one tenant's history of one month, a day at a time (see
-    /// [`HistoryStore::delete_history_before`]); stops once `removed` reaches `budget`.
+    /// [`History::delete_before`]); stops once `removed` reaches `budget`.
     /// Returns whether the month is done.
     async fn delete_tenant_month(
         &self,
@@ -280,11 +287,8 @@ impl ScyllaStore {
         *removed += 2;
         Ok(true)
     }
-}
 
-#[async_trait]
-impl HistoryStore for ScyllaStore {
-    async fn add_usage(&self, deltas: &[UsageDelta]) -> StoreResult<()> {
+    pub(super) async fn add(&self, deltas: &[UsageDelta]) -> StoreResult<()> {
         let plan = plan_usage(deltas)?;
         if plan.points.is_empty() {
             return Ok(());
@@ -347,7 +351,7 @@ impl HistoryStore for ScyllaStore {
             })
     }
 
-    async fn usage_points(
+    pub(super) async fn points(
         &self,
         tenant: &str,
         client: Option<&str>,
@@ -375,7 +379,7 @@ impl HistoryStore for ScyllaStore {
             .collect())
     }
 
-    async fn clients_seen(
+    pub(super) async fn clients_seen(
         &self,
         tenant: &str,
         from: i64,
@@ -419,7 +423,7 @@ impl HistoryStore for ScyllaStore {
     /// `usage_tenants`. Each step deletes what lists it only after what it lists, so a call cut
     /// off (by an error or the budget) leaves everything still findable by the next. Counts
     /// partitions deleted (a day's clients may take it past `budget`).
-    async fn delete_history_before(&self, before: i64, budget: usize) -> StoreResult<u64> {
+    pub(super) async fn delete_before(&self, before: i64, budget: usize) -> StoreResult<u64> {
         let mut removed = 0u64;
         if budget == 0 {
             return Ok(0);

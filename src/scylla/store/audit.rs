@@ -12,19 +12,20 @@
 //! Retention deletes whole (scope, month) partitions of months that ended at or before
 //! `before`, found through `audit_months`, never by a scan.
 
-use async_trait::async_trait;
+use std::sync::Arc;
+
 use chrono::{DateTime, Utc};
 use scylla::statement::batch::{Batch, BatchType};
 use scylla::value::{CqlTimestamp, MaybeUnset};
 
+use super::connection::Cql;
 use super::errors::{internal, map_exec, Op};
 use super::partition::{month_of, FIRST_MS};
 use super::statements::{
     AuditPartitionValues, AuditRow, InsertAuditValues, MonthNameValues, MonthValues, NameRow,
     ReadAuditBeforeValues, ReadAuditValues,
 };
-use super::ScyllaStore;
-use crate::store::audit::{AuditEntry, AuditQuery, AuditStore};
+use crate::store::audit::{AuditEntry, AuditQuery};
 use crate::store::StoreResult;
 
 /// The scope of the log of every tenant (tenant ids never hold `*`).
@@ -73,9 +74,17 @@ fn version_value(v: Option<u64>) -> StoreResult<MaybeUnset<i64>> {
         .map(MaybeUnset::from_option)
 }
 
-#[async_trait]
-impl AuditStore for ScyllaStore {
-    async fn append_audit(&self, entry: &AuditEntry) -> StoreResult<()> {
+/// The audit log and its month index.
+pub(super) struct Audit {
+    cql: Arc<Cql>,
+}
+
+impl Audit {
+    pub(super) fn new(cql: Arc<Cql>) -> Self {
+        Audit { cql }
+    }
+
+    pub(super) async fn append(&self, entry: &AuditEntry) -> StoreResult<()> {
         let at = entry.at.timestamp_millis();
         let month = month_of(at);
         // The index first, so every partition written is listed. Both rows are in the
@@ -118,7 +127,7 @@ impl AuditStore for ScyllaStore {
     /// Month partitions newest first, from the month of the newest entry the page may hold down
     /// to the month of `from`; each read is bounded above (`at < to`, or strictly before the
     /// cursor) and by the entries still wanted, and stops at the first entry older than `from`.
-    async fn audit_page(&self, q: &AuditQuery) -> StoreResult<Vec<AuditEntry>> {
+    pub(super) async fn page(&self, q: &AuditQuery) -> StoreResult<Vec<AuditEntry>> {
         if q.limit == 0 {
             return Ok(Vec::new());
         }
@@ -172,7 +181,7 @@ impl AuditStore for ScyllaStore {
     /// Months that ended at or before `before`, oldest first: each (scope, month) partition,
     /// then its index row, then the month's index partition. Counts partitions of
     /// `audit_log` deleted (two per month a tenant had changes in: its own and a share of `*`).
-    async fn delete_audit_before(&self, before: i64, budget: usize) -> StoreResult<u64> {
+    pub(super) async fn delete_before(&self, before: i64, budget: usize) -> StoreResult<u64> {
         let mut removed = 0usize;
         if budget == 0 {
             return Ok(0);

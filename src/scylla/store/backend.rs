@@ -14,12 +14,14 @@ use arc_swap::ArcSwap;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
+use super::audit::Audit;
 use super::connection::Cql;
 use super::history::History;
 use super::legacy::NO_LEGACY;
 use super::policies::Policies;
 use crate::domain::{ClientId, TenantId};
 use crate::scylla::cql::ScyllaOptions;
+use crate::store::audit::{AuditEntry, AuditQuery, AuditStore};
 use crate::store::history::{ClientTotal, HistoryStore, Step, UsageDelta, UsagePoint};
 use crate::store::{
     BucketTotal, CounterRange, CounterStore, Delta, PolicyKey, PolicyRecord, PolicyStore,
@@ -49,6 +51,7 @@ pub struct ScyllaStore {
     /// Ranges that begin before this instant also read the old counter table
     /// ([`super::legacy`]); [`NO_LEGACY`] once it is empty.
     pub(super) legacy_until: AtomicI64,
+    audit: Audit,
     history: History,
     policies: Policies,
 }
@@ -79,6 +82,7 @@ impl ScyllaStore {
             janitor_cursor: Mutex::new(i64::MIN),
             client_cursor: Mutex::new(i64::MIN),
             legacy_until: AtomicI64::new(NO_LEGACY),
+            audit: Audit::new(cql.clone()),
             history: History::new(cql.clone()),
             policies: Policies::new(cql.clone()),
         };
@@ -197,5 +201,20 @@ impl HistoryStore for ScyllaStore {
 
     async fn delete_history_before(&self, before: i64, budget: usize) -> StoreResult<u64> {
         self.history.delete_before(before, budget).await
+    }
+}
+
+#[async_trait]
+impl AuditStore for ScyllaStore {
+    async fn append_audit(&self, entry: &AuditEntry) -> StoreResult<()> {
+        self.audit.append(entry).await
+    }
+
+    async fn audit_page(&self, q: &AuditQuery) -> StoreResult<Vec<AuditEntry>> {
+        self.audit.page(q).await
+    }
+
+    async fn delete_audit_before(&self, before: i64, budget: usize) -> StoreResult<u64> {
+        self.audit.delete_before(before, budget).await
     }
 }

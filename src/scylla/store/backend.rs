@@ -9,6 +9,7 @@
 use std::fmt;
 use std::sync::atomic::{AtomicI32, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use async_trait::async_trait;
@@ -17,12 +18,14 @@ use chrono::{DateTime, Utc};
 use super::audit::Audit;
 use super::connection::Cql;
 use super::history::History;
+use super::idempotency::Idempotency;
 use super::legacy::NO_LEGACY;
 use super::policies::Policies;
 use crate::domain::{ClientId, TenantId};
 use crate::scylla::cql::ScyllaOptions;
 use crate::store::audit::{AuditEntry, AuditQuery, AuditStore};
 use crate::store::history::{ClientTotal, HistoryStore, Step, UsageDelta, UsagePoint};
+use crate::store::idempotency::{Begun, IdempotencyStore};
 use crate::store::{
     BucketTotal, CounterRange, CounterStore, Delta, PolicyKey, PolicyRecord, PolicyStore,
     StoreError, StoreResult,
@@ -51,6 +54,7 @@ pub struct ScyllaStore {
     /// Ranges that begin before this instant also read the old counter table
     /// ([`super::legacy`]); [`NO_LEGACY`] once it is empty.
     pub(super) legacy_until: AtomicI64,
+    idempotency: Idempotency,
     audit: Audit,
     history: History,
     policies: Policies,
@@ -82,6 +86,7 @@ impl ScyllaStore {
             janitor_cursor: Mutex::new(i64::MIN),
             client_cursor: Mutex::new(i64::MIN),
             legacy_until: AtomicI64::new(NO_LEGACY),
+            idempotency: Idempotency::new(cql.clone()),
             audit: Audit::new(cql.clone()),
             history: History::new(cql.clone()),
             policies: Policies::new(cql.clone()),
@@ -216,5 +221,40 @@ impl AuditStore for ScyllaStore {
 
     async fn delete_audit_before(&self, before: i64, budget: usize) -> StoreResult<u64> {
         self.audit.delete_before(before, budget).await
+    }
+}
+
+#[async_trait]
+impl IdempotencyStore for ScyllaStore {
+    async fn begin_idempotent(
+        &self,
+        scope: &str,
+        key: &str,
+        fingerprint: &str,
+        ttl: Duration,
+    ) -> StoreResult<Begun> {
+        self.idempotency.begin(scope, key, fingerprint, ttl).await
+    }
+
+    async fn finish_idempotent(
+        &self,
+        scope: &str,
+        key: &str,
+        fingerprint: &str,
+        response: &str,
+        ttl: Duration,
+    ) -> StoreResult<()> {
+        self.idempotency
+            .finish(scope, key, fingerprint, response, ttl)
+            .await
+    }
+
+    async fn abandon_idempotent(
+        &self,
+        scope: &str,
+        key: &str,
+        fingerprint: &str,
+    ) -> StoreResult<()> {
+        self.idempotency.abandon(scope, key, fingerprint).await
     }
 }

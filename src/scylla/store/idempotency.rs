@@ -3,17 +3,16 @@
 //! `DELETE ... IF fingerprint = ?`. Paxos makes the claim one step against any other instance's,
 //! so two requests with one key never both go ahead while its row lives.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-
+use super::connection::Cql;
 use super::errors::{internal, map_exec, Op};
 use super::statements::{
     AbandonIdempotencyValues, ClaimIdempotencyValues, FinishIdempotencyValues,
     GetIdempotencyValues, IdempotencyRow,
 };
-use super::ScyllaStore;
-use crate::store::idempotency::{Begun, IdempotencyStore, Remembered};
+use crate::store::idempotency::{Begun, Remembered};
 use crate::store::lease::ttl_secs;
 use crate::store::StoreResult;
 
@@ -21,9 +20,17 @@ use crate::store::StoreResult;
 /// winner's row can expire between the claim and the read, and then the claim is tried again.
 const MAX_CLAIM_ATTEMPTS: usize = 4;
 
-#[async_trait]
-impl IdempotencyStore for ScyllaStore {
-    async fn begin_idempotent(
+/// The idempotency keys of admin requests.
+pub(super) struct Idempotency {
+    cql: Arc<Cql>,
+}
+
+impl Idempotency {
+    pub(super) fn new(cql: Arc<Cql>) -> Self {
+        Idempotency { cql }
+    }
+
+    pub(super) async fn begin(
         &self,
         scope: &str,
         key: &str,
@@ -57,7 +64,7 @@ impl IdempotencyStore for ScyllaStore {
         ))
     }
 
-    async fn finish_idempotent(
+    pub(super) async fn finish(
         &self,
         scope: &str,
         key: &str,
@@ -79,7 +86,7 @@ impl IdempotencyStore for ScyllaStore {
         Ok(())
     }
 
-    async fn abandon_idempotent(
+    pub(super) async fn abandon(
         &self,
         scope: &str,
         key: &str,

@@ -7,11 +7,10 @@
 //! unavailable, so the hits stay pending until one is held again.
 
 use std::fmt;
-use std::sync::atomic::{AtomicI32, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
@@ -19,6 +18,7 @@ use super::audit::Audit;
 use super::connection::Cql;
 use super::history::History;
 use super::idempotency::Idempotency;
+use super::lease::Leases;
 use super::legacy::NO_LEGACY;
 use super::policies::Policies;
 use crate::domain::{ClientId, TenantId};
@@ -26,6 +26,7 @@ use crate::scylla::cql::ScyllaOptions;
 use crate::store::audit::{AuditEntry, AuditQuery, AuditStore};
 use crate::store::history::{ClientTotal, HistoryStore, Step, UsageDelta, UsagePoint};
 use crate::store::idempotency::{Begun, IdempotencyStore};
+use crate::store::lease::{Claim, LeaseStore, RegionBeat, Roster};
 use crate::store::{
     BucketTotal, CounterRange, CounterStore, Delta, PolicyKey, PolicyRecord, PolicyStore,
     StoreError, StoreResult,
@@ -35,17 +36,8 @@ use crate::store::{
 pub struct ScyllaStore {
     /// The session and the prepared statements.
     pub(super) cql: Arc<Cql>,
-    /// The shard this instance writes, from its lease; -1 while it holds none.
-    pub(super) shard: AtomicI32,
-    /// The shards a read sums: every shard ever claimed.
-    pub(super) read_shards: ArcSwap<Vec<i16>>,
-    /// This region's slot (`store::lease`): its shards are the ones a read counts as the
-    /// region's part. 0 until the fleet joins a region.
-    pub(super) region_slot: AtomicI32,
-    /// The region joined, and its slot: what heartbeats write.
-    pub(super) region: std::sync::OnceLock<(String, i16)>,
-    /// `store.local_dc`, else the data centre of the contact points ([`super::connection`]).
-    pub(super) local_dc: Option<String>,
+    /// The shard this instance writes, the shards reads sum, the region.
+    pub(super) leases: Arc<Leases>,
     /// Token after which the janitor's next sweep of the old counter table continues. A std
     /// mutex: it is only read and written between awaits, never held across one.
     pub(super) janitor_cursor: Mutex<i64>,
@@ -64,7 +56,7 @@ impl fmt::Debug for ScyllaStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ScyllaStore")
             .field("shard", &self.shard())
-            .field("read_shards", &self.read_shards.load())
+            .field("read_shards", &self.leases.read_shards())
             .finish_non_exhaustive()
     }
 }
@@ -78,11 +70,7 @@ impl ScyllaStore {
         let cql = Arc::new(cql);
         let store = ScyllaStore {
             cql: cql.clone(),
-            shard: AtomicI32::new(-1),
-            read_shards: ArcSwap::from_pointee(Vec::new()),
-            region_slot: AtomicI32::new(0),
-            region: std::sync::OnceLock::new(),
-            local_dc,
+            leases: Arc::new(Leases::new(cql.clone(), local_dc)),
             janitor_cursor: Mutex::new(i64::MIN),
             client_cursor: Mutex::new(i64::MIN),
             legacy_until: AtomicI64::new(NO_LEGACY),
@@ -98,14 +86,7 @@ impl ScyllaStore {
 
     /// This instance's write shard, while it holds a lease.
     pub fn shard(&self) -> Option<i16> {
-        let s = self.shard.load(Ordering::Relaxed);
-        (s >= 0).then_some(s as i16)
-    }
-
-    pub(super) fn set_shards(&self, write: Option<i16>, read: &[i16]) {
-        self.shard
-            .store(write.map_or(-1, i32::from), Ordering::Relaxed);
-        self.read_shards.store(Arc::new(read.to_vec()));
+        self.leases.shard()
     }
 }
 
@@ -256,5 +237,54 @@ impl IdempotencyStore for ScyllaStore {
         fingerprint: &str,
     ) -> StoreResult<()> {
         self.idempotency.abandon(scope, key, fingerprint).await
+    }
+}
+
+#[async_trait]
+impl LeaseStore for ScyllaStore {
+    async fn claim(
+        &self,
+        owner: &str,
+        pin: Option<i16>,
+        prefer: Option<i16>,
+        ttl: Duration,
+    ) -> StoreResult<Claim> {
+        self.leases.claim(owner, pin, prefer, ttl).await
+    }
+
+    async fn renew(&self, shard: i16, owner: &str, ttl: Duration) -> StoreResult<bool> {
+        self.leases.renew(shard, owner, ttl).await
+    }
+
+    async fn release(&self, shard: i16, owner: &str) -> StoreResult<bool> {
+        self.leases.release(shard, owner).await
+    }
+
+    async fn roster(&self) -> StoreResult<Roster> {
+        self.leases.roster().await
+    }
+
+    fn adopt(&self, write: Option<i16>, read: &[i16]) {
+        self.leases.adopt(write, read)
+    }
+
+    async fn local_region(&self) -> StoreResult<Option<String>> {
+        self.leases.local_region().await
+    }
+
+    async fn join_region(&self, region: &str) -> StoreResult<i16> {
+        self.leases.join_region(region).await
+    }
+
+    async fn beat(&self, at_ms: i64) -> StoreResult<()> {
+        self.leases.beat(at_ms).await
+    }
+
+    async fn beats_between(&self, region: &str, from: i64, to: i64) -> StoreResult<Vec<i64>> {
+        self.leases.beats_between(region, from, to).await
+    }
+
+    async fn regions(&self) -> StoreResult<Vec<RegionBeat>> {
+        self.leases.regions().await
     }
 }

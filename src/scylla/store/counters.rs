@@ -12,7 +12,6 @@
 //! also sum the old table ([`super::legacy`]).
 
 use std::collections::BTreeMap;
-use std::sync::atomic::Ordering;
 
 use futures::stream::{self, StreamExt, TryStreamExt};
 use scylla::value::Counter;
@@ -93,7 +92,7 @@ fn plan_reads(ranges: &[CounterRange]) -> Vec<Query<'_>> {
 impl ScyllaStore {
     /// Writes the increments, a COUNTER batch per client (see the module comment).
     pub(super) async fn increment_clients(&self, deltas: &[Delta]) -> StoreResult<()> {
-        let shard = self.shard().ok_or_else(|| {
+        let shard = self.leases.shard().ok_or_else(|| {
             StoreError::Unavailable("this instance holds no shard lease; nothing written".into())
         })?;
         let clients = group_by_client(deltas)?;
@@ -123,8 +122,8 @@ impl ScyllaStore {
         &self,
         ranges: &[CounterRange],
     ) -> StoreResult<Vec<Vec<BucketTotal>>> {
-        let mine = self.shard.load(Ordering::Relaxed);
-        let region = self.region_slot.load(Ordering::Relaxed) as i16;
+        let mine = self.leases.shard().map_or(-1, i32::from);
+        let region = self.leases.region_slot();
         let queries = plan_reads(ranges);
         let queries = &queries;
         let answers: Vec<(usize, Vec<CounterRow>)> = stream::iter(0..queries.len())

@@ -69,8 +69,8 @@ impl ScyllaStore {
         if until == NO_LEGACY {
             return Ok(());
         }
-        let shards = self.read_shards.load();
-        let mine = self.shard.load(Ordering::Relaxed);
+        let shards = self.leases.read_shards();
+        let mine = self.leases.shard().map_or(-1, i32::from);
         let mut queries = Vec::new();
         for (i, r) in ranges.iter().enumerate() {
             if r.from > r.to || r.from >= until {

@@ -7,7 +7,6 @@
 //! unavailable, so the hits stay pending until one is held again.
 
 use std::fmt;
-use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -19,7 +18,7 @@ use super::connection::Cql;
 use super::history::History;
 use super::idempotency::Idempotency;
 use super::lease::Leases;
-use super::legacy::NO_LEGACY;
+use super::legacy::Legacy;
 use super::policies::Policies;
 use crate::domain::{ClientId, TenantId};
 use crate::scylla::cql::ScyllaOptions;
@@ -43,9 +42,8 @@ pub struct ScyllaStore {
     pub(super) janitor_cursor: Mutex<i64>,
     /// Likewise, for the client partitions.
     pub(super) client_cursor: Mutex<i64>,
-    /// Ranges that begin before this instant also read the old counter table
-    /// ([`super::legacy`]); [`NO_LEGACY`] once it is empty.
-    pub(super) legacy_until: AtomicI64,
+    /// The old counter table, while it holds anything ([`super::legacy`]).
+    pub(super) legacy: Arc<Legacy>,
     idempotency: Idempotency,
     audit: Audit,
     history: History,
@@ -68,20 +66,19 @@ impl ScyllaStore {
     pub async fn connect(opts: ScyllaOptions) -> Result<ScyllaStore, StoreError> {
         let (cql, local_dc) = Cql::connect(&opts).await?;
         let cql = Arc::new(cql);
-        let store = ScyllaStore {
+        let leases = Arc::new(Leases::new(cql.clone(), local_dc));
+        let legacy = Arc::new(Legacy::load(cql.clone(), leases.clone()).await?);
+        Ok(ScyllaStore {
             cql: cql.clone(),
-            leases: Arc::new(Leases::new(cql.clone(), local_dc)),
+            leases,
+            legacy,
             janitor_cursor: Mutex::new(i64::MIN),
             client_cursor: Mutex::new(i64::MIN),
-            legacy_until: AtomicI64::new(NO_LEGACY),
             idempotency: Idempotency::new(cql.clone()),
             audit: Audit::new(cql.clone()),
             history: History::new(cql.clone()),
             policies: Policies::new(cql.clone()),
-        };
-        let until = store.legacy_until().await?;
-        store.legacy_until.store(until, Ordering::Relaxed);
-        Ok(store)
+        })
     }
 
     /// This instance's write shard, while it holds a lease.

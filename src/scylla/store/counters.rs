@@ -153,7 +153,7 @@ impl ScyllaStore {
                 }
             }
         }
-        self.add_legacy(ranges, &mut sums).await?;
+        self.legacy.add_to(ranges, &mut sums).await?;
         Ok(sums
             .into_iter()
             .map(|m| m.into_values().collect())

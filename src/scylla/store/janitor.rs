@@ -12,14 +12,9 @@
 //! The planners ([`plan_sweep`], [`expired_runs`]) are pure; the store methods here only page
 //! through the ring and delete.
 
-use futures::stream::{self, StreamExt};
-
-use std::sync::atomic::Ordering;
-
-use futures::TryStreamExt;
+use futures::stream::{self, StreamExt, TryStreamExt};
 
 use super::errors::{internal, map_exec, Op};
-use super::legacy::NO_LEGACY;
 use super::partition::{expired_runs, partition_expired};
 use super::statements::{
     ClientRow, ClientValues, CounterRow, PartitionRow, PartitionValues, ReadSpanValues, ScanValues,
@@ -86,7 +81,7 @@ impl ScyllaStore {
     /// more; calling until 0 twice in a row sweeps everything.
     pub(super) async fn sweep_expired(&self, now_ms: i64, budget: usize) -> StoreResult<u64> {
         let mut deleted = 0;
-        if self.legacy_until.load(Ordering::Relaxed) != NO_LEGACY {
+        if self.legacy.in_use() {
             deleted += self.sweep_legacy(now_ms, budget).await?;
         }
         let left = budget.saturating_sub(deleted as usize);
@@ -184,7 +179,7 @@ impl ScyllaStore {
             if cursor == i64::MIN && page.is_empty() {
                 // A whole lap found nothing: the old table is empty for good (nothing
                 // writes it).
-                self.legacy_emptied();
+                self.legacy.emptied();
                 break;
             }
             scanned += page.len();

@@ -1,10 +1,8 @@
-//! The store itself: the shared connection ([`super::connection`]) and the counter operations.
-//!
-//! The counter operations themselves are [`super::counters`] (and [`super::legacy`] for the
-//! layout of earlier releases). Counter writes are never retried: they are not idempotent, so
-//! a timed-out write is reported as [`StoreError::Uncertain`]. Which shard is this instance's
-//! comes from its lease ([`super::lease`]); without a lease an increment fails as
-//! unavailable, so the hits stay pending until one is held again.
+//! The store itself: [`ScyllaStore`], which holds the shared connection
+//! ([`super::connection`]) and the parts that own the rest ([`super::counters`],
+//! [`super::lease`], [`super::legacy`], [`super::policies`], [`super::history`],
+//! [`super::audit`], [`super::idempotency`]), and hands each trait call to one of them. The
+//! janitor's sweeps ([`super::janitor`]) still run on the store itself, with its two cursors.
 
 use std::fmt;
 use std::sync::{Arc, Mutex};
@@ -15,6 +13,7 @@ use chrono::{DateTime, Utc};
 
 use super::audit::Audit;
 use super::connection::Cql;
+use super::counters::Counters;
 use super::history::History;
 use super::idempotency::Idempotency;
 use super::lease::Leases;
@@ -44,6 +43,7 @@ pub struct ScyllaStore {
     pub(super) client_cursor: Mutex<i64>,
     /// The old counter table, while it holds anything ([`super::legacy`]).
     pub(super) legacy: Arc<Legacy>,
+    counters: Counters,
     idempotency: Idempotency,
     audit: Audit,
     history: History,
@@ -70,6 +70,7 @@ impl ScyllaStore {
         let legacy = Arc::new(Legacy::load(cql.clone(), leases.clone()).await?);
         Ok(ScyllaStore {
             cql: cql.clone(),
+            counters: Counters::new(cql.clone(), leases.clone(), legacy.clone()),
             leases,
             legacy,
             janitor_cursor: Mutex::new(i64::MIN),
@@ -94,11 +95,11 @@ impl CounterStore for ScyllaStore {
     }
 
     async fn increment(&self, deltas: &[Delta]) -> StoreResult<()> {
-        self.increment_clients(deltas).await
+        self.counters.increment(deltas).await
     }
 
     async fn read(&self, ranges: &[CounterRange]) -> StoreResult<Vec<Vec<BucketTotal>>> {
-        self.read_clients(ranges).await
+        self.counters.read(ranges).await
     }
 
     async fn delete_expired(&self, now_ms: i64, budget: usize) -> StoreResult<u64> {

@@ -10,16 +10,22 @@
 //! needs are never read, so how soon the janitor deletes them changes nothing for a read.
 //! After an upgrade from the layout of 0001, ranges that began before the new layout served
 //! also sum the old table ([`super::legacy`]).
+//!
+//! [`Counters`] is the part of the store that writes and reads them: it writes this
+//! instance's shard and reads every shard, as its leases ([`super::lease`]) say.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use futures::stream::{self, StreamExt, TryStreamExt};
 use scylla::value::Counter;
 
+use super::connection::Cql;
 use super::errors::combine_write_outcomes;
+use super::lease::Leases;
+use super::legacy::Legacy;
 use super::partition::{group_by_client, starts_in, ClientWrite, MAX_IN_VALUES};
 use super::statements::{CounterRow, IncrementValues, ReadSpanValues, ReadStartsValues};
-use super::ScyllaStore;
 use crate::store::lease::slot_of;
 use crate::store::{BucketTotal, CounterRange, Delta, StoreError, StoreResult};
 
@@ -89,9 +95,25 @@ fn plan_reads(ranges: &[CounterRange]) -> Vec<Query<'_>> {
     out
 }
 
-impl ScyllaStore {
+/// The counters of `client_counters`, and of the old table while it holds any.
+pub(super) struct Counters {
+    cql: Arc<Cql>,
+    /// The shard this instance writes, and its region's slot.
+    leases: Arc<Leases>,
+    legacy: Arc<Legacy>,
+}
+
+impl Counters {
+    pub(super) fn new(cql: Arc<Cql>, leases: Arc<Leases>, legacy: Arc<Legacy>) -> Self {
+        Counters {
+            cql,
+            leases,
+            legacy,
+        }
+    }
+
     /// Writes the increments, a COUNTER batch per client (see the module comment).
-    pub(super) async fn increment_clients(&self, deltas: &[Delta]) -> StoreResult<()> {
+    pub(super) async fn increment(&self, deltas: &[Delta]) -> StoreResult<()> {
         let shard = self.leases.shard().ok_or_else(|| {
             StoreError::Unavailable("this instance holds no shard lease; nothing written".into())
         })?;
@@ -118,10 +140,7 @@ impl ScyllaStore {
     }
 
     /// Reads the ranges, a query per client (see the module comment).
-    pub(super) async fn read_clients(
-        &self,
-        ranges: &[CounterRange],
-    ) -> StoreResult<Vec<Vec<BucketTotal>>> {
+    pub(super) async fn read(&self, ranges: &[CounterRange]) -> StoreResult<Vec<Vec<BucketTotal>>> {
         let mine = self.leases.shard().map_or(-1, i32::from);
         let region = self.leases.region_slot();
         let queries = plan_reads(ranges);

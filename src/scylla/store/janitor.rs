@@ -9,17 +9,20 @@
 //!   `epoch end + grain.retention_ms() <= now` ([`partition_expired`]); a lap that finds it
 //!   empty ends the reads of it ([`super::legacy`]).
 //!
-//! The planners ([`plan_sweep`], [`expired_runs`]) are pure; the store methods here only page
-//! through the ring and delete.
+//! The planners ([`plan_sweep`], [`expired_runs`]) are pure; [`Janitor`], the part of the store
+//! that owns the two cursors, only pages through the ring and deletes.
+
+use std::sync::{Arc, Mutex};
 
 use futures::stream::{self, StreamExt, TryStreamExt};
 
+use super::connection::Cql;
 use super::errors::{internal, map_exec, Op};
+use super::legacy::Legacy;
 use super::partition::{expired_runs, partition_expired};
 use super::statements::{
     ClientRow, ClientValues, CounterRow, PartitionRow, PartitionValues, ReadSpanValues, ScanValues,
 };
-use super::ScyllaStore;
 use crate::domain::Grain;
 use crate::store::StoreResult;
 
@@ -74,12 +77,34 @@ fn plan_sweep(
     }
 }
 
-impl ScyllaStore {
+/// Where the sweeps of the two counter tables continue.
+pub(super) struct Janitor {
+    cql: Arc<Cql>,
+    /// Whether the old table is still swept; told when a lap finds it empty.
+    legacy: Arc<Legacy>,
+    /// Token after which the next sweep of the old counter table continues. A std mutex: it is
+    /// only read and written between awaits, never held across one.
+    legacy_cursor: Mutex<i64>,
+    /// Likewise, for the client partitions.
+    client_cursor: Mutex<i64>,
+}
+
+impl Janitor {
+    /// Sweeps that start at the beginning of the ring.
+    pub(super) fn new(cql: Arc<Cql>, legacy: Arc<Legacy>) -> Self {
+        Janitor {
+            cql,
+            legacy,
+            legacy_cursor: Mutex::new(i64::MIN),
+            client_cursor: Mutex::new(i64::MIN),
+        }
+    }
+
     /// Deletes expired buckets (see the module comment), about `budget` a call: rows of the
     /// client partitions (a run of them is one range delete), and partitions of the old table
     /// while it holds any. Less than `budget` means this call's part of the sweep found no
     /// more; calling until 0 twice in a row sweeps everything.
-    pub(super) async fn sweep_expired(&self, now_ms: i64, budget: usize) -> StoreResult<u64> {
+    pub(super) async fn delete_expired(&self, now_ms: i64, budget: usize) -> StoreResult<u64> {
         let mut deleted = 0;
         if self.legacy.in_use() {
             deleted += self.sweep_legacy(now_ms, budget).await?;
@@ -171,10 +196,7 @@ impl ScyllaStore {
         let mut scanned = 0usize;
         let scan_limit = budget.saturating_mul(4).clamp(100, 5_000);
         while (deleted as usize) < budget && scanned < MAX_SWEEP_PER_CALL {
-            let cursor = *self
-                .janitor_cursor
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
+            let cursor = *self.legacy_cursor.lock().unwrap_or_else(|p| p.into_inner());
             let page = self.scan_partitions(cursor, scan_limit).await?;
             if cursor == i64::MIN && page.is_empty() {
                 // A whole lap found nothing: the old table is empty for good (nothing
@@ -188,10 +210,7 @@ impl ScyllaStore {
             deleted += sweep.doomed.len() as u64;
             // Only now: if a delete failed, the next sweep looks at the same partitions again
             // (deleting twice is harmless).
-            *self
-                .janitor_cursor
-                .lock()
-                .unwrap_or_else(|p| p.into_inner()) = sweep.next;
+            *self.legacy_cursor.lock().unwrap_or_else(|p| p.into_inner()) = sweep.next;
             if sweep.next == i64::MIN {
                 // A lap is complete; the next call starts the next one.
                 break;

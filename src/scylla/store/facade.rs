@@ -1,11 +1,9 @@
-//! The store itself: [`ScyllaStore`], which holds the shared connection
-//! ([`super::connection`]) and the parts that own the rest ([`super::counters`],
-//! [`super::lease`], [`super::legacy`], [`super::policies`], [`super::history`],
-//! [`super::audit`], [`super::idempotency`]), and hands each trait call to one of them. The
-//! janitor's sweeps ([`super::janitor`]) still run on the store itself, with its two cursors.
+//! The store itself: [`ScyllaStore`], a facade over its parts, and the only place the six
+//! store traits are implemented for it, each method handing the call to the part that owns
+//! what it touches. [`ScyllaStore::connect`] opens the shared connection and builds the parts.
 
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -16,6 +14,7 @@ use super::connection::Cql;
 use super::counters::Counters;
 use super::history::History;
 use super::idempotency::Idempotency;
+use super::janitor::Janitor;
 use super::lease::Leases;
 use super::legacy::Legacy;
 use super::policies::Policies;
@@ -32,22 +31,15 @@ use crate::store::{
 
 /// The scylla store; cheap to share behind an `Arc` (one session, its own connection pools).
 pub struct ScyllaStore {
-    /// The session and the prepared statements.
-    pub(super) cql: Arc<Cql>,
-    /// The shard this instance writes, the shards reads sum, the region.
-    pub(super) leases: Arc<Leases>,
-    /// Token after which the janitor's next sweep of the old counter table continues. A std
-    /// mutex: it is only read and written between awaits, never held across one.
-    pub(super) janitor_cursor: Mutex<i64>,
-    /// Likewise, for the client partitions.
-    pub(super) client_cursor: Mutex<i64>,
-    /// The old counter table, while it holds anything ([`super::legacy`]).
-    pub(super) legacy: Arc<Legacy>,
+    /// The shard this instance writes, the shards reads sum, the region; the counters hold it
+    /// too.
+    leases: Arc<Leases>,
     counters: Counters,
-    idempotency: Idempotency,
-    audit: Audit,
-    history: History,
+    janitor: Janitor,
     policies: Policies,
+    history: History,
+    audit: Audit,
+    idempotency: Idempotency,
 }
 
 impl fmt::Debug for ScyllaStore {
@@ -69,16 +61,13 @@ impl ScyllaStore {
         let leases = Arc::new(Leases::new(cql.clone(), local_dc));
         let legacy = Arc::new(Legacy::load(cql.clone(), leases.clone()).await?);
         Ok(ScyllaStore {
-            cql: cql.clone(),
             counters: Counters::new(cql.clone(), leases.clone(), legacy.clone()),
-            leases,
-            legacy,
-            janitor_cursor: Mutex::new(i64::MIN),
-            client_cursor: Mutex::new(i64::MIN),
-            idempotency: Idempotency::new(cql.clone()),
-            audit: Audit::new(cql.clone()),
-            history: History::new(cql.clone()),
+            janitor: Janitor::new(cql.clone(), legacy),
             policies: Policies::new(cql.clone()),
+            history: History::new(cql.clone()),
+            audit: Audit::new(cql.clone()),
+            idempotency: Idempotency::new(cql),
+            leases,
         })
     }
 
@@ -103,7 +92,7 @@ impl CounterStore for ScyllaStore {
     }
 
     async fn delete_expired(&self, now_ms: i64, budget: usize) -> StoreResult<u64> {
-        self.sweep_expired(now_ms, budget).await
+        self.janitor.delete_expired(now_ms, budget).await
     }
 
     async fn ping(&self) -> StoreResult<()> {
@@ -154,6 +143,55 @@ impl PolicyStore for ScyllaStore {
 
     async fn policies_generation(&self) -> StoreResult<u64> {
         self.policies.generation().await
+    }
+}
+
+#[async_trait]
+impl LeaseStore for ScyllaStore {
+    async fn claim(
+        &self,
+        owner: &str,
+        pin: Option<i16>,
+        prefer: Option<i16>,
+        ttl: Duration,
+    ) -> StoreResult<Claim> {
+        self.leases.claim(owner, pin, prefer, ttl).await
+    }
+
+    async fn renew(&self, shard: i16, owner: &str, ttl: Duration) -> StoreResult<bool> {
+        self.leases.renew(shard, owner, ttl).await
+    }
+
+    async fn release(&self, shard: i16, owner: &str) -> StoreResult<bool> {
+        self.leases.release(shard, owner).await
+    }
+
+    async fn roster(&self) -> StoreResult<Roster> {
+        self.leases.roster().await
+    }
+
+    fn adopt(&self, write: Option<i16>, read: &[i16]) {
+        self.leases.adopt(write, read)
+    }
+
+    async fn local_region(&self) -> StoreResult<Option<String>> {
+        self.leases.local_region().await
+    }
+
+    async fn join_region(&self, region: &str) -> StoreResult<i16> {
+        self.leases.join_region(region).await
+    }
+
+    async fn beat(&self, at_ms: i64) -> StoreResult<()> {
+        self.leases.beat(at_ms).await
+    }
+
+    async fn beats_between(&self, region: &str, from: i64, to: i64) -> StoreResult<Vec<i64>> {
+        self.leases.beats_between(region, from, to).await
+    }
+
+    async fn regions(&self) -> StoreResult<Vec<RegionBeat>> {
+        self.leases.regions().await
     }
 }
 
@@ -235,54 +273,5 @@ impl IdempotencyStore for ScyllaStore {
         fingerprint: &str,
     ) -> StoreResult<()> {
         self.idempotency.abandon(scope, key, fingerprint).await
-    }
-}
-
-#[async_trait]
-impl LeaseStore for ScyllaStore {
-    async fn claim(
-        &self,
-        owner: &str,
-        pin: Option<i16>,
-        prefer: Option<i16>,
-        ttl: Duration,
-    ) -> StoreResult<Claim> {
-        self.leases.claim(owner, pin, prefer, ttl).await
-    }
-
-    async fn renew(&self, shard: i16, owner: &str, ttl: Duration) -> StoreResult<bool> {
-        self.leases.renew(shard, owner, ttl).await
-    }
-
-    async fn release(&self, shard: i16, owner: &str) -> StoreResult<bool> {
-        self.leases.release(shard, owner).await
-    }
-
-    async fn roster(&self) -> StoreResult<Roster> {
-        self.leases.roster().await
-    }
-
-    fn adopt(&self, write: Option<i16>, read: &[i16]) {
-        self.leases.adopt(write, read)
-    }
-
-    async fn local_region(&self) -> StoreResult<Option<String>> {
-        self.leases.local_region().await
-    }
-
-    async fn join_region(&self, region: &str) -> StoreResult<i16> {
-        self.leases.join_region(region).await
-    }
-
-    async fn beat(&self, at_ms: i64) -> StoreResult<()> {
-        self.leases.beat(at_ms).await
-    }
-
-    async fn beats_between(&self, region: &str, from: i64, to: i64) -> StoreResult<Vec<i64>> {
-        self.leases.beats_between(region, from, to).await
-    }
-
-    async fn regions(&self) -> StoreResult<Vec<RegionBeat>> {
-        self.leases.regions().await
     }
 }

@@ -8,7 +8,7 @@
 //!
 //! Layout:
 //! - `counter_rows` / `counter_expiry`: a row per counter holding its live buckets, and the
-//!   index the janitor deletes unused rows by ([`counters`]). Ids cannot contain \0, and
+//!   index the janitor deletes unused rows by ([`rows`]). Ids cannot contain \0, and
 //!   integers in keys are big-endian with the sign bit flipped, so byte order is numeric order.
 //! - `counter_journal`: sync rounds' increments not yet added to the rows, a record a round,
 //!   folded into them every few rounds; reads add them ([`journal`]).
@@ -21,13 +21,13 @@
 //!   ([`history`]).
 
 mod audit;
-mod counters;
 mod history;
 mod idempotency;
 mod increments;
 mod journal;
 mod lease;
 mod legacy;
+mod rows;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -135,7 +135,7 @@ impl EmbeddedStore {
         // Create every table up front so read transactions never meet a missing one.
         let tx = db.begin_write().map_err(err)?;
         {
-            counters::create_tables(&tx)?;
+            rows::create_tables(&tx)?;
             journal::create_tables(&tx)?;
             tx.open_table(TENANT_POLICIES).map_err(err)?;
             tx.open_table(CLIENT_POLICIES).map_err(err)?;

@@ -1,4 +1,4 @@
-//! Counters on the embedded store: one row per counter holding its live buckets.
+//! The counter rows of the embedded store: one row per counter holding its live buckets.
 //!
 //! - `counter_rows`: key = tenant \0 subject \0 limit \0 grain(8), value = the counter's buckets
 //!   sorted by start, packed ([`encode`]).

@@ -6,8 +6,7 @@
 use async_trait::async_trait;
 use redb::{ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
 
-use super::history::{decode, encode};
-use super::{enc_i64, err, EmbeddedStore};
+use super::{decode, enc_i64, encode, err, EmbeddedStore};
 use crate::store::audit::{AuditEntry, AuditQuery, AuditStore};
 use crate::store::StoreResult;
 

@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use async_trait::async_trait;
 use redb::{ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
 
-use super::{dec_i64, enc_i64, err, EmbeddedStore};
+use super::{dec_i64, decode, enc_i64, err, EmbeddedStore};
 use crate::domain::TENANT_SUBJECT;
 use crate::pace::Pacer;
 use crate::store::history::{
@@ -75,14 +75,6 @@ fn day_row(day: i64, tenant: &str) -> Vec<u8> {
     let mut v = enc_i64(day).to_vec();
     v.extend_from_slice(tenant.as_bytes());
     v
-}
-
-pub(super) fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> StoreResult<T> {
-    serde_json::from_slice(bytes).map_err(|e| StoreError::Internal(format!("corrupt row: {e}")))
-}
-
-pub(super) fn encode<T: serde::Serialize>(v: &T) -> StoreResult<Vec<u8>> {
-    serde_json::to_vec(v).map_err(|e| StoreError::Internal(e.to_string()))
 }
 
 /// The first byte of a binary [`Counts`] row. A JSON row (earlier releases) starts with `{`.
@@ -440,6 +432,7 @@ impl HistoryStore for EmbeddedStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::embedded::encode;
     use crate::store::history::{counts, HOUR_MS};
     use redb::ReadableTableMetadata;
 

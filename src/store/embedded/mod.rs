@@ -76,6 +76,15 @@ fn dec_i64(b: &[u8]) -> i64 {
     (u64::from_be_bytes(a) ^ (1 << 63)) as i64
 }
 
+/// A JSON row (audit entries; usage rows of earlier releases).
+fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> StoreResult<T> {
+    serde_json::from_slice(bytes).map_err(|e| StoreError::Internal(format!("corrupt row: {e}")))
+}
+
+fn encode<T: serde::Serialize>(v: &T) -> StoreResult<Vec<u8>> {
+    serde_json::to_vec(v).map_err(|e| StoreError::Internal(e.to_string()))
+}
+
 #[derive(Serialize, Deserialize)]
 struct StoredRecord {
     body: String,

@@ -287,22 +287,23 @@ impl HistoryStore for EmbeddedStore {
             return Ok(());
         }
         let mut deltas = deltas.to_vec();
-        self.blocking(move |db| {
-            // In the order of the tables' keys: a round's rows come in the limiter's hash
-            // order, and walking the b-trees in key order keeps their pages in the CPU's
-            // caches (a write of 10^4 clients' rows took about a fifth less, docs/performance.md).
-            deltas.sort_unstable_by(|a, b| {
-                (a.tenant.as_str(), a.client.as_str(), a.hour).cmp(&(
-                    b.tenant.as_str(),
-                    b.client.as_str(),
-                    b.hour,
-                ))
-            });
-            let tx = db.begin_write().map_err(err)?;
-            add_deltas(&tx, &deltas)?;
-            tx.commit().map_err(err)
-        })
-        .await
+        self.db
+            .blocking(move |db| {
+                // In the order of the tables' keys: a round's rows come in the limiter's hash
+                // order, and walking the b-trees in key order keeps their pages in the CPU's
+                // caches (a write of 10^4 clients' rows took about a fifth less, docs/performance.md).
+                deltas.sort_unstable_by(|a, b| {
+                    (a.tenant.as_str(), a.client.as_str(), a.hour).cmp(&(
+                        b.tenant.as_str(),
+                        b.client.as_str(),
+                        b.hour,
+                    ))
+                });
+                let tx = db.begin_write().map_err(err)?;
+                add_deltas(&tx, &deltas)?;
+                tx.commit().map_err(err)
+            })
+            .await
     }
 
     async fn usage_points(
@@ -330,31 +331,32 @@ impl HistoryStore for EmbeddedStore {
                 point_key(tenant, subject, step, to),
             )
         };
-        self.blocking(move |db| {
-            let tx = db.begin_read().map_err(err)?;
-            let usage = tx.open_table(USAGE).map_err(err)?;
-            let mut out: Vec<UsagePoint> = Vec::new();
-            if from >= to {
-                return Ok(out);
-            }
-            for item in usage.range(lo.as_slice()..hi.as_slice()).map_err(err)? {
-                let (k, v) = item.map_err(err)?;
-                let key = k.value();
-                let start = dec_i64(&key[key.len() - 8..]);
-                let counts = decode_counts(v.value())?;
-                if !summed {
-                    out.push(UsagePoint { start, counts });
-                    continue;
+        self.db
+            .blocking(move |db| {
+                let tx = db.begin_read().map_err(err)?;
+                let usage = tx.open_table(USAGE).map_err(err)?;
+                let mut out: Vec<UsagePoint> = Vec::new();
+                if from >= to {
+                    return Ok(out);
                 }
-                let day = Step::Day.floor(start);
-                match out.last_mut() {
-                    Some(p) if p.start == day => p.counts.add(&counts),
-                    _ => out.push(UsagePoint { start: day, counts }),
+                for item in usage.range(lo.as_slice()..hi.as_slice()).map_err(err)? {
+                    let (k, v) = item.map_err(err)?;
+                    let key = k.value();
+                    let start = dec_i64(&key[key.len() - 8..]);
+                    let counts = decode_counts(v.value())?;
+                    if !summed {
+                        out.push(UsagePoint { start, counts });
+                        continue;
+                    }
+                    let day = Step::Day.floor(start);
+                    match out.last_mut() {
+                        Some(p) if p.start == day => p.counts.add(&counts),
+                        _ => out.push(UsagePoint { start: day, counts }),
+                    }
                 }
-            }
-            Ok(out)
-        })
-        .await
+                Ok(out)
+            })
+            .await
     }
 
     async fn clients_seen(
@@ -368,64 +370,66 @@ impl HistoryStore for EmbeddedStore {
         let lo = day_prefix(tenant, first);
         let hi = day_prefix(tenant, Step::Day.floor(end.saturating_add(DAY_MS - 1)));
         let skip = lo.len();
-        self.blocking(move |db| {
-            let tx = db.begin_read().map_err(err)?;
-            let clients = tx.open_table(USAGE_CLIENTS).map_err(err)?;
-            let mut sums: HashMap<String, Counts> = HashMap::new();
-            if first >= end {
-                return Ok(Vec::new());
-            }
-            for item in clients.range(lo.as_slice()..hi.as_slice()).map_err(err)? {
-                let (k, v) = item.map_err(err)?;
-                let client = String::from_utf8_lossy(&k.value()[skip..]).into_owned();
-                let c = decode_counts(v.value())?;
-                sums.entry(client).or_default().add(&c);
-            }
-            Ok(sums
-                .into_iter()
-                .map(|(client, c)| ClientTotal {
-                    client,
-                    admitted: c.admitted,
-                    cost: c.cost,
-                    denied: c.denied,
-                })
-                .collect())
-        })
-        .await
+        self.db
+            .blocking(move |db| {
+                let tx = db.begin_read().map_err(err)?;
+                let clients = tx.open_table(USAGE_CLIENTS).map_err(err)?;
+                let mut sums: HashMap<String, Counts> = HashMap::new();
+                if first >= end {
+                    return Ok(Vec::new());
+                }
+                for item in clients.range(lo.as_slice()..hi.as_slice()).map_err(err)? {
+                    let (k, v) = item.map_err(err)?;
+                    let client = String::from_utf8_lossy(&k.value()[skip..]).into_owned();
+                    let c = decode_counts(v.value())?;
+                    sums.entry(client).or_default().add(&c);
+                }
+                Ok(sums
+                    .into_iter()
+                    .map(|(client, c)| ClientTotal {
+                        client,
+                        admitted: c.admitted,
+                        cost: c.cost,
+                        denied: c.denied,
+                    })
+                    .collect())
+            })
+            .await
     }
 
     async fn delete_history_before(&self, before: i64, budget: usize) -> StoreResult<u64> {
-        self.blocking(move |db| {
-            let tx = db.begin_write().map_err(err)?;
-            let due: Vec<(i64, String)> = {
-                let days = tx.open_table(USAGE_DAYS).map_err(err)?;
-                let mut due = Vec::new();
-                for item in days.iter().map_err(err)? {
-                    let (k, _) = item.map_err(err)?;
-                    let key = k.value();
-                    let day = dec_i64(&key[..8]);
-                    if day + DAY_MS > before || due.len() >= budget.max(1) {
+        self.db
+            .blocking(move |db| {
+                let tx = db.begin_write().map_err(err)?;
+                let due: Vec<(i64, String)> = {
+                    let days = tx.open_table(USAGE_DAYS).map_err(err)?;
+                    let mut due = Vec::new();
+                    for item in days.iter().map_err(err)? {
+                        let (k, _) = item.map_err(err)?;
+                        let key = k.value();
+                        let day = dec_i64(&key[..8]);
+                        if day + DAY_MS > before || due.len() >= budget.max(1) {
+                            break;
+                        }
+                        due.push((day, String::from_utf8_lossy(&key[8..]).into_owned()));
+                    }
+                    due
+                };
+                let mut removed = 0;
+                for (day, tenant) in &due {
+                    removed += delete_day(&tx, tenant, *day)?;
+                    tx.open_table(USAGE_DAYS)
+                        .map_err(err)?
+                        .remove(day_row(*day, tenant).as_slice())
+                        .map_err(err)?;
+                    if removed as usize >= budget {
                         break;
                     }
-                    due.push((day, String::from_utf8_lossy(&key[8..]).into_owned()));
                 }
-                due
-            };
-            let mut removed = 0;
-            for (day, tenant) in &due {
-                removed += delete_day(&tx, tenant, *day)?;
-                tx.open_table(USAGE_DAYS)
-                    .map_err(err)?
-                    .remove(day_row(*day, tenant).as_slice())
-                    .map_err(err)?;
-                if removed as usize >= budget {
-                    break;
-                }
-            }
-            tx.commit().map_err(err)?;
-            Ok(removed)
-        })
-        .await
+                tx.commit().map_err(err)?;
+                Ok(removed)
+            })
+            .await
     }
 }
 

@@ -57,101 +57,105 @@ impl LeaseStore for EmbeddedStore {
         ttl: Duration,
     ) -> StoreResult<Claim> {
         let owner = owner.to_owned();
-        self.blocking(move |db| {
-            let tx = db.begin_write().map_err(err)?;
-            let claim = {
-                let mut members = tx.open_table(MEMBERS).map_err(err)?;
-                let held = live(&members, now_ms())?;
-                let shards: Vec<i16> = held.iter().map(|m| m.shard).collect();
-                match pick_shard(&shards, 0, pin, prefer) {
-                    None => Claim::Full,
-                    Some(s) => match held.into_iter().find(|m| m.shard == s) {
-                        Some(m) if m.owner != owner => Claim::Taken {
-                            shard: s,
-                            owner: m.owner,
+        self.db
+            .blocking(move |db| {
+                let tx = db.begin_write().map_err(err)?;
+                let claim = {
+                    let mut members = tx.open_table(MEMBERS).map_err(err)?;
+                    let held = live(&members, now_ms())?;
+                    let shards: Vec<i16> = held.iter().map(|m| m.shard).collect();
+                    match pick_shard(&shards, 0, pin, prefer) {
+                        None => Claim::Full,
+                        Some(s) => match held.into_iter().find(|m| m.shard == s) {
+                            Some(m) if m.owner != owner => Claim::Taken {
+                                shard: s,
+                                owner: m.owner,
+                            },
+                            _ => {
+                                members
+                                    .insert(s, (owner.as_str(), until(ttl)))
+                                    .map_err(err)?;
+                                tx.open_table(SHARDS_USED)
+                                    .map_err(err)?
+                                    .insert(s, ())
+                                    .map_err(err)?;
+                                Claim::Held(s)
+                            }
                         },
-                        _ => {
-                            members
-                                .insert(s, (owner.as_str(), until(ttl)))
-                                .map_err(err)?;
-                            tx.open_table(SHARDS_USED)
-                                .map_err(err)?
-                                .insert(s, ())
-                                .map_err(err)?;
-                            Claim::Held(s)
-                        }
-                    },
-                }
-            };
-            tx.commit().map_err(err)?;
-            Ok(claim)
-        })
-        .await
+                    }
+                };
+                tx.commit().map_err(err)?;
+                Ok(claim)
+            })
+            .await
     }
 
     async fn renew(&self, shard: i16, owner: &str, ttl: Duration) -> StoreResult<bool> {
         let owner = owner.to_owned();
-        self.blocking(move |db| {
-            let tx = db.begin_write().map_err(err)?;
-            let renewed = {
-                let mut members = tx.open_table(MEMBERS).map_err(err)?;
-                let current = members
-                    .get(shard)
-                    .map_err(err)?
-                    .map(|v| (v.value().0.to_owned(), v.value().1));
-                match current {
-                    Some((o, end)) if o == owner && end > now_ms() => {
-                        members
-                            .insert(shard, (owner.as_str(), until(ttl)))
-                            .map_err(err)?;
-                        true
+        self.db
+            .blocking(move |db| {
+                let tx = db.begin_write().map_err(err)?;
+                let renewed = {
+                    let mut members = tx.open_table(MEMBERS).map_err(err)?;
+                    let current = members
+                        .get(shard)
+                        .map_err(err)?
+                        .map(|v| (v.value().0.to_owned(), v.value().1));
+                    match current {
+                        Some((o, end)) if o == owner && end > now_ms() => {
+                            members
+                                .insert(shard, (owner.as_str(), until(ttl)))
+                                .map_err(err)?;
+                            true
+                        }
+                        _ => false,
                     }
-                    _ => false,
-                }
-            };
-            tx.commit().map_err(err)?;
-            Ok(renewed)
-        })
-        .await
+                };
+                tx.commit().map_err(err)?;
+                Ok(renewed)
+            })
+            .await
     }
 
     async fn release(&self, shard: i16, owner: &str) -> StoreResult<bool> {
         let owner = owner.to_owned();
-        self.blocking(move |db| {
-            let tx = db.begin_write().map_err(err)?;
-            let released = {
-                let mut members = tx.open_table(MEMBERS).map_err(err)?;
-                let mine = members
-                    .get(shard)
-                    .map_err(err)?
-                    .is_some_and(|v| v.value().0 == owner);
-                if mine {
-                    members.remove(shard).map_err(err)?;
-                }
-                mine
-            };
-            tx.commit().map_err(err)?;
-            Ok(released)
-        })
-        .await
+        self.db
+            .blocking(move |db| {
+                let tx = db.begin_write().map_err(err)?;
+                let released = {
+                    let mut members = tx.open_table(MEMBERS).map_err(err)?;
+                    let mine = members
+                        .get(shard)
+                        .map_err(err)?
+                        .is_some_and(|v| v.value().0 == owner);
+                    if mine {
+                        members.remove(shard).map_err(err)?;
+                    }
+                    mine
+                };
+                tx.commit().map_err(err)?;
+                Ok(released)
+            })
+            .await
     }
 
     async fn roster(&self) -> StoreResult<Roster> {
-        self.blocking(|db| {
-            let tx = redb::ReadableDatabase::begin_read(db).map_err(err)?;
-            let members = live(&tx.open_table(MEMBERS).map_err(err)?, now_ms())?;
-            let mut used = Vec::new();
-            for row in tx
-                .open_table(SHARDS_USED)
-                .map_err(err)?
-                .iter()
-                .map_err(err)?
-            {
-                used.push(row.map_err(err)?.0.value());
-            }
-            Ok(Roster { members, used })
-        })
-        .await
+        self.db
+            .blocking(|db| {
+                let tx = redb::ReadableDatabase::begin_read(db).map_err(err)?;
+                let members = live(&tx.open_table(MEMBERS).map_err(err)?, now_ms())?;
+                let mut used = Vec::new();
+                for row in tx
+                    .open_table(SHARDS_USED)
+                    .map_err(err)?
+                    .iter()
+                    .map_err(err)?
+                {
+                    used.push(row.map_err(err)?.0.value());
+                }
+                Ok(Roster { members, used })
+            })
+            .await
     }
 
     fn adopt(&self, _write: Option<i16>, _read: &[i16]) {}

@@ -21,6 +21,7 @@
 //!   ([`history`]).
 
 mod audit;
+mod db;
 mod history;
 mod idempotency;
 mod increments;
@@ -42,6 +43,7 @@ use super::{
     StoreError, StoreResult,
 };
 use crate::domain::{ClientId, TenantId};
+use db::Db;
 
 const TENANT_POLICIES: TableDefinition<&str, &[u8]> = TableDefinition::new("tenant_policies");
 const CLIENT_POLICIES: TableDefinition<&str, &[u8]> = TableDefinition::new("client_policies");
@@ -52,7 +54,8 @@ const GENERATION: &str = "policies_generation";
 pub const DB_FILE: &str = "quotad.redb";
 
 pub struct EmbeddedStore {
-    db: Arc<Database>,
+    /// The database; the parts of the store hold handles to it ([`db`]).
+    db: Db,
     /// What the counter journal holds, in memory ([`journal`]).
     journal: Arc<Mutex<journal::Journal>>,
     path: PathBuf,
@@ -170,7 +173,7 @@ impl EmbeddedStore {
             );
         }
         Ok(Self {
-            db: Arc::new(db),
+            db: Db::new(db),
             journal: Arc::default(),
             path,
         })
@@ -178,18 +181,6 @@ impl EmbeddedStore {
 
     pub fn path(&self) -> &Path {
         &self.path
-    }
-
-    /// Runs blocking redb work off the async executor.
-    async fn blocking<T, F>(&self, f: F) -> StoreResult<T>
-    where
-        T: Send + 'static,
-        F: FnOnce(&Database) -> StoreResult<T> + Send + 'static,
-    {
-        let db = self.db.clone();
-        tokio::task::spawn_blocking(move || f(&db))
-            .await
-            .map_err(|e| StoreError::Internal(format!("store task failed: {e}")))?
     }
 }
 
@@ -212,14 +203,16 @@ impl CounterStore for EmbeddedStore {
         }
         let increments = increments::Increments::of(deltas);
         let j = self.journal.clone();
-        self.blocking(move |db| journal::write(db, &j, &increments))
+        self.db
+            .blocking(move |db| journal::write(db, &j, &increments))
             .await
     }
 
     async fn read(&self, ranges: &[CounterRange]) -> StoreResult<Vec<Vec<BucketTotal>>> {
         let ranges = ranges.to_vec();
         let j = self.journal.clone();
-        self.blocking(move |db| journal::read(db, &j, &ranges))
+        self.db
+            .blocking(move |db| journal::read(db, &j, &ranges))
             .await
     }
 
@@ -233,13 +226,15 @@ impl CounterStore for EmbeddedStore {
         let increments = increments::Increments::of(deltas);
         let ranges = ranges.to_vec();
         let j = self.journal.clone();
-        self.blocking(move |db| journal::increment_and_read(db, &j, &increments, &ranges))
+        self.db
+            .blocking(move |db| journal::increment_and_read(db, &j, &increments, &ranges))
             .await
     }
 
     async fn delete_expired(&self, now_ms: i64, budget: usize) -> StoreResult<u64> {
         let j = self.journal.clone();
-        self.blocking(move |db| journal::delete_expired(db, &j, now_ms, budget))
+        self.db
+            .blocking(move |db| journal::delete_expired(db, &j, now_ms, budget))
             .await
     }
 
@@ -247,12 +242,11 @@ impl CounterStore for EmbeddedStore {
     /// earlier release (which knows no journal) reads every count.
     async fn flush(&self) -> StoreResult<()> {
         let j = self.journal.clone();
-        self.blocking(move |db| journal::fold_all(db, &j)).await
+        self.db.blocking(move |db| journal::fold_all(db, &j)).await
     }
 
     async fn ping(&self) -> StoreResult<()> {
-        self.blocking(move |db| db.begin_read().map(|_| ()).map_err(err))
-            .await
+        self.db.ping().await
     }
 }
 
@@ -266,82 +260,85 @@ impl PolicyStore for EmbeddedStore {
     ) -> StoreResult<PolicyRecord> {
         let key = key.clone();
         let body = body.to_owned();
-        self.blocking(move |db| {
-            let tx = db.begin_write().map_err(err)?;
-            let record = {
-                let def = if key.client.is_some() {
-                    CLIENT_POLICIES
-                } else {
-                    TENANT_POLICIES
+        self.db
+            .blocking(move |db| {
+                let tx = db.begin_write().map_err(err)?;
+                let record = {
+                    let def = if key.client.is_some() {
+                        CLIENT_POLICIES
+                    } else {
+                        TENANT_POLICIES
+                    };
+                    let name = match &key.client {
+                        Some(c) => client_key(key.tenant.as_str(), c.as_str()),
+                        None => key.tenant.to_string(),
+                    };
+                    let mut table = tx.open_table(def).map_err(err)?;
+                    let prev = table
+                        .get(name.as_str())
+                        .map_err(err)?
+                        .map(|v| decode_record(key.clone(), v.value()))
+                        .transpose()?;
+                    let stored = StoredRecord {
+                        body,
+                        version: prev.map(|p| p.version + 1).unwrap_or(1),
+                        updated_at: now,
+                    };
+                    let bytes = serde_json::to_vec(&stored)
+                        .map_err(|e| StoreError::Internal(e.to_string()))?;
+                    table.insert(name.as_str(), bytes.as_slice()).map_err(err)?;
+                    PolicyRecord {
+                        key,
+                        body: stored.body,
+                        version: stored.version,
+                        updated_at: stored.updated_at,
+                    }
                 };
-                let name = match &key.client {
-                    Some(c) => client_key(key.tenant.as_str(), c.as_str()),
-                    None => key.tenant.to_string(),
-                };
-                let mut table = tx.open_table(def).map_err(err)?;
-                let prev = table
-                    .get(name.as_str())
-                    .map_err(err)?
-                    .map(|v| decode_record(key.clone(), v.value()))
-                    .transpose()?;
-                let stored = StoredRecord {
-                    body,
-                    version: prev.map(|p| p.version + 1).unwrap_or(1),
-                    updated_at: now,
-                };
-                let bytes =
-                    serde_json::to_vec(&stored).map_err(|e| StoreError::Internal(e.to_string()))?;
-                table.insert(name.as_str(), bytes.as_slice()).map_err(err)?;
-                PolicyRecord {
-                    key,
-                    body: stored.body,
-                    version: stored.version,
-                    updated_at: stored.updated_at,
-                }
-            };
-            bump_generation(&tx)?;
-            tx.commit().map_err(err)?;
-            Ok(record)
-        })
-        .await
+                bump_generation(&tx)?;
+                tx.commit().map_err(err)?;
+                Ok(record)
+            })
+            .await
     }
 
     async fn get_policy(&self, key: &PolicyKey) -> StoreResult<Option<PolicyRecord>> {
         let key = key.clone();
-        self.blocking(move |db| {
-            let tx = db.begin_read().map_err(err)?;
-            let (def, name) = match &key.client {
-                Some(c) => (CLIENT_POLICIES, client_key(key.tenant.as_str(), c.as_str())),
-                None => (TENANT_POLICIES, key.tenant.to_string()),
-            };
-            let table = tx.open_table(def).map_err(err)?;
-            let got = table.get(name.as_str()).map_err(err)?;
-            got.map(|v| decode_record(key.clone(), v.value()))
-                .transpose()
-        })
-        .await
-    }
-
-    async fn delete_policy(&self, key: &PolicyKey) -> StoreResult<bool> {
-        let key = key.clone();
-        self.blocking(move |db| {
-            let tx = db.begin_write().map_err(err)?;
-            let existed = {
+        self.db
+            .blocking(move |db| {
+                let tx = db.begin_read().map_err(err)?;
                 let (def, name) = match &key.client {
                     Some(c) => (CLIENT_POLICIES, client_key(key.tenant.as_str(), c.as_str())),
                     None => (TENANT_POLICIES, key.tenant.to_string()),
                 };
-                let mut table = tx.open_table(def).map_err(err)?;
-                let removed = table.remove(name.as_str()).map_err(err)?.is_some();
-                removed
-            };
-            if existed {
-                bump_generation(&tx)?;
-            }
-            tx.commit().map_err(err)?;
-            Ok(existed)
-        })
-        .await
+                let table = tx.open_table(def).map_err(err)?;
+                let got = table.get(name.as_str()).map_err(err)?;
+                got.map(|v| decode_record(key.clone(), v.value()))
+                    .transpose()
+            })
+            .await
+    }
+
+    async fn delete_policy(&self, key: &PolicyKey) -> StoreResult<bool> {
+        let key = key.clone();
+        self.db
+            .blocking(move |db| {
+                let tx = db.begin_write().map_err(err)?;
+                let existed = {
+                    let (def, name) = match &key.client {
+                        Some(c) => (CLIENT_POLICIES, client_key(key.tenant.as_str(), c.as_str())),
+                        None => (TENANT_POLICIES, key.tenant.to_string()),
+                    };
+                    let mut table = tx.open_table(def).map_err(err)?;
+                    let removed = table.remove(name.as_str()).map_err(err)?.is_some();
+                    removed
+                };
+                if existed {
+                    bump_generation(&tx)?;
+                }
+                tx.commit().map_err(err)?;
+                Ok(existed)
+            })
+            .await
     }
 
     async fn list_policies(
@@ -350,33 +347,34 @@ impl PolicyStore for EmbeddedStore {
         limit: usize,
     ) -> StoreResult<Vec<PolicyRecord>> {
         let after = after.map(|a| a.to_string());
-        self.blocking(move |db| {
-            let tx = db.begin_read().map_err(err)?;
-            let table = tx.open_table(TENANT_POLICIES).map_err(err)?;
-            let iter = match &after {
-                Some(a) => table.range::<&str>((
-                    std::ops::Bound::Excluded(a.as_str()),
-                    std::ops::Bound::Unbounded,
-                )),
-                None => table.range::<&str>(..),
-            }
-            .map_err(err)?;
-            let mut out = Vec::new();
-            for item in iter.take(limit) {
-                let (k, v) = item.map_err(err)?;
-                let tenant =
-                    TenantId::parse(k.value()).map_err(|e| StoreError::Internal(e.to_string()))?;
-                out.push(decode_record(
-                    PolicyKey {
-                        tenant,
-                        client: None,
-                    },
-                    v.value(),
-                )?);
-            }
-            Ok(out)
-        })
-        .await
+        self.db
+            .blocking(move |db| {
+                let tx = db.begin_read().map_err(err)?;
+                let table = tx.open_table(TENANT_POLICIES).map_err(err)?;
+                let iter = match &after {
+                    Some(a) => table.range::<&str>((
+                        std::ops::Bound::Excluded(a.as_str()),
+                        std::ops::Bound::Unbounded,
+                    )),
+                    None => table.range::<&str>(..),
+                }
+                .map_err(err)?;
+                let mut out = Vec::new();
+                for item in iter.take(limit) {
+                    let (k, v) = item.map_err(err)?;
+                    let tenant = TenantId::parse(k.value())
+                        .map_err(|e| StoreError::Internal(e.to_string()))?;
+                    out.push(decode_record(
+                        PolicyKey {
+                            tenant,
+                            client: None,
+                        },
+                        v.value(),
+                    )?);
+                }
+                Ok(out)
+            })
+            .await
     }
 
     async fn list_overrides(
@@ -389,60 +387,63 @@ impl PolicyStore for EmbeddedStore {
         // `tenant \x01`.
         let from = client_key(tenant.as_str(), after.map_or("", |c| c.as_str()));
         let to = format!("{tenant}\u{1}");
-        self.blocking(move |db| {
-            let tx = db.begin_read().map_err(err)?;
-            let table = tx.open_table(CLIENT_POLICIES).map_err(err)?;
-            let iter = table
-                .range::<&str>((
-                    std::ops::Bound::Excluded(from.as_str()),
-                    std::ops::Bound::Excluded(to.as_str()),
-                ))
-                .map_err(err)?;
-            let mut out = Vec::new();
-            for item in iter.take(limit) {
-                let (k, v) = item.map_err(err)?;
-                out.push(decode_record(split_client_key(k.value())?, v.value())?);
-            }
-            Ok(out)
-        })
-        .await
+        self.db
+            .blocking(move |db| {
+                let tx = db.begin_read().map_err(err)?;
+                let table = tx.open_table(CLIENT_POLICIES).map_err(err)?;
+                let iter = table
+                    .range::<&str>((
+                        std::ops::Bound::Excluded(from.as_str()),
+                        std::ops::Bound::Excluded(to.as_str()),
+                    ))
+                    .map_err(err)?;
+                let mut out = Vec::new();
+                for item in iter.take(limit) {
+                    let (k, v) = item.map_err(err)?;
+                    out.push(decode_record(split_client_key(k.value())?, v.value())?);
+                }
+                Ok(out)
+            })
+            .await
     }
 
     async fn load_policies(&self) -> StoreResult<Vec<PolicyRecord>> {
-        self.blocking(move |db| {
-            let tx = db.begin_read().map_err(err)?;
-            let mut out = Vec::new();
-            let tenants = tx.open_table(TENANT_POLICIES).map_err(err)?;
-            for item in tenants.iter().map_err(err)? {
-                let (k, v) = item.map_err(err)?;
-                let tenant =
-                    TenantId::parse(k.value()).map_err(|e| StoreError::Internal(e.to_string()))?;
-                out.push(decode_record(
-                    PolicyKey {
-                        tenant,
-                        client: None,
-                    },
-                    v.value(),
-                )?);
-            }
-            let clients = tx.open_table(CLIENT_POLICIES).map_err(err)?;
-            for item in clients.iter().map_err(err)? {
-                let (k, v) = item.map_err(err)?;
-                out.push(decode_record(split_client_key(k.value())?, v.value())?);
-            }
-            Ok(out)
-        })
-        .await
+        self.db
+            .blocking(move |db| {
+                let tx = db.begin_read().map_err(err)?;
+                let mut out = Vec::new();
+                let tenants = tx.open_table(TENANT_POLICIES).map_err(err)?;
+                for item in tenants.iter().map_err(err)? {
+                    let (k, v) = item.map_err(err)?;
+                    let tenant = TenantId::parse(k.value())
+                        .map_err(|e| StoreError::Internal(e.to_string()))?;
+                    out.push(decode_record(
+                        PolicyKey {
+                            tenant,
+                            client: None,
+                        },
+                        v.value(),
+                    )?);
+                }
+                let clients = tx.open_table(CLIENT_POLICIES).map_err(err)?;
+                for item in clients.iter().map_err(err)? {
+                    let (k, v) = item.map_err(err)?;
+                    out.push(decode_record(split_client_key(k.value())?, v.value())?);
+                }
+                Ok(out)
+            })
+            .await
     }
 
     async fn policies_generation(&self) -> StoreResult<u64> {
-        self.blocking(move |db| {
-            let tx = db.begin_read().map_err(err)?;
-            let meta = tx.open_table(META).map_err(err)?;
-            let g = meta.get(GENERATION).map_err(err)?.map(|v| v.value());
-            Ok(g.unwrap_or(0))
-        })
-        .await
+        self.db
+            .blocking(move |db| {
+                let tx = db.begin_read().map_err(err)?;
+                let meta = tx.open_table(META).map_err(err)?;
+                let g = meta.get(GENERATION).map_err(err)?.map(|v| v.value());
+                Ok(g.unwrap_or(0))
+            })
+            .await
     }
 }
 

@@ -404,7 +404,7 @@ mod tests {
     }
 
     fn journal_write(store: &super::super::EmbeddedStore, inc: &Increments) {
-        write(&store.db, &store.journal, inc).unwrap();
+        write(&store.db, &store.counters.journal, inc).unwrap();
     }
 
     #[test]

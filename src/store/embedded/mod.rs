@@ -21,6 +21,7 @@
 //!   ([`history`]).
 
 mod audit;
+mod counters;
 mod db;
 mod history;
 mod idempotency;
@@ -31,7 +32,6 @@ mod legacy;
 mod rows;
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -43,6 +43,7 @@ use super::{
     StoreError, StoreResult,
 };
 use crate::domain::{ClientId, TenantId};
+use counters::Counters;
 use db::Db;
 
 const TENANT_POLICIES: TableDefinition<&str, &[u8]> = TableDefinition::new("tenant_policies");
@@ -56,8 +57,8 @@ pub const DB_FILE: &str = "quotad.redb";
 pub struct EmbeddedStore {
     /// The database; the parts of the store hold handles to it ([`db`]).
     db: Db,
-    /// What the counter journal holds, in memory ([`journal`]).
-    journal: Arc<Mutex<journal::Journal>>,
+    /// The counter rows and the journal.
+    counters: Counters,
     path: PathBuf,
 }
 
@@ -172,9 +173,10 @@ impl EmbeddedStore {
                 "embedded store: counter increments of the journal added to the rows"
             );
         }
+        let db = Db::new(db);
         Ok(Self {
-            db: Db::new(db),
-            journal: Arc::default(),
+            counters: Counters::new(db.clone()),
+            db,
             path,
         })
     }
@@ -198,51 +200,29 @@ impl CounterStore for EmbeddedStore {
     }
 
     async fn increment(&self, deltas: &[Delta]) -> StoreResult<()> {
-        if deltas.is_empty() {
-            return Ok(());
-        }
-        let increments = increments::Increments::of(deltas);
-        let j = self.journal.clone();
-        self.db
-            .blocking(move |db| journal::write(db, &j, &increments))
-            .await
+        self.counters.increment(deltas).await
     }
 
     async fn read(&self, ranges: &[CounterRange]) -> StoreResult<Vec<Vec<BucketTotal>>> {
-        let ranges = ranges.to_vec();
-        let j = self.journal.clone();
-        self.db
-            .blocking(move |db| journal::read(db, &j, &ranges))
-            .await
+        self.counters.read(ranges).await
     }
 
-    /// One write transaction: redb has a single writer, so no other increment can land between
-    /// this one and the read, and strict mode is exact on one machine.
+    /// One write transaction, so one step: strict mode is exact on one machine.
     async fn increment_and_read(
         &self,
         deltas: &[Delta],
         ranges: &[CounterRange],
     ) -> StoreResult<Vec<Vec<BucketTotal>>> {
-        let increments = increments::Increments::of(deltas);
-        let ranges = ranges.to_vec();
-        let j = self.journal.clone();
-        self.db
-            .blocking(move |db| journal::increment_and_read(db, &j, &increments, &ranges))
-            .await
+        self.counters.increment_and_read(deltas, ranges).await
     }
 
     async fn delete_expired(&self, now_ms: i64, budget: usize) -> StoreResult<u64> {
-        let j = self.journal.clone();
-        self.db
-            .blocking(move |db| journal::delete_expired(db, &j, now_ms, budget))
-            .await
+        self.counters.delete_expired(now_ms, budget).await
     }
 
-    /// Folds the counter journal into the rows: a store closed cleanly holds none, and an
-    /// earlier release (which knows no journal) reads every count.
+    /// Folds the counter journal into the rows.
     async fn flush(&self) -> StoreResult<()> {
-        let j = self.journal.clone();
-        self.db.blocking(move |db| journal::fold_all(db, &j)).await
+        self.counters.flush().await
     }
 
     async fn ping(&self) -> StoreResult<()> {

@@ -3,11 +3,11 @@
 //! Table `audit`: scope \0 at(8) id -> JSON [`AuditEntry`], where scope is the entry's tenant,
 //! or `*` for the log of all tenants: each entry is written under both.
 
-use async_trait::async_trait;
 use redb::{ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
 
-use super::{decode, enc_i64, encode, err, EmbeddedStore};
-use crate::store::audit::{AuditEntry, AuditQuery, AuditStore};
+use super::db::Db;
+use super::{decode, enc_i64, encode, err};
+use crate::store::audit::{AuditEntry, AuditQuery};
 use crate::store::StoreResult;
 
 const AUDIT: TableDefinition<&[u8], &[u8]> = TableDefinition::new("audit");
@@ -29,9 +29,17 @@ fn audit_key(scope: &str, at_ms: i64, id: &str) -> Vec<u8> {
     v
 }
 
-#[async_trait]
-impl AuditStore for EmbeddedStore {
-    async fn append_audit(&self, entry: &AuditEntry) -> StoreResult<()> {
+/// The audit log, under each entry's tenant and under `*`.
+pub(super) struct Audit {
+    db: Db,
+}
+
+impl Audit {
+    pub(super) fn new(db: Db) -> Self {
+        Audit { db }
+    }
+
+    pub(super) async fn append(&self, entry: &AuditEntry) -> StoreResult<()> {
         let entry = entry.clone();
         self.db
             .blocking(move |db| {
@@ -51,7 +59,7 @@ impl AuditStore for EmbeddedStore {
             .await
     }
 
-    async fn audit_page(&self, q: &AuditQuery) -> StoreResult<Vec<AuditEntry>> {
+    pub(super) async fn page(&self, q: &AuditQuery) -> StoreResult<Vec<AuditEntry>> {
         let q = q.clone();
         self.db
             .blocking(move |db| {
@@ -81,7 +89,7 @@ impl AuditStore for EmbeddedStore {
             .await
     }
 
-    async fn delete_audit_before(&self, before: i64, budget: usize) -> StoreResult<u64> {
+    pub(super) async fn delete_before(&self, before: i64, budget: usize) -> StoreResult<u64> {
         self.db
             .blocking(move |db| {
                 let tx = db.begin_write().map_err(err)?;

@@ -16,15 +16,13 @@
 
 use std::collections::HashMap;
 
-use async_trait::async_trait;
 use redb::{ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
 
-use super::{dec_i64, decode, enc_i64, err, EmbeddedStore};
+use super::db::Db;
+use super::{dec_i64, decode, enc_i64, err};
 use crate::domain::TENANT_SUBJECT;
 use crate::pace::Pacer;
-use crate::store::history::{
-    ClientTotal, Counts, HistoryStore, Step, UsageDelta, UsagePoint, DAY_MS,
-};
+use crate::store::history::{ClientTotal, Counts, Step, UsageDelta, UsagePoint, DAY_MS};
 use crate::store::{StoreError, StoreResult};
 
 const USAGE: TableDefinition<&[u8], &[u8]> = TableDefinition::new("usage");
@@ -280,9 +278,17 @@ fn delete_day(tx: &WriteTransaction, tenant: &str, day: i64) -> StoreResult<u64>
     Ok(removed)
 }
 
-#[async_trait]
-impl HistoryStore for EmbeddedStore {
-    async fn add_usage(&self, deltas: &[UsageDelta]) -> StoreResult<()> {
+/// Usage history and its indexes.
+pub(super) struct History {
+    db: Db,
+}
+
+impl History {
+    pub(super) fn new(db: Db) -> Self {
+        History { db }
+    }
+
+    pub(super) async fn add(&self, deltas: &[UsageDelta]) -> StoreResult<()> {
         if deltas.is_empty() {
             return Ok(());
         }
@@ -306,7 +312,7 @@ impl HistoryStore for EmbeddedStore {
             .await
     }
 
-    async fn usage_points(
+    pub(super) async fn points(
         &self,
         tenant: &str,
         client: Option<&str>,
@@ -359,7 +365,7 @@ impl HistoryStore for EmbeddedStore {
             .await
     }
 
-    async fn clients_seen(
+    pub(super) async fn clients_seen(
         &self,
         tenant: &str,
         from: i64,
@@ -397,7 +403,7 @@ impl HistoryStore for EmbeddedStore {
             .await
     }
 
-    async fn delete_history_before(&self, before: i64, budget: usize) -> StoreResult<u64> {
+    pub(super) async fn delete_before(&self, before: i64, budget: usize) -> StoreResult<u64> {
         self.db
             .blocking(move |db| {
                 let tx = db.begin_write().map_err(err)?;
@@ -491,7 +497,11 @@ mod tests {
         let day = 1_795_392_000_000; // 2026-11-23T00:00:00Z
         let (h1, h2) = (day + HOUR_MS, day + 2 * HOUR_MS);
         let dir = tempfile::tempdir().unwrap();
-        let store = EmbeddedStore::open(dir.path()).unwrap();
+        let db = Db::new(redb::Database::create(dir.path().join("t.redb")).unwrap());
+        let tx = db.begin_write().unwrap();
+        create_tables(&tx).unwrap();
+        tx.commit().unwrap();
+        let store = History::new(db);
         {
             // As the earlier release wrote a round of client c in hour h1.
             let old = counts(5, 6, 2, &[("per-minute", 2)]);
@@ -532,13 +542,13 @@ mod tests {
             hour,
             counts: c,
         };
-        rt.block_on(store.add_usage(&[
+        rt.block_on(store.add(&[
             delta(h1, counts(1, 1, 1, &[("per-minute", 1)])),
             delta(h2, counts(10, 20, 0, &[])),
         ]))
         .unwrap();
         let points = |client, step| {
-            rt.block_on(store.usage_points("t", client, step, day, day + DAY_MS))
+            rt.block_on(store.points("t", client, step, day, day + DAY_MS))
                 .unwrap()
         };
         let at = |start, counts| UsagePoint { start, counts };
@@ -554,7 +564,7 @@ mod tests {
         assert_eq!(points(None, Step::Day), whole_day);
         // A range that holds no day start has no day point, though it holds hours.
         assert!(rt
-            .block_on(store.usage_points("t", Some("c"), Step::Day, day + 1, day + DAY_MS))
+            .block_on(store.points("t", Some("c"), Step::Day, day + 1, day + DAY_MS))
             .unwrap()
             .is_empty());
         let seen = rt
@@ -571,7 +581,7 @@ mod tests {
         }
         // The janitor deletes the day whole, the earlier release's rows included.
         let removed = rt
-            .block_on(store.delete_history_before(day + 2 * DAY_MS, 100))
+            .block_on(store.delete_before(day + 2 * DAY_MS, 100))
             .unwrap();
         assert_eq!(
             removed, 7,

@@ -5,12 +5,12 @@
 
 use std::time::Duration;
 
-use async_trait::async_trait;
 use chrono::Utc;
 use redb::{ReadableTable, TableDefinition};
 
-use super::{err, EmbeddedStore};
-use crate::store::idempotency::{Begun, IdempotencyStore, Remembered};
+use super::db::Db;
+use super::err;
+use crate::store::idempotency::{Begun, Remembered};
 use crate::store::StoreResult;
 
 const IDEMPOTENCY: TableDefinition<&str, (&str, &str, bool, i64)> =
@@ -31,9 +31,17 @@ fn expiry(ttl: Duration) -> i64 {
         .saturating_add(ttl.as_millis().min(i64::MAX as u128) as i64)
 }
 
-#[async_trait]
-impl IdempotencyStore for EmbeddedStore {
-    async fn begin_idempotent(
+/// The idempotency keys of admin requests.
+pub(super) struct Idempotency {
+    db: Db,
+}
+
+impl Idempotency {
+    pub(super) fn new(db: Db) -> Self {
+        Idempotency { db }
+    }
+
+    pub(super) async fn begin(
         &self,
         scope: &str,
         key: &str,
@@ -80,7 +88,7 @@ impl IdempotencyStore for EmbeddedStore {
             .await
     }
 
-    async fn finish_idempotent(
+    pub(super) async fn finish(
         &self,
         scope: &str,
         key: &str,
@@ -115,7 +123,7 @@ impl IdempotencyStore for EmbeddedStore {
             .await
     }
 
-    async fn abandon_idempotent(
+    pub(super) async fn abandon(
         &self,
         scope: &str,
         key: &str,

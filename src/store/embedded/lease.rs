@@ -1,16 +1,16 @@
 //! Leases on write shards in redb: `members` maps a shard to its owner and the wall-clock
 //! millisecond its lease ends; `shards_used` records every shard ever claimed. One write
 //! transaction is one step, as a lightweight transaction is on the scylla store. Counters here
-//! carry no shard (one process writes them all), so [`LeaseStore::adopt`] has nothing to do.
+//! carry no shard (one process writes them all), so [`Leases::adopt`] has nothing to do.
 
 use std::time::Duration;
 
-use async_trait::async_trait;
 use chrono::Utc;
 use redb::{ReadableTable, TableDefinition};
 
-use super::{err, EmbeddedStore};
-use crate::store::lease::{pick_shard, Claim, LeaseStore, Member, Roster};
+use super::db::Db;
+use super::err;
+use crate::store::lease::{pick_shard, Claim, Member, Roster};
 use crate::store::StoreResult;
 
 /// shard -> (owner, lease end in ms since the epoch).
@@ -47,9 +47,17 @@ fn live<T: ReadableTable<i16, (&'static str, i64)>>(t: &T, now: i64) -> StoreRes
     Ok(out)
 }
 
-#[async_trait]
-impl LeaseStore for EmbeddedStore {
-    async fn claim(
+/// The shard leases of the one process that writes this store.
+pub(super) struct Leases {
+    db: Db,
+}
+
+impl Leases {
+    pub(super) fn new(db: Db) -> Self {
+        Leases { db }
+    }
+
+    pub(super) async fn claim(
         &self,
         owner: &str,
         pin: Option<i16>,
@@ -90,7 +98,7 @@ impl LeaseStore for EmbeddedStore {
             .await
     }
 
-    async fn renew(&self, shard: i16, owner: &str, ttl: Duration) -> StoreResult<bool> {
+    pub(super) async fn renew(&self, shard: i16, owner: &str, ttl: Duration) -> StoreResult<bool> {
         let owner = owner.to_owned();
         self.db
             .blocking(move |db| {
@@ -117,7 +125,7 @@ impl LeaseStore for EmbeddedStore {
             .await
     }
 
-    async fn release(&self, shard: i16, owner: &str) -> StoreResult<bool> {
+    pub(super) async fn release(&self, shard: i16, owner: &str) -> StoreResult<bool> {
         let owner = owner.to_owned();
         self.db
             .blocking(move |db| {
@@ -139,7 +147,7 @@ impl LeaseStore for EmbeddedStore {
             .await
     }
 
-    async fn roster(&self) -> StoreResult<Roster> {
+    pub(super) async fn roster(&self) -> StoreResult<Roster> {
         self.db
             .blocking(|db| {
                 let tx = redb::ReadableDatabase::begin_read(db).map_err(err)?;
@@ -158,5 +166,6 @@ impl LeaseStore for EmbeddedStore {
             .await
     }
 
-    fn adopt(&self, _write: Option<i16>, _read: &[i16]) {}
+    /// Counters here carry no shard: nothing to adopt.
+    pub(super) fn adopt(&self, _write: Option<i16>, _read: &[i16]) {}
 }

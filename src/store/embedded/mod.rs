@@ -33,6 +33,7 @@ mod policies;
 mod rows;
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -43,8 +44,16 @@ use super::{
     StoreError, StoreResult,
 };
 use crate::domain::{ClientId, TenantId};
+use crate::store::audit::{AuditEntry, AuditQuery, AuditStore};
+use crate::store::history::{ClientTotal, HistoryStore, Step, UsageDelta, UsagePoint};
+use crate::store::idempotency::{Begun, IdempotencyStore};
+use crate::store::lease::{Claim, LeaseStore, Roster};
+use audit::Audit;
 use counters::Counters;
 use db::Db;
+use history::History;
+use idempotency::Idempotency;
+use lease::Leases;
 use policies::Policies;
 
 /// The file inside `store.path`.
@@ -56,6 +65,10 @@ pub struct EmbeddedStore {
     /// The counter rows and the journal.
     counters: Counters,
     policies: Policies,
+    leases: Leases,
+    history: History,
+    audit: Audit,
+    idempotency: Idempotency,
     path: PathBuf,
 }
 
@@ -139,6 +152,10 @@ impl EmbeddedStore {
         Ok(Self {
             counters: Counters::new(db.clone()),
             policies: Policies::new(db.clone()),
+            leases: Leases::new(db.clone()),
+            history: History::new(db.clone()),
+            audit: Audit::new(db.clone()),
+            idempotency: Idempotency::new(db.clone()),
             db,
             path,
         })
@@ -228,6 +245,117 @@ impl PolicyStore for EmbeddedStore {
 
     async fn policies_generation(&self) -> StoreResult<u64> {
         self.policies.generation().await
+    }
+}
+
+// Regions are left to the trait's defaults: this store is always one region of one process.
+#[async_trait]
+impl LeaseStore for EmbeddedStore {
+    async fn claim(
+        &self,
+        owner: &str,
+        pin: Option<i16>,
+        prefer: Option<i16>,
+        ttl: Duration,
+    ) -> StoreResult<Claim> {
+        self.leases.claim(owner, pin, prefer, ttl).await
+    }
+
+    async fn renew(&self, shard: i16, owner: &str, ttl: Duration) -> StoreResult<bool> {
+        self.leases.renew(shard, owner, ttl).await
+    }
+
+    async fn release(&self, shard: i16, owner: &str) -> StoreResult<bool> {
+        self.leases.release(shard, owner).await
+    }
+
+    async fn roster(&self) -> StoreResult<Roster> {
+        self.leases.roster().await
+    }
+
+    fn adopt(&self, write: Option<i16>, read: &[i16]) {
+        self.leases.adopt(write, read)
+    }
+}
+
+#[async_trait]
+impl HistoryStore for EmbeddedStore {
+    async fn add_usage(&self, deltas: &[UsageDelta]) -> StoreResult<()> {
+        self.history.add(deltas).await
+    }
+
+    async fn usage_points(
+        &self,
+        tenant: &str,
+        client: Option<&str>,
+        step: Step,
+        from: i64,
+        to: i64,
+    ) -> StoreResult<Vec<UsagePoint>> {
+        self.history.points(tenant, client, step, from, to).await
+    }
+
+    async fn clients_seen(
+        &self,
+        tenant: &str,
+        from: i64,
+        to: i64,
+    ) -> StoreResult<Vec<ClientTotal>> {
+        self.history.clients_seen(tenant, from, to).await
+    }
+
+    async fn delete_history_before(&self, before: i64, budget: usize) -> StoreResult<u64> {
+        self.history.delete_before(before, budget).await
+    }
+}
+
+#[async_trait]
+impl AuditStore for EmbeddedStore {
+    async fn append_audit(&self, entry: &AuditEntry) -> StoreResult<()> {
+        self.audit.append(entry).await
+    }
+
+    async fn audit_page(&self, q: &AuditQuery) -> StoreResult<Vec<AuditEntry>> {
+        self.audit.page(q).await
+    }
+
+    async fn delete_audit_before(&self, before: i64, budget: usize) -> StoreResult<u64> {
+        self.audit.delete_before(before, budget).await
+    }
+}
+
+#[async_trait]
+impl IdempotencyStore for EmbeddedStore {
+    async fn begin_idempotent(
+        &self,
+        scope: &str,
+        key: &str,
+        fingerprint: &str,
+        ttl: Duration,
+    ) -> StoreResult<Begun> {
+        self.idempotency.begin(scope, key, fingerprint, ttl).await
+    }
+
+    async fn finish_idempotent(
+        &self,
+        scope: &str,
+        key: &str,
+        fingerprint: &str,
+        response: &str,
+        ttl: Duration,
+    ) -> StoreResult<()> {
+        self.idempotency
+            .finish(scope, key, fingerprint, response, ttl)
+            .await
+    }
+
+    async fn abandon_idempotent(
+        &self,
+        scope: &str,
+        key: &str,
+        fingerprint: &str,
+    ) -> StoreResult<()> {
+        self.idempotency.abandon(scope, key, fingerprint).await
     }
 }
 

@@ -387,14 +387,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let a = key("a");
         {
-            let store = super::super::EmbeddedStore::open(dir.path()).unwrap();
+            let store = crate::store::embedded::EmbeddedStore::open(dir.path()).unwrap();
             for _ in 0..3 {
                 journal_write(&store, &round(&a, &[T0, T0 + 1_000], 5));
             }
             // Dropped without `flush`, as a crash would leave it.
             assert_eq!(table_len(&store.db, JOURNAL), 3);
         }
-        let store = super::super::EmbeddedStore::open(dir.path()).unwrap();
+        let store = crate::store::embedded::EmbeddedStore::open(dir.path()).unwrap();
         assert_eq!(table_len(&store.db, JOURNAL), 0);
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
@@ -403,7 +403,7 @@ mod tests {
         assert_eq!(totals(&got), vec![vec![(T0, 15), (T0 + 1_000, 15)]]);
     }
 
-    fn journal_write(store: &super::super::EmbeddedStore, inc: &Increments) {
+    fn journal_write(store: &crate::store::embedded::EmbeddedStore, inc: &Increments) {
         write(&store.db, &store.counters.journal, inc).unwrap();
     }
 
@@ -487,7 +487,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let a = key("a");
         {
-            let store = super::super::EmbeddedStore::open(dir.path()).unwrap();
+            let store = crate::store::embedded::EmbeddedStore::open(dir.path()).unwrap();
             journal_write(&store, &round(&a, &[T0], 2));
             let tx = store.db.begin_write().unwrap();
             // A key's length beyond the record's end.
@@ -498,7 +498,7 @@ mod tests {
             tx.commit().unwrap();
             journal_write(&store, &round(&a, &[T0], 3));
         }
-        let store = super::super::EmbeddedStore::open(dir.path()).unwrap();
+        let store = crate::store::embedded::EmbeddedStore::open(dir.path()).unwrap();
         assert_eq!(table_len(&store.db, JOURNAL), 0);
         let rows = read(&store.db, &Mutex::default(), &[range(&a)]).unwrap();
         assert_eq!(totals(&rows), vec![vec![(T0, 5)]]);

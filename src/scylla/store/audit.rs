@@ -12,19 +12,20 @@
 //! Retention deletes whole (scope, month) partitions of months that ended at or before
 //! `before`, found through `audit_months`, never by a scan.
 
-use async_trait::async_trait;
+use std::sync::Arc;
+
 use chrono::{DateTime, Utc};
 use scylla::statement::batch::{Batch, BatchType};
 use scylla::value::{CqlTimestamp, MaybeUnset};
 
+use super::connection::Cql;
 use super::errors::{internal, map_exec, Op};
 use super::partition::{month_of, FIRST_MS};
 use super::statements::{
     AuditPartitionValues, AuditRow, InsertAuditValues, MonthNameValues, MonthValues, NameRow,
     ReadAuditBeforeValues, ReadAuditValues,
 };
-use super::ScyllaStore;
-use crate::store::audit::{AuditEntry, AuditQuery, AuditStore};
+use crate::store::audit::{AuditEntry, AuditQuery};
 use crate::store::StoreResult;
 
 /// The scope of the log of every tenant (tenant ids never hold `*`).
@@ -73,20 +74,29 @@ fn version_value(v: Option<u64>) -> StoreResult<MaybeUnset<i64>> {
         .map(MaybeUnset::from_option)
 }
 
-#[async_trait]
-impl AuditStore for ScyllaStore {
-    async fn append_audit(&self, entry: &AuditEntry) -> StoreResult<()> {
+/// The audit log and its month index.
+pub(super) struct Audit {
+    cql: Arc<Cql>,
+}
+
+impl Audit {
+    pub(super) fn new(cql: Arc<Cql>) -> Self {
+        Audit { cql }
+    }
+
+    pub(super) async fn append(&self, entry: &AuditEntry) -> StoreResult<()> {
         let at = entry.at.timestamp_millis();
         let month = month_of(at);
         // The index first, so every partition written is listed. Both rows are in the
         // partition `month`: one batch, applied at once.
         let mut batch = Batch::new(BatchType::Unlogged);
-        batch.append_statement(self.st.note_audit_month.clone());
-        batch.append_statement(self.st.note_audit_month.clone());
+        batch.append_statement(self.cql.st.note_audit_month.clone());
+        batch.append_statement(self.cql.st.note_audit_month.clone());
         batch.set_is_idempotent(true);
         let index: (MonthNameValues<'_>, MonthNameValues<'_>) =
             ((month, entry.tenant.as_str()), (month, ALL));
-        self.session
+        self.cql
+            .session
             .batch(&batch, index)
             .await
             .map_err(|e| map_exec(e, Op::Write))?;
@@ -109,13 +119,15 @@ impl AuditStore for ScyllaStore {
             ))
         };
         let (mine, all) = (copy(entry.tenant.as_str())?, copy(ALL)?);
-        self.run_all(&self.st.insert_audit, vec![mine, all]).await
+        self.cql
+            .run_all(&self.cql.st.insert_audit, vec![mine, all])
+            .await
     }
 
     /// Month partitions newest first, from the month of the newest entry the page may hold down
     /// to the month of `from`; each read is bounded above (`at < to`, or strictly before the
     /// cursor) and by the entries still wanted, and stops at the first entry older than `from`.
-    async fn audit_page(&self, q: &AuditQuery) -> StoreResult<Vec<AuditEntry>> {
+    pub(super) async fn page(&self, q: &AuditQuery) -> StoreResult<Vec<AuditEntry>> {
         if q.limit == 0 {
             return Ok(Vec::new());
         }
@@ -128,11 +140,12 @@ impl AuditStore for ScyllaStore {
             return Ok(Vec::new());
         }
         let months = self
+            .cql
             .months_to_read(
                 month_of(from),
                 month_of(newest),
-                &self.st.list_audit_months,
-                &self.st.find_audit_month,
+                &self.cql.st.list_audit_months,
+                &self.cql.st.find_audit_month,
                 scope,
             )
             .await?;
@@ -143,11 +156,11 @@ impl AuditStore for ScyllaStore {
                 Some(c) => {
                     let v: ReadAuditBeforeValues<'_> =
                         (scope, month, CqlTimestamp(c.at_ms), c.id.as_str(), want);
-                    self.read_all(&self.st.read_audit_before, v).await?
+                    self.cql.read_all(&self.cql.st.read_audit_before, v).await?
                 }
                 None => {
                     let v: ReadAuditValues<'_> = (scope, month, CqlTimestamp(q.to), want);
-                    self.read_all(&self.st.read_audit, v).await?
+                    self.cql.read_all(&self.cql.st.read_audit, v).await?
                 }
             };
             for row in rows {
@@ -168,30 +181,38 @@ impl AuditStore for ScyllaStore {
     /// Months that ended at or before `before`, oldest first: each (scope, month) partition,
     /// then its index row, then the month's index partition. Counts partitions of
     /// `audit_log` deleted (two per month a tenant had changes in: its own and a share of `*`).
-    async fn delete_audit_before(&self, before: i64, budget: usize) -> StoreResult<u64> {
+    pub(super) async fn delete_before(&self, before: i64, budget: usize) -> StoreResult<u64> {
         let mut removed = 0usize;
         if budget == 0 {
             return Ok(0);
         }
         let months = self
-            .months_ended_by(&self.st.list_audit_months, before)
+            .cql
+            .months_ended_by(&self.cql.st.list_audit_months, before)
             .await?;
         for month in months {
             let values: MonthValues = (month,);
-            let scopes: Vec<NameRow> = self.read_all(&self.st.list_month_scopes, values).await?;
+            let scopes: Vec<NameRow> = self
+                .cql
+                .read_all(&self.cql.st.list_month_scopes, values)
+                .await?;
             let doomed = &scopes[..scopes.len().min(budget - removed)];
             let parts: Vec<AuditPartitionValues<'_>> =
                 doomed.iter().map(|(s,)| (s.as_str(), month)).collect();
-            self.run_all(&self.st.delete_audit_partition, parts).await?;
+            self.cql
+                .run_all(&self.cql.st.delete_audit_partition, parts)
+                .await?;
             let rows: Vec<MonthNameValues<'_>> =
                 doomed.iter().map(|(s,)| (month, s.as_str())).collect();
-            self.run_all(&self.st.delete_audit_scope_month, rows)
+            self.cql
+                .run_all(&self.cql.st.delete_audit_scope_month, rows)
                 .await?;
             removed += doomed.len();
             if doomed.len() < scopes.len() {
                 return Ok(removed as u64);
             }
-            self.run_all(&self.st.delete_audit_month, vec![values])
+            self.cql
+                .run_all(&self.cql.st.delete_audit_month, vec![values])
                 .await?;
         }
         Ok(removed as u64)

@@ -10,17 +10,22 @@
 //! needs are never read, so how soon the janitor deletes them changes nothing for a read.
 //! After an upgrade from the layout of 0001, ranges that began before the new layout served
 //! also sum the old table ([`super::legacy`]).
+//!
+//! [`Counters`] is the part of the store that writes and reads them: it writes this
+//! instance's shard and reads every shard, as its leases ([`super::lease`]) say.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use futures::stream::{self, StreamExt, TryStreamExt};
 use scylla::value::Counter;
 
+use super::connection::Cql;
 use super::errors::combine_write_outcomes;
+use super::lease::Leases;
+use super::legacy::Legacy;
 use super::partition::{group_by_client, starts_in, ClientWrite, MAX_IN_VALUES};
 use super::statements::{CounterRow, IncrementValues, ReadSpanValues, ReadStartsValues};
-use super::ScyllaStore;
 use crate::store::lease::slot_of;
 use crate::store::{BucketTotal, CounterRange, Delta, StoreError, StoreResult};
 
@@ -90,10 +95,26 @@ fn plan_reads(ranges: &[CounterRange]) -> Vec<Query<'_>> {
     out
 }
 
-impl ScyllaStore {
+/// The counters of `client_counters`, and of the old table while it holds any.
+pub(super) struct Counters {
+    cql: Arc<Cql>,
+    /// The shard this instance writes, and its region's slot.
+    leases: Arc<Leases>,
+    legacy: Arc<Legacy>,
+}
+
+impl Counters {
+    pub(super) fn new(cql: Arc<Cql>, leases: Arc<Leases>, legacy: Arc<Legacy>) -> Self {
+        Counters {
+            cql,
+            leases,
+            legacy,
+        }
+    }
+
     /// Writes the increments, a COUNTER batch per client (see the module comment).
-    pub(super) async fn increment_clients(&self, deltas: &[Delta]) -> StoreResult<()> {
-        let shard = self.shard().ok_or_else(|| {
+    pub(super) async fn increment(&self, deltas: &[Delta]) -> StoreResult<()> {
+        let shard = self.leases.shard().ok_or_else(|| {
             StoreError::Unavailable("this instance holds no shard lease; nothing written".into())
         })?;
         let clients = group_by_client(deltas)?;
@@ -111,25 +132,22 @@ impl ScyllaStore {
             .collect();
         // By index: a closure over references trips the compiler's lifetime inference here.
         let outcomes: Vec<StoreResult<()>> = stream::iter(0..batches.len())
-            .map(|i| self.counter_batch(&self.st.increment, &batches[i]))
-            .buffer_unordered(self.max_concurrency)
+            .map(|i| self.cql.counter_batch(&self.cql.st.increment, &batches[i]))
+            .buffer_unordered(self.cql.max_concurrency)
             .collect()
             .await;
         combine_write_outcomes(outcomes)
     }
 
     /// Reads the ranges, a query per client (see the module comment).
-    pub(super) async fn read_clients(
-        &self,
-        ranges: &[CounterRange],
-    ) -> StoreResult<Vec<Vec<BucketTotal>>> {
-        let mine = self.shard.load(Ordering::Relaxed);
-        let region = self.region_slot.load(Ordering::Relaxed) as i16;
+    pub(super) async fn read(&self, ranges: &[CounterRange]) -> StoreResult<Vec<Vec<BucketTotal>>> {
+        let mine = self.leases.shard().map_or(-1, i32::from);
+        let region = self.leases.region_slot();
         let queries = plan_reads(ranges);
         let queries = &queries;
         let answers: Vec<(usize, Vec<CounterRow>)> = stream::iter(0..queries.len())
             .map(|q| async move { Ok::<_, StoreError>((q, self.ask(&queries[q]).await?)) })
-            .buffer_unordered(self.max_concurrency)
+            .buffer_unordered(self.cql.max_concurrency)
             .try_collect()
             .await?;
         let mut sums: Vec<BTreeMap<i64, BucketTotal>> = vec![BTreeMap::new(); ranges.len()];
@@ -154,7 +172,7 @@ impl ScyllaStore {
                 }
             }
         }
-        self.add_legacy(ranges, &mut sums).await?;
+        self.legacy.add_to(ranges, &mut sums).await?;
         Ok(sums
             .into_iter()
             .map(|m| m.into_values().collect())
@@ -165,12 +183,12 @@ impl ScyllaStore {
         match &q.ask {
             Ask::Starts(starts) => {
                 let values: ReadStartsValues<'_> = (q.tenant, q.subject, starts);
-                self.read_rows(&self.st.read_starts, values).await
+                self.cql.read_rows(&self.cql.st.read_starts, values).await
             }
             // A span may hold many rows: page through them.
             Ask::Span(from, to) => {
                 let values: ReadSpanValues<'_> = (q.tenant, q.subject, *from, *to);
-                self.read_all(&self.st.read_span, values).await
+                self.cql.read_all(&self.cql.st.read_span, values).await
             }
         }
     }

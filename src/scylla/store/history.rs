@@ -11,30 +11,28 @@
 //! before succeeded: the months' tenant rows (idempotent), the days' client lines, the points.
 //! So every `usage_history` partition is listed by a client line and every client line by a
 //! tenant row: retention, which finds partitions only through those indexes, never misses one.
-//! Counter writes are never retried (see [`super::backend`]): once any counter write may have
+//! Counter writes are never retried (see [`super::connection`]): once any counter write may have
 //! landed, a failure is `Uncertain`.
 //!
-//! Retention ([`HistoryStore::delete_history_before`]) deletes whole partitions of months that
+//! Retention ([`History::delete_before`]) deletes whole partitions of months that
 //! ended at or before `before`. A deleted counter cannot reliably be incremented again; that
 //! never matters here, because nothing writes history for an hour that far past retention.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
 
-use async_trait::async_trait;
 use futures::stream::{self, StreamExt, TryStreamExt};
 use scylla::value::{Counter, MaybeUnset};
 
+use super::connection::Cql;
 use super::errors::{combine_write_outcomes, internal};
 use super::partition::{month_end, month_of, month_start, FIRST_MS, LAST_MS};
 use super::statements::{
     AddClientDayValues, AddUsagePointValues, ClientDayRow, ClientDayValues, MonthNameValues,
     MonthValues, NameRow, ReadUsagePointsValues, UsageHistoryKeyValues, UsagePointRow,
 };
-use super::ScyllaStore;
 use crate::domain::TENANT_SUBJECT;
-use crate::store::history::{
-    ClientTotal, Counts, HistoryStore, Step, UsageDelta, UsagePoint, DAY_MS,
-};
+use crate::store::history::{ClientTotal, Counts, Step, UsageDelta, UsagePoint, DAY_MS};
 use crate::store::{StoreError, StoreResult};
 
 const ADMITTED: &str = "admitted";
@@ -188,7 +186,16 @@ fn days_in(from: i64, to: i64) -> impl Iterator<Item = i64> {
         .take_while(move |d| *d < to)
 }
 
-impl ScyllaStore {
+/// Usage history and its indexes.
+pub(super) struct History {
+    cql: Arc<Cql>,
+}
+
+impl History {
+    pub(super) fn new(cql: Arc<Cql>) -> Self {
+        History { cql }
+    }
+
     /// Runs counter updates, a batch per partition chunk, in parallel; the outcome as one
     /// error (`Uncertain` once any may have landed).
     async fn write_counters<V>(
@@ -203,8 +210,8 @@ impl ScyllaStore {
         // By index, as `increment` does: a closure taking a borrowed chunk trips the `Send`
         // check of the async trait ("FnOnce is not general enough").
         let outcomes: Vec<StoreResult<()>> = stream::iter(0..chunks.len())
-            .map(|i| self.counter_batch(st, chunks[i]))
-            .buffer_unordered(self.max_concurrency)
+            .map(|i| self.cql.counter_batch(st, chunks[i]))
+            .buffer_unordered(self.cql.max_concurrency)
             .collect()
             .await;
         combine_write_outcomes(outcomes)
@@ -216,18 +223,19 @@ impl ScyllaStore {
         if from >= to {
             return Ok(Vec::new());
         }
-        self.months_to_read(
-            month_of(from),
-            month_of(to - 1),
-            &self.st.list_history_months,
-            &self.st.find_tenant_month,
-            tenant,
-        )
-        .await
+        self.cql
+            .months_to_read(
+                month_of(from),
+                month_of(to - 1),
+                &self.cql.st.list_history_months,
+                &self.cql.st.find_tenant_month,
+                tenant,
+            )
+            .await
     }
 
     /// Deletes one tenant's history of one month, a day at a time (see
-    /// [`HistoryStore::delete_history_before`]); stops once `removed` reaches `budget`.
+    /// [`History::delete_before`]); stops once `removed` reaches `budget`.
     /// Returns whether the month is done.
     async fn delete_tenant_month(
         &self,
@@ -247,7 +255,8 @@ impl ScyllaStore {
                 return Ok(false);
             }
             let key: ClientDayValues<'_> = (tenant, day);
-            let clients: Vec<NameRow> = self.read_all(&self.st.list_client_day, key).await?;
+            let clients: Vec<NameRow> =
+                self.cql.read_all(&self.cql.st.list_client_day, key).await?;
             if clients.is_empty() {
                 continue;
             }
@@ -259,24 +268,27 @@ impl ScyllaStore {
                 .map(|(c,)| (tenant, c.as_str(), month))
                 .collect();
             *removed += doomed.len() as u64;
-            self.run_all(&self.st.delete_usage_history, doomed).await?;
-            self.run_all(&self.st.delete_client_day, vec![key]).await?;
+            self.cql
+                .run_all(&self.cql.st.delete_usage_history, doomed)
+                .await?;
+            self.cql
+                .run_all(&self.cql.st.delete_client_day, vec![key])
+                .await?;
             *removed += 1;
         }
         let totals: UsageHistoryKeyValues<'_> = (tenant, TENANT_SUBJECT, month);
-        self.run_all(&self.st.delete_usage_history, vec![totals])
+        self.cql
+            .run_all(&self.cql.st.delete_usage_history, vec![totals])
             .await?;
         let row: MonthNameValues<'_> = (month, tenant);
-        self.run_all(&self.st.delete_tenant_month, vec![row])
+        self.cql
+            .run_all(&self.cql.st.delete_tenant_month, vec![row])
             .await?;
         *removed += 2;
         Ok(true)
     }
-}
 
-#[async_trait]
-impl HistoryStore for ScyllaStore {
-    async fn add_usage(&self, deltas: &[UsageDelta]) -> StoreResult<()> {
+    pub(super) async fn add(&self, deltas: &[UsageDelta]) -> StoreResult<()> {
         let plan = plan_usage(deltas)?;
         if plan.points.is_empty() {
             return Ok(());
@@ -288,7 +300,8 @@ impl HistoryStore for ScyllaStore {
             .iter()
             .map(|(m, t)| (*m, t.as_str()))
             .collect();
-        self.run_all(&self.st.note_tenant_month, rows)
+        self.cql
+            .run_all(&self.cql.st.note_tenant_month, rows)
             .await
             .map_err(|e| match e {
                 StoreError::Internal(m) => StoreError::Internal(m),
@@ -305,7 +318,8 @@ impl HistoryStore for ScyllaStore {
                     .collect()
             })
             .collect();
-        self.write_counters(&self.st.add_client_day, &lines).await?;
+        self.write_counters(&self.cql.st.add_client_day, &lines)
+            .await?;
         // 3. The points. Some lines landed already: any failure now is uncertain.
         let points: Vec<Vec<AddUsagePointValues<'_>>> = plan
             .points
@@ -327,7 +341,7 @@ impl HistoryStore for ScyllaStore {
                     .collect()
             })
             .collect();
-        self.write_counters(&self.st.add_usage_point, &points)
+        self.write_counters(&self.cql.st.add_usage_point, &points)
             .await
             .map_err(|e| match e {
                 StoreError::Uncertain(m) => StoreError::Uncertain(m),
@@ -337,7 +351,7 @@ impl HistoryStore for ScyllaStore {
             })
     }
 
-    async fn usage_points(
+    pub(super) async fn points(
         &self,
         tenant: &str,
         client: Option<&str>,
@@ -350,9 +364,9 @@ impl HistoryStore for ScyllaStore {
         let parts: Vec<Vec<UsagePointRow>> = stream::iter(months.into_iter().map(|month| {
             let values: ReadUsagePointsValues<'_> =
                 (tenant, subject, month, step.as_str(), from, to);
-            self.read_all(&self.st.read_usage_points, values)
+            self.cql.read_all(&self.cql.st.read_usage_points, values)
         }))
-        .buffered(self.max_concurrency)
+        .buffered(self.cql.max_concurrency)
         .try_collect()
         .await?;
         let mut points: BTreeMap<i64, Counts> = BTreeMap::new();
@@ -365,7 +379,7 @@ impl HistoryStore for ScyllaStore {
             .collect())
     }
 
-    async fn clients_seen(
+    pub(super) async fn clients_seen(
         &self,
         tenant: &str,
         from: i64,
@@ -380,9 +394,9 @@ impl HistoryStore for ScyllaStore {
         }
         let parts: Vec<Vec<ClientDayRow>> = stream::iter(days.into_iter().map(|day| {
             let values: ClientDayValues<'_> = (tenant, day);
-            self.read_all(&self.st.read_client_day, values)
+            self.cql.read_all(&self.cql.st.read_client_day, values)
         }))
-        .buffer_unordered(self.max_concurrency)
+        .buffer_unordered(self.cql.max_concurrency)
         .try_collect()
         .await?;
         let mut sums: HashMap<String, [u64; 3]> = HashMap::new();
@@ -409,17 +423,21 @@ impl HistoryStore for ScyllaStore {
     /// `usage_tenants`. Each step deletes what lists it only after what it lists, so a call cut
     /// off (by an error or the budget) leaves everything still findable by the next. Counts
     /// partitions deleted (a day's clients may take it past `budget`).
-    async fn delete_history_before(&self, before: i64, budget: usize) -> StoreResult<u64> {
+    pub(super) async fn delete_before(&self, before: i64, budget: usize) -> StoreResult<u64> {
         let mut removed = 0u64;
         if budget == 0 {
             return Ok(0);
         }
         let months = self
-            .months_ended_by(&self.st.list_history_months, before)
+            .cql
+            .months_ended_by(&self.cql.st.list_history_months, before)
             .await?;
         for month in months {
             let values: MonthValues = (month,);
-            let tenants: Vec<NameRow> = self.read_all(&self.st.list_month_tenants, values).await?;
+            let tenants: Vec<NameRow> = self
+                .cql
+                .read_all(&self.cql.st.list_month_tenants, values)
+                .await?;
             for (tenant,) in &tenants {
                 if removed as usize >= budget
                     || !self
@@ -429,7 +447,8 @@ impl HistoryStore for ScyllaStore {
                     return Ok(removed);
                 }
             }
-            self.run_all(&self.st.delete_history_month, vec![values])
+            self.cql
+                .run_all(&self.cql.st.delete_history_month, vec![values])
                 .await?;
         }
         Ok(removed)

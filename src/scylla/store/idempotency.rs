@@ -3,17 +3,16 @@
 //! `DELETE ... IF fingerprint = ?`. Paxos makes the claim one step against any other instance's,
 //! so two requests with one key never both go ahead while its row lives.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-
+use super::connection::Cql;
 use super::errors::{internal, map_exec, Op};
 use super::statements::{
     AbandonIdempotencyValues, ClaimIdempotencyValues, FinishIdempotencyValues,
     GetIdempotencyValues, IdempotencyRow,
 };
-use super::ScyllaStore;
-use crate::store::idempotency::{Begun, IdempotencyStore, Remembered};
+use crate::store::idempotency::{Begun, Remembered};
 use crate::store::lease::ttl_secs;
 use crate::store::StoreResult;
 
@@ -21,9 +20,17 @@ use crate::store::StoreResult;
 /// winner's row can expire between the claim and the read, and then the claim is tried again.
 const MAX_CLAIM_ATTEMPTS: usize = 4;
 
-#[async_trait]
-impl IdempotencyStore for ScyllaStore {
-    async fn begin_idempotent(
+/// The idempotency keys of admin requests.
+pub(super) struct Idempotency {
+    cql: Arc<Cql>,
+}
+
+impl Idempotency {
+    pub(super) fn new(cql: Arc<Cql>) -> Self {
+        Idempotency { cql }
+    }
+
+    pub(super) async fn begin(
         &self,
         scope: &str,
         key: &str,
@@ -32,13 +39,14 @@ impl IdempotencyStore for ScyllaStore {
     ) -> StoreResult<Begun> {
         for _ in 0..MAX_CLAIM_ATTEMPTS {
             let values: ClaimIdempotencyValues<'_> = (scope, key, fingerprint, ttl_secs(ttl));
-            if self.lwt(&self.st.claim_idempotency, values).await? {
+            if self.cql.lwt(&self.cql.st.claim_idempotency, values).await? {
                 return Ok(Begun::Claimed);
             }
             let values: GetIdempotencyValues<'_> = (scope, key);
             let res = self
+                .cql
                 .session
-                .execute_unpaged(&self.st.get_idempotency, values)
+                .execute_unpaged(&self.cql.st.get_idempotency, values)
                 .await
                 .map_err(|e| map_exec(e, Op::Read))?;
             let rows = res.into_rows_result().map_err(internal)?;
@@ -56,7 +64,7 @@ impl IdempotencyStore for ScyllaStore {
         ))
     }
 
-    async fn finish_idempotent(
+    pub(super) async fn finish(
         &self,
         scope: &str,
         key: &str,
@@ -72,18 +80,22 @@ impl IdempotencyStore for ScyllaStore {
             key,
             fingerprint,
         );
-        self.lwt(&self.st.finish_idempotency, values).await?;
+        self.cql
+            .lwt(&self.cql.st.finish_idempotency, values)
+            .await?;
         Ok(())
     }
 
-    async fn abandon_idempotent(
+    pub(super) async fn abandon(
         &self,
         scope: &str,
         key: &str,
         fingerprint: &str,
     ) -> StoreResult<()> {
         let values: AbandonIdempotencyValues<'_> = (scope, key, fingerprint);
-        self.lwt(&self.st.abandon_idempotency, values).await?;
+        self.cql
+            .lwt(&self.cql.st.abandon_idempotency, values)
+            .await?;
         Ok(())
     }
 }

@@ -9,22 +9,20 @@
 //!   `epoch end + grain.retention_ms() <= now` ([`partition_expired`]); a lap that finds it
 //!   empty ends the reads of it ([`super::legacy`]).
 //!
-//! The planners ([`plan_sweep`], [`expired_runs`]) are pure; the store methods here only page
-//! through the ring and delete.
+//! The planners ([`plan_sweep`], [`expired_runs`]) are pure; [`Janitor`], the part of the store
+//! that owns the two cursors, only pages through the ring and deletes.
 
-use futures::stream::{self, StreamExt};
+use std::sync::{Arc, Mutex};
 
-use std::sync::atomic::Ordering;
+use futures::stream::{self, StreamExt, TryStreamExt};
 
-use futures::TryStreamExt;
-
+use super::connection::Cql;
 use super::errors::{internal, map_exec, Op};
-use super::legacy::NO_LEGACY;
+use super::legacy::Legacy;
 use super::partition::{expired_runs, partition_expired};
 use super::statements::{
     ClientRow, ClientValues, CounterRow, PartitionRow, PartitionValues, ReadSpanValues, ScanValues,
 };
-use super::ScyllaStore;
 use crate::domain::Grain;
 use crate::store::StoreResult;
 
@@ -79,14 +77,36 @@ fn plan_sweep(
     }
 }
 
-impl ScyllaStore {
+/// Where the sweeps of the two counter tables continue.
+pub(super) struct Janitor {
+    cql: Arc<Cql>,
+    /// Whether the old table is still swept; told when a lap finds it empty.
+    legacy: Arc<Legacy>,
+    /// Token after which the next sweep of the old counter table continues. A std mutex: it is
+    /// only read and written between awaits, never held across one.
+    legacy_cursor: Mutex<i64>,
+    /// Likewise, for the client partitions.
+    client_cursor: Mutex<i64>,
+}
+
+impl Janitor {
+    /// Sweeps that start at the beginning of the ring.
+    pub(super) fn new(cql: Arc<Cql>, legacy: Arc<Legacy>) -> Self {
+        Janitor {
+            cql,
+            legacy,
+            legacy_cursor: Mutex::new(i64::MIN),
+            client_cursor: Mutex::new(i64::MIN),
+        }
+    }
+
     /// Deletes expired buckets (see the module comment), about `budget` a call: rows of the
     /// client partitions (a run of them is one range delete), and partitions of the old table
     /// while it holds any. Less than `budget` means this call's part of the sweep found no
     /// more; calling until 0 twice in a row sweeps everything.
-    pub(super) async fn sweep_expired(&self, now_ms: i64, budget: usize) -> StoreResult<u64> {
+    pub(super) async fn delete_expired(&self, now_ms: i64, budget: usize) -> StoreResult<u64> {
         let mut deleted = 0;
-        if self.legacy_until.load(Ordering::Relaxed) != NO_LEGACY {
+        if self.legacy.in_use() {
             deleted += self.sweep_legacy(now_ms, budget).await?;
         }
         let left = budget.saturating_sub(deleted as usize);
@@ -106,7 +126,7 @@ impl ScyllaStore {
             let page = &page;
             let counts: Vec<u64> = stream::iter(0..page.len())
                 .map(|i| self.expire_client(&page[i].0, now_ms))
-                .buffer_unordered(self.max_concurrency)
+                .buffer_unordered(self.cql.max_concurrency)
                 .try_collect()
                 .await?;
             deleted += counts.iter().sum::<u64>();
@@ -127,11 +147,15 @@ impl ScyllaStore {
     /// The next `limit` client partitions after `cursor` in token order, with tokens.
     async fn scan_clients(&self, cursor: i64, limit: usize) -> StoreResult<Vec<(ClientRow, i64)>> {
         let values: ScanValues = (cursor, i32::try_from(limit).unwrap_or(i32::MAX));
-        let rows: Vec<ClientRow> = self.read_rows(&self.st.scan_clients, values).await?;
+        let rows: Vec<ClientRow> = self
+            .cql
+            .read_rows(&self.cql.st.scan_clients, values)
+            .await?;
         let mut out = Vec::with_capacity(rows.len());
         for row in rows {
             let key: ClientValues<'_> = (&row.0, &row.1);
             let token = self
+                .cql
                 .st
                 .read_client
                 .calculate_token(&key)
@@ -146,7 +170,7 @@ impl ScyllaStore {
     /// Deletes a client's expired runs of buckets; returns how many rows they held.
     async fn expire_client(&self, c: &ClientRow, now_ms: i64) -> StoreResult<u64> {
         let key: ClientValues<'_> = (&c.0, &c.1);
-        let rows: Vec<CounterRow> = self.read_all(&self.st.read_client, key).await?;
+        let rows: Vec<CounterRow> = self.cql.read_all(&self.cql.st.read_client, key).await?;
         let keys: Vec<(i64, i64)> = rows.iter().map(|r| (r.0, r.2)).collect();
         let runs = expired_runs(&keys, now_ms);
         let doomed = keys
@@ -155,7 +179,9 @@ impl ScyllaStore {
             .count() as u64;
         let deletes: Vec<ReadSpanValues<'_>> =
             runs.iter().map(|&(a, b)| (&*c.0, &*c.1, a, b)).collect();
-        self.run_all(&self.st.delete_starts, deletes).await?;
+        self.cql
+            .run_all(&self.cql.st.delete_starts, deletes)
+            .await?;
         Ok(doomed)
     }
 
@@ -170,15 +196,12 @@ impl ScyllaStore {
         let mut scanned = 0usize;
         let scan_limit = budget.saturating_mul(4).clamp(100, 5_000);
         while (deleted as usize) < budget && scanned < MAX_SWEEP_PER_CALL {
-            let cursor = *self
-                .janitor_cursor
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
+            let cursor = *self.legacy_cursor.lock().unwrap_or_else(|p| p.into_inner());
             let page = self.scan_partitions(cursor, scan_limit).await?;
             if cursor == i64::MIN && page.is_empty() {
                 // A whole lap found nothing: the old table is empty for good (nothing
                 // writes it).
-                self.legacy_emptied();
+                self.legacy.emptied();
                 break;
             }
             scanned += page.len();
@@ -187,10 +210,7 @@ impl ScyllaStore {
             deleted += sweep.doomed.len() as u64;
             // Only now: if a delete failed, the next sweep looks at the same partitions again
             // (deleting twice is harmless).
-            *self
-                .janitor_cursor
-                .lock()
-                .unwrap_or_else(|p| p.into_inner()) = sweep.next;
+            *self.legacy_cursor.lock().unwrap_or_else(|p| p.into_inner()) = sweep.next;
             if sweep.next == i64::MIN {
                 // A lap is complete; the next call starts the next one.
                 break;
@@ -206,13 +226,17 @@ impl ScyllaStore {
         limit: usize,
     ) -> StoreResult<Vec<(PartitionRow, i64)>> {
         let values: ScanValues = (cursor, i32::try_from(limit).unwrap_or(i32::MAX));
-        let rows: Vec<PartitionRow> = self.read_rows(&self.st.scan_partitions, values).await?;
+        let rows: Vec<PartitionRow> = self
+            .cql
+            .read_rows(&self.cql.st.scan_partitions, values)
+            .await?;
         let mut out = Vec::with_capacity(rows.len());
         for row in rows {
             // The driver computes the token exactly as the server does (Murmur3 over the
             // serialized key), so the cursor needs no token() in the SELECT.
             let key: PartitionValues<'_> = (&row.0, &row.1, &row.2, row.3, row.4, row.5);
             let token = self
+                .cql
                 .st
                 .delete_partition
                 .calculate_token(&key)
@@ -229,13 +253,14 @@ impl ScyllaStore {
             .map(|i| async move {
                 let row = &doomed[i];
                 let key: PartitionValues<'_> = (&row.0, &row.1, &row.2, row.3, row.4, row.5);
-                self.session
-                    .execute_unpaged(&self.st.delete_partition, key)
+                self.cql
+                    .session
+                    .execute_unpaged(&self.cql.st.delete_partition, key)
                     .await
                     .map(|_| ())
                     .map_err(|e| map_exec(e, Op::Write))
             })
-            .buffer_unordered(self.max_concurrency)
+            .buffer_unordered(self.cql.max_concurrency)
             .collect()
             .await;
         outcomes.into_iter().collect()

@@ -1,4 +1,6 @@
-//! Leases on write shards in the `members` table (`migrations/0003_members.cql`).
+//! Leases on write shards in the `members` table (`migrations/0003_members.cql`), and the
+//! region this instance joined ([`Leases`]: the part of the store that knows which shard it
+//! writes and which shards a read sums).
 //!
 //! A lease is a row written with a lightweight transaction and a TTL: a claim is
 //! `INSERT ... IF NOT EXISTS USING TTL`, a renewal `UPDATE ... USING TTL ... IF owner = ?`
@@ -7,22 +9,22 @@
 //! so two instances never both hear "applied" for one shard while its row lives.
 //! Every claimed shard is also recorded, without TTL, in `shards_used`, which reads sum.
 
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use async_trait::async_trait;
+use arc_swap::ArcSwap;
 use chrono::Utc;
 use scylla::value::CqlTimestamp;
 
+use super::connection::Cql;
 use super::errors::{internal, map_exec, Op};
 use super::statements::{
     BeatRegionValues, ClaimRegionSlotValues, ClaimShardValues, ListUsedValues, LogRegionBeatValues,
     MarkUsedValues, MemberRow, ReadRegionBeatsValues, RegionBeatAtRow, RegionBeatRow,
     RegionSlotRow, ReleaseShardValues, RenewShardValues, UsedRow, USED_PART,
 };
-use super::ScyllaStore;
-use crate::store::lease::{
-    pick_shard, ttl_secs, Claim, LeaseStore, Member, RegionBeat, Roster, MAX_REGIONS,
-};
+use crate::store::lease::{pick_shard, ttl_secs, Claim, Member, RegionBeat, Roster, MAX_REGIONS};
 use crate::store::{StoreError, StoreResult};
 
 /// The heartbeat log's partitions are a minute each.
@@ -32,11 +34,56 @@ const MINUTE_MS: i64 = 60_000;
 /// first, but not this many in a row unless the fleet is starting all at once.
 const MAX_CLAIM_ATTEMPTS: usize = 16;
 
-impl ScyllaStore {
+/// The shards this instance writes and reads, and its region.
+pub(super) struct Leases {
+    cql: Arc<Cql>,
+    /// The shard this instance writes, from its lease; -1 while it holds none.
+    shard: AtomicI32,
+    /// The shards a read sums: every shard ever claimed.
+    read_shards: ArcSwap<Vec<i16>>,
+    /// This region's slot (`store::lease`): its shards are the ones a read counts as the
+    /// region's part. 0 until the fleet joins a region.
+    region_slot: AtomicI32,
+    /// The region joined, and its slot: what heartbeats write.
+    region: OnceLock<(String, i16)>,
+    /// `store.local_dc`, else the data centre of the contact points.
+    local_dc: Option<String>,
+}
+
+impl Leases {
+    /// No lease held, no shard to read, no region joined yet.
+    pub(super) fn new(cql: Arc<Cql>, local_dc: Option<String>) -> Self {
+        Leases {
+            cql,
+            shard: AtomicI32::new(-1),
+            read_shards: ArcSwap::from_pointee(Vec::new()),
+            region_slot: AtomicI32::new(0),
+            region: OnceLock::new(),
+            local_dc,
+        }
+    }
+
+    /// This instance's write shard, while it holds a lease.
+    pub(super) fn shard(&self) -> Option<i16> {
+        let s = self.shard.load(Ordering::Relaxed);
+        (s >= 0).then_some(s as i16)
+    }
+
+    /// The shards a read sums.
+    pub(super) fn read_shards(&self) -> Arc<Vec<i16>> {
+        self.read_shards.load_full()
+    }
+
+    /// This region's slot: 0 until the fleet joins a region.
+    pub(super) fn region_slot(&self) -> i16 {
+        self.region_slot.load(Ordering::Relaxed) as i16
+    }
+
     async fn members(&self) -> StoreResult<Vec<Member>> {
         let res = self
+            .cql
             .session
-            .execute_unpaged(&self.st.list_members, ())
+            .execute_unpaged(&self.cql.st.list_members, ())
             .await
             .map_err(|e| map_exec(e, Op::Read))?;
         let rows = res.into_rows_result().map_err(internal)?;
@@ -55,21 +102,19 @@ impl ScyllaStore {
     async fn try_claim(&self, shard: i16, owner: &str, ttl: Duration) -> StoreResult<bool> {
         let now = CqlTimestamp(Utc::now().timestamp_millis());
         let values: ClaimShardValues<'_> = (shard, owner, now, ttl_secs(ttl));
-        let applied = self.lwt(&self.st.claim_shard, values).await?;
+        let applied = self.cql.lwt(&self.cql.st.claim_shard, values).await?;
         if applied {
             let used: MarkUsedValues = (USED_PART, shard);
-            self.session
-                .execute_unpaged(&self.st.mark_used, used)
+            self.cql
+                .session
+                .execute_unpaged(&self.cql.st.mark_used, used)
                 .await
                 .map_err(|e| map_exec(e, Op::Write))?;
         }
         Ok(applied)
     }
-}
 
-#[async_trait]
-impl LeaseStore for ScyllaStore {
-    async fn claim(
+    pub(super) async fn claim(
         &self,
         owner: &str,
         pin: Option<i16>,
@@ -79,7 +124,7 @@ impl LeaseStore for ScyllaStore {
         for _ in 0..MAX_CLAIM_ATTEMPTS {
             let members = self.members().await?;
             let held: Vec<i16> = members.iter().map(|m| m.shard).collect();
-            let slot = self.region_slot.load(std::sync::atomic::Ordering::Relaxed) as i16;
+            let slot = self.region_slot();
             let Some(shard) = pick_shard(&held, slot, pin, prefer) else {
                 return Ok(Claim::Full);
             };
@@ -104,22 +149,23 @@ impl LeaseStore for ScyllaStore {
         ))
     }
 
-    async fn renew(&self, shard: i16, owner: &str, ttl: Duration) -> StoreResult<bool> {
+    pub(super) async fn renew(&self, shard: i16, owner: &str, ttl: Duration) -> StoreResult<bool> {
         let now = CqlTimestamp(Utc::now().timestamp_millis());
         let values: RenewShardValues<'_> = (ttl_secs(ttl), owner, now, shard, owner);
-        self.lwt(&self.st.renew_shard, values).await
+        self.cql.lwt(&self.cql.st.renew_shard, values).await
     }
 
-    async fn release(&self, shard: i16, owner: &str) -> StoreResult<bool> {
+    pub(super) async fn release(&self, shard: i16, owner: &str) -> StoreResult<bool> {
         let values: ReleaseShardValues<'_> = (shard, owner);
-        self.lwt(&self.st.release_shard, values).await
+        self.cql.lwt(&self.cql.st.release_shard, values).await
     }
 
-    async fn roster(&self) -> StoreResult<Roster> {
+    pub(super) async fn roster(&self) -> StoreResult<Roster> {
         let members = self.members().await?;
         let res = self
+            .cql
             .session
-            .execute_unpaged(&self.st.list_used, ListUsedValues::from((USED_PART,)))
+            .execute_unpaged(&self.cql.st.list_used, ListUsedValues::from((USED_PART,)))
             .await
             .map_err(|e| map_exec(e, Op::Read))?;
         let rows = res.into_rows_result().map_err(internal)?;
@@ -131,15 +177,19 @@ impl LeaseStore for ScyllaStore {
         Ok(Roster { members, used })
     }
 
-    fn adopt(&self, write: Option<i16>, read: &[i16]) {
-        self.set_shards(write, read);
+    /// Takes `write` as this instance's shard (none: it writes nothing) and `read` as the
+    /// shards reads sum.
+    pub(super) fn adopt(&self, write: Option<i16>, read: &[i16]) {
+        self.shard
+            .store(write.map_or(-1, i32::from), Ordering::Relaxed);
+        self.read_shards.store(Arc::new(read.to_vec()));
     }
 
-    async fn local_region(&self) -> StoreResult<Option<String>> {
+    pub(super) async fn local_region(&self) -> StoreResult<Option<String>> {
         Ok(self.local_dc.clone())
     }
 
-    async fn join_region(&self, region: &str) -> StoreResult<i16> {
+    pub(super) async fn join_region(&self, region: &str) -> StoreResult<i16> {
         let mut tried = Vec::new();
         for _ in 0..MAX_CLAIM_ATTEMPTS {
             let slots = self.region_slots().await?;
@@ -155,7 +205,7 @@ impl LeaseStore for ScyllaStore {
                         )));
                     };
                     let values: ClaimRegionSlotValues<'_> = (free, region);
-                    if !self.lwt(&self.st.claim_region_slot, values).await? {
+                    if !self.cql.lwt(&self.cql.st.claim_region_slot, values).await? {
                         tried.push(free);
                         continue;
                     }
@@ -165,8 +215,7 @@ impl LeaseStore for ScyllaStore {
                     }
                 }
             };
-            self.region_slot
-                .store(i32::from(slot), std::sync::atomic::Ordering::Relaxed);
+            self.region_slot.store(i32::from(slot), Ordering::Relaxed);
             let _ = self.region.set((region.to_owned(), slot));
             return Ok(slot);
         }
@@ -175,7 +224,7 @@ impl LeaseStore for ScyllaStore {
         ))
     }
 
-    async fn beat(&self, at_ms: i64) -> StoreResult<()> {
+    pub(super) async fn beat(&self, at_ms: i64) -> StoreResult<()> {
         let Some((region, slot)) = self.region.get() else {
             return Ok(());
         };
@@ -183,14 +232,22 @@ impl LeaseStore for ScyllaStore {
         let logged: LogRegionBeatValues<'_> =
             (region, at_ms.div_euclid(MINUTE_MS), CqlTimestamp(at_ms));
         let (row, log) = futures::join!(
-            self.session.execute_unpaged(&self.st.beat_region, values),
-            self.session
-                .execute_unpaged(&self.st.log_region_beat, logged),
+            self.cql
+                .session
+                .execute_unpaged(&self.cql.st.beat_region, values),
+            self.cql
+                .session
+                .execute_unpaged(&self.cql.st.log_region_beat, logged),
         );
         row.and(log).map(|_| ()).map_err(|e| map_exec(e, Op::Write))
     }
 
-    async fn beats_between(&self, region: &str, from: i64, to: i64) -> StoreResult<Vec<i64>> {
+    pub(super) async fn beats_between(
+        &self,
+        region: &str,
+        from: i64,
+        to: i64,
+    ) -> StoreResult<Vec<i64>> {
         let mut out = Vec::new();
         if from >= to {
             return Ok(out);
@@ -198,17 +255,20 @@ impl LeaseStore for ScyllaStore {
         for minute in from.div_euclid(MINUTE_MS)..=(to - 1).div_euclid(MINUTE_MS) {
             let values: ReadRegionBeatsValues<'_> =
                 (region, minute, CqlTimestamp(from), CqlTimestamp(to));
-            let rows: Vec<RegionBeatAtRow> =
-                self.read_rows(&self.st.read_region_beats, values).await?;
+            let rows: Vec<RegionBeatAtRow> = self
+                .cql
+                .read_rows(&self.cql.st.read_region_beats, values)
+                .await?;
             out.extend(rows.into_iter().map(|(at,)| at.0));
         }
         Ok(out)
     }
 
-    async fn regions(&self) -> StoreResult<Vec<RegionBeat>> {
+    pub(super) async fn regions(&self) -> StoreResult<Vec<RegionBeat>> {
         let res = self
+            .cql
             .session
-            .execute_unpaged(&self.st.list_region_beats, ())
+            .execute_unpaged(&self.cql.st.list_region_beats, ())
             .await
             .map_err(|e| map_exec(e, Op::Read))?;
         let rows = res.into_rows_result().map_err(internal)?;
@@ -225,14 +285,13 @@ impl LeaseStore for ScyllaStore {
         out.sort_by_key(|r| r.slot);
         Ok(out)
     }
-}
 
-impl ScyllaStore {
     /// Every claimed region slot, by slot.
     async fn region_slots(&self) -> StoreResult<Vec<(i16, String)>> {
         let res = self
+            .cql
             .session
-            .execute_unpaged(&self.st.list_region_slots, ())
+            .execute_unpaged(&self.cql.st.list_region_slots, ())
             .await
             .map_err(|e| map_exec(e, Op::Read))?;
         let rows = res.into_rows_result().map_err(internal)?;

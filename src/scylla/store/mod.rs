@@ -1,7 +1,19 @@
 //! The Cassandra/ScyllaDB store: counters in counter tables, policies in a regular table.
 //!
-//! Schema: `migrations/0001_counters.cql` to `0006_client_counters.cql`. Every statement is prepared once in [`ScyllaStore::connect`] from
-//! one table ([`statements`]).
+//! Schema: `migrations/0001_counters.cql` to `0006_client_counters.cql`. Every statement is
+//! prepared once in [`ScyllaStore::connect`] from one table ([`statements`]).
+//!
+//! [`ScyllaStore`] is a facade over parts, each a type that owns its state ([`facade`]: the
+//! six store traits, each method handed to one part):
+//! - [`connection`]: `Cql`, the session and the prepared statements, which every part shares;
+//! - [`lease`]: `Leases`, the shard this instance writes, the shards reads sum, its region;
+//! - [`counters`]: `Counters`, the counter writes and reads; [`legacy`]: `Legacy`, the old
+//!   counter table while it holds anything; [`janitor`]: `Janitor`, expiry and its cursors;
+//! - [`policies`], [`history`], [`audit`], [`idempotency`]: `Policies`, `History`, `Audit`,
+//!   `Idempotency`.
+//!
+//! Beside them: [`errors`] (driver errors as store errors) and [`partition`] (partition keys,
+//! buckets and months, pure).
 //!
 //! Counters ([`counters`], `migrations/0006_client_counters.cql`). A partition per (tenant,
 //! subject), a row per (bucket start, limit id, grain, shard):
@@ -33,9 +45,10 @@
 //! `quotad migrate`; they are re-exported here under their old paths.
 
 mod audit;
-mod backend;
+mod connection;
 mod counters;
 mod errors;
+mod facade;
 mod history;
 mod idempotency;
 mod janitor;
@@ -46,4 +59,4 @@ mod policies;
 mod statements;
 
 pub use crate::scylla::cql::{parse_consistency, ScyllaOptions};
-pub use backend::ScyllaStore;
+pub use facade::ScyllaStore;

@@ -3,13 +3,15 @@
 //! Create is `IF NOT EXISTS`, replace is `IF version = ?`, so two admins on two instances
 //! cannot both write version 2: the loser re-reads (at LOCAL_SERIAL) and tries again, up to
 //! [`MAX_CAS_ATTEMPTS`] times. Every change then bumps a counter row, the generation other
-//! instances poll ([`PolicyStore::policies_generation`]).
+//! instances poll ([`Policies::generation`]).
 
-use async_trait::async_trait;
+use std::sync::Arc;
+
 use chrono::{DateTime, Utc};
 use futures::stream::{self, StreamExt, TryStreamExt};
 use scylla::value::{Counter, CqlTimestamp};
 
+use super::connection::Cql;
 use super::errors::{internal, map_exec, map_next_row, map_pager, Op};
 use super::partition::{policy_part, POLICY_PARTS};
 use super::statements::{
@@ -17,9 +19,8 @@ use super::statements::{
     ListPoliciesValues, LoadPoliciesValues, PolicyKeyValues, PolicyRow, ReadGenerationValues,
     UpdatePolicyValues,
 };
-use super::ScyllaStore;
 use crate::domain::{ClientId, TenantId};
-use crate::store::{PolicyKey, PolicyRecord, PolicyStore, StoreError, StoreResult};
+use crate::store::{PolicyKey, PolicyRecord, StoreError, StoreResult};
 
 /// Tries of a compare-and-set policy write before giving up under contention.
 const MAX_CAS_ATTEMPTS: usize = 8;
@@ -28,58 +29,6 @@ const GENERATION_ID: &str = "policies";
 /// `kind` column of `policies`.
 const KIND_TENANT: i8 = 0;
 const KIND_OVERRIDE: i8 = 1;
-
-impl ScyllaStore {
-    async fn read_policy(
-        &self,
-        key: &PolicyKey,
-        serial: bool,
-    ) -> StoreResult<Option<PolicyRecord>> {
-        let (kind, client) = policy_kind(key);
-        let values: PolicyKeyValues<'_> = (
-            policy_part(key.tenant.as_str()),
-            kind,
-            key.tenant.as_str(),
-            client,
-        );
-        let st = if serial {
-            &self.st.get_policy_serial
-        } else {
-            &self.st.get_policy
-        };
-        let res = self
-            .session
-            .execute_unpaged(st, values)
-            .await
-            .map_err(|e| map_exec(e, Op::Read))?;
-        let rows = res.into_rows_result().map_err(internal)?;
-        match rows.maybe_first_row::<PolicyRow>().map_err(internal)? {
-            None => Ok(None),
-            Some(row) => record_from_row(row).map(Some),
-        }
-    }
-
-    /// Bumps the policy generation. Retried: an extra bump costs every instance one reload,
-    /// a missing one would hide a change, so here (and only here) a counter write is resent.
-    async fn bump_generation(&self) -> StoreResult<()> {
-        let mut last = None;
-        for _ in 0..3 {
-            let values: BumpGenerationValues<'_> = (Counter(1), GENERATION_ID);
-            match self
-                .session
-                .execute_unpaged(&self.st.bump_generation, values)
-                .await
-            {
-                Ok(_) => return Ok(()),
-                Err(e) => last = Some(map_exec(e, Op::Write)),
-            }
-        }
-        Err(StoreError::Uncertain(format!(
-            "the policy was written but the change counter could not be bumped: {}",
-            last.map(|e| e.to_string()).unwrap_or_default()
-        )))
-    }
-}
 
 fn policy_kind(key: &PolicyKey) -> (i8, &str) {
     match &key.client {
@@ -106,9 +55,69 @@ fn record_from_row(
     })
 }
 
-#[async_trait]
-impl PolicyStore for ScyllaStore {
-    async fn put_policy(
+/// The policies and their generation.
+pub(super) struct Policies {
+    cql: Arc<Cql>,
+}
+
+impl Policies {
+    pub(super) fn new(cql: Arc<Cql>) -> Self {
+        Policies { cql }
+    }
+
+    async fn read_policy(
+        &self,
+        key: &PolicyKey,
+        serial: bool,
+    ) -> StoreResult<Option<PolicyRecord>> {
+        let (kind, client) = policy_kind(key);
+        let values: PolicyKeyValues<'_> = (
+            policy_part(key.tenant.as_str()),
+            kind,
+            key.tenant.as_str(),
+            client,
+        );
+        let st = if serial {
+            &self.cql.st.get_policy_serial
+        } else {
+            &self.cql.st.get_policy
+        };
+        let res = self
+            .cql
+            .session
+            .execute_unpaged(st, values)
+            .await
+            .map_err(|e| map_exec(e, Op::Read))?;
+        let rows = res.into_rows_result().map_err(internal)?;
+        match rows.maybe_first_row::<PolicyRow>().map_err(internal)? {
+            None => Ok(None),
+            Some(row) => record_from_row(row).map(Some),
+        }
+    }
+
+    /// Bumps the policy generation. Retried: an extra bump costs every instance one reload,
+    /// a missing one would hide a change, so here (and only here) a counter write is resent.
+    async fn bump_generation(&self) -> StoreResult<()> {
+        let mut last = None;
+        for _ in 0..3 {
+            let values: BumpGenerationValues<'_> = (Counter(1), GENERATION_ID);
+            match self
+                .cql
+                .session
+                .execute_unpaged(&self.cql.st.bump_generation, values)
+                .await
+            {
+                Ok(_) => return Ok(()),
+                Err(e) => last = Some(map_exec(e, Op::Write)),
+            }
+        }
+        Err(StoreError::Uncertain(format!(
+            "the policy was written but the change counter could not be bumped: {}",
+            last.map(|e| e.to_string()).unwrap_or_default()
+        )))
+    }
+
+    pub(super) async fn put(
         &self,
         key: &PolicyKey,
         body: &str,
@@ -123,13 +132,16 @@ impl PolicyStore for ScyllaStore {
             let (done, version) = match current {
                 None => {
                     let v: InsertPolicyValues<'_> = (part, kind, tenant, client, body, 1, at);
-                    (self.lwt(&self.st.insert_policy, v).await?, 1u64)
+                    (self.cql.lwt(&self.cql.st.insert_policy, v).await?, 1u64)
                 }
                 Some(cur) => {
                     let old = i64::try_from(cur.version).map_err(internal)?;
                     let v: UpdatePolicyValues<'_> =
                         (body, old + 1, at, part, kind, tenant, client, old);
-                    (self.lwt(&self.st.update_policy, v).await?, cur.version + 1)
+                    (
+                        self.cql.lwt(&self.cql.st.update_policy, v).await?,
+                        cur.version + 1,
+                    )
                 }
             };
             if done {
@@ -148,11 +160,11 @@ impl PolicyStore for ScyllaStore {
         )))
     }
 
-    async fn get_policy(&self, key: &PolicyKey) -> StoreResult<Option<PolicyRecord>> {
+    pub(super) async fn get(&self, key: &PolicyKey) -> StoreResult<Option<PolicyRecord>> {
         self.read_policy(key, false).await
     }
 
-    async fn delete_policy(&self, key: &PolicyKey) -> StoreResult<bool> {
+    pub(super) async fn delete(&self, key: &PolicyKey) -> StoreResult<bool> {
         let (kind, client) = policy_kind(key);
         let values: PolicyKeyValues<'_> = (
             policy_part(key.tenant.as_str()),
@@ -160,14 +172,14 @@ impl PolicyStore for ScyllaStore {
             key.tenant.as_str(),
             client,
         );
-        let existed = self.lwt(&self.st.delete_policy, values).await?;
+        let existed = self.cql.lwt(&self.cql.st.delete_policy, values).await?;
         if existed {
             self.bump_generation().await?;
         }
         Ok(existed)
     }
 
-    async fn list_policies(
+    pub(super) async fn list(
         &self,
         after: Option<&TenantId>,
         limit: usize,
@@ -181,8 +193,9 @@ impl PolicyStore for ScyllaStore {
         let parts: Vec<Vec<PolicyRow>> = stream::iter((0..POLICY_PARTS).map(|part| async move {
             let values: ListPoliciesValues<'_> = (part, KIND_TENANT, after, lim);
             let res = self
+                .cql
                 .session
-                .execute_unpaged(&self.st.list_policies, values)
+                .execute_unpaged(&self.cql.st.list_policies, values)
                 .await
                 .map_err(|e| map_exec(e, Op::Read))?;
             let rows = res.into_rows_result().map_err(internal)?;
@@ -193,7 +206,7 @@ impl PolicyStore for ScyllaStore {
                 .map_err(internal)?;
             Ok::<_, StoreError>(out)
         }))
-        .buffer_unordered(self.max_concurrency)
+        .buffer_unordered(self.cql.max_concurrency)
         .try_collect()
         .await?;
         // Each partition is sorted by tenant; merging the few heads is a sort of <= 16*limit.
@@ -203,7 +216,7 @@ impl PolicyStore for ScyllaStore {
         all.into_iter().map(record_from_row).collect()
     }
 
-    async fn list_overrides(
+    pub(super) async fn list_overrides(
         &self,
         tenant: &TenantId,
         after: Option<&ClientId>,
@@ -221,8 +234,9 @@ impl PolicyStore for ScyllaStore {
             i32::try_from(limit).unwrap_or(i32::MAX),
         );
         let res = self
+            .cql
             .session
-            .execute_unpaged(&self.st.list_overrides, values)
+            .execute_unpaged(&self.cql.st.list_overrides, values)
             .await
             .map_err(|e| map_exec(e, Op::Read))?;
         let rows = res.into_rows_result().map_err(internal)?;
@@ -233,12 +247,13 @@ impl PolicyStore for ScyllaStore {
         Ok(out)
     }
 
-    async fn load_policies(&self) -> StoreResult<Vec<PolicyRecord>> {
+    pub(super) async fn load(&self) -> StoreResult<Vec<PolicyRecord>> {
         let parts: Vec<Vec<PolicyRow>> = stream::iter((0..POLICY_PARTS).map(|part| async move {
             let values: LoadPoliciesValues = (part,);
             let pager = self
+                .cql
                 .session
-                .execute_iter(self.st.load_policies.clone(), values)
+                .execute_iter(self.cql.st.load_policies.clone(), values)
                 .await
                 .map_err(map_pager)?;
             pager
@@ -248,7 +263,7 @@ impl PolicyStore for ScyllaStore {
                 .try_collect::<Vec<_>>()
                 .await
         }))
-        .buffer_unordered(self.max_concurrency)
+        .buffer_unordered(self.cql.max_concurrency)
         .try_collect()
         .await?;
         let mut out: Vec<PolicyRecord> = parts
@@ -260,11 +275,12 @@ impl PolicyStore for ScyllaStore {
         Ok(out)
     }
 
-    async fn policies_generation(&self) -> StoreResult<u64> {
+    pub(super) async fn generation(&self) -> StoreResult<u64> {
         let values: ReadGenerationValues<'_> = (GENERATION_ID,);
         let res = self
+            .cql
             .session
-            .execute_unpaged(&self.st.read_generation, values)
+            .execute_unpaged(&self.cql.st.read_generation, values)
             .await
             .map_err(|e| map_exec(e, Op::Read))?;
         let rows = res.into_rows_result().map_err(internal)?;

@@ -16,15 +16,13 @@
 
 use std::collections::HashMap;
 
-use async_trait::async_trait;
 use redb::{ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
 
-use super::{dec_i64, enc_i64, err, EmbeddedStore};
+use super::db::Db;
+use super::{dec_i64, decode, enc_i64, err};
 use crate::domain::TENANT_SUBJECT;
 use crate::pace::Pacer;
-use crate::store::history::{
-    ClientTotal, Counts, HistoryStore, Step, UsageDelta, UsagePoint, DAY_MS,
-};
+use crate::store::history::{ClientTotal, Counts, Step, UsageDelta, UsagePoint, DAY_MS};
 use crate::store::{StoreError, StoreResult};
 
 const USAGE: TableDefinition<&[u8], &[u8]> = TableDefinition::new("usage");
@@ -75,14 +73,6 @@ fn day_row(day: i64, tenant: &str) -> Vec<u8> {
     let mut v = enc_i64(day).to_vec();
     v.extend_from_slice(tenant.as_bytes());
     v
-}
-
-pub(super) fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> StoreResult<T> {
-    serde_json::from_slice(bytes).map_err(|e| StoreError::Internal(format!("corrupt row: {e}")))
-}
-
-pub(super) fn encode<T: serde::Serialize>(v: &T) -> StoreResult<Vec<u8>> {
-    serde_json::to_vec(v).map_err(|e| StoreError::Internal(e.to_string()))
 }
 
 /// The first byte of a binary [`Counts`] row. A JSON row (earlier releases) starts with `{`.
@@ -288,32 +278,41 @@ fn delete_day(tx: &WriteTransaction, tenant: &str, day: i64) -> StoreResult<u64>
     Ok(removed)
 }
 
-#[async_trait]
-impl HistoryStore for EmbeddedStore {
-    async fn add_usage(&self, deltas: &[UsageDelta]) -> StoreResult<()> {
+/// Usage history and its indexes.
+pub(super) struct History {
+    db: Db,
+}
+
+impl History {
+    pub(super) fn new(db: Db) -> Self {
+        History { db }
+    }
+
+    pub(super) async fn add(&self, deltas: &[UsageDelta]) -> StoreResult<()> {
         if deltas.is_empty() {
             return Ok(());
         }
         let mut deltas = deltas.to_vec();
-        self.blocking(move |db| {
-            // In the order of the tables' keys: a round's rows come in the limiter's hash
-            // order, and walking the b-trees in key order keeps their pages in the CPU's
-            // caches (a write of 10^4 clients' rows took about a fifth less, docs/performance.md).
-            deltas.sort_unstable_by(|a, b| {
-                (a.tenant.as_str(), a.client.as_str(), a.hour).cmp(&(
-                    b.tenant.as_str(),
-                    b.client.as_str(),
-                    b.hour,
-                ))
-            });
-            let tx = db.begin_write().map_err(err)?;
-            add_deltas(&tx, &deltas)?;
-            tx.commit().map_err(err)
-        })
-        .await
+        self.db
+            .blocking(move |db| {
+                // In the order of the tables' keys: a round's rows come in the limiter's hash
+                // order, and walking the b-trees in key order keeps their pages in the CPU's
+                // caches (a write of 10^4 clients' rows took about a fifth less, docs/performance.md).
+                deltas.sort_unstable_by(|a, b| {
+                    (a.tenant.as_str(), a.client.as_str(), a.hour).cmp(&(
+                        b.tenant.as_str(),
+                        b.client.as_str(),
+                        b.hour,
+                    ))
+                });
+                let tx = db.begin_write().map_err(err)?;
+                add_deltas(&tx, &deltas)?;
+                tx.commit().map_err(err)
+            })
+            .await
     }
 
-    async fn usage_points(
+    pub(super) async fn points(
         &self,
         tenant: &str,
         client: Option<&str>,
@@ -338,34 +337,35 @@ impl HistoryStore for EmbeddedStore {
                 point_key(tenant, subject, step, to),
             )
         };
-        self.blocking(move |db| {
-            let tx = db.begin_read().map_err(err)?;
-            let usage = tx.open_table(USAGE).map_err(err)?;
-            let mut out: Vec<UsagePoint> = Vec::new();
-            if from >= to {
-                return Ok(out);
-            }
-            for item in usage.range(lo.as_slice()..hi.as_slice()).map_err(err)? {
-                let (k, v) = item.map_err(err)?;
-                let key = k.value();
-                let start = dec_i64(&key[key.len() - 8..]);
-                let counts = decode_counts(v.value())?;
-                if !summed {
-                    out.push(UsagePoint { start, counts });
-                    continue;
+        self.db
+            .blocking(move |db| {
+                let tx = db.begin_read().map_err(err)?;
+                let usage = tx.open_table(USAGE).map_err(err)?;
+                let mut out: Vec<UsagePoint> = Vec::new();
+                if from >= to {
+                    return Ok(out);
                 }
-                let day = Step::Day.floor(start);
-                match out.last_mut() {
-                    Some(p) if p.start == day => p.counts.add(&counts),
-                    _ => out.push(UsagePoint { start: day, counts }),
+                for item in usage.range(lo.as_slice()..hi.as_slice()).map_err(err)? {
+                    let (k, v) = item.map_err(err)?;
+                    let key = k.value();
+                    let start = dec_i64(&key[key.len() - 8..]);
+                    let counts = decode_counts(v.value())?;
+                    if !summed {
+                        out.push(UsagePoint { start, counts });
+                        continue;
+                    }
+                    let day = Step::Day.floor(start);
+                    match out.last_mut() {
+                        Some(p) if p.start == day => p.counts.add(&counts),
+                        _ => out.push(UsagePoint { start: day, counts }),
+                    }
                 }
-            }
-            Ok(out)
-        })
-        .await
+                Ok(out)
+            })
+            .await
     }
 
-    async fn clients_seen(
+    pub(super) async fn clients_seen(
         &self,
         tenant: &str,
         from: i64,
@@ -376,70 +376,73 @@ impl HistoryStore for EmbeddedStore {
         let lo = day_prefix(tenant, first);
         let hi = day_prefix(tenant, Step::Day.floor(end.saturating_add(DAY_MS - 1)));
         let skip = lo.len();
-        self.blocking(move |db| {
-            let tx = db.begin_read().map_err(err)?;
-            let clients = tx.open_table(USAGE_CLIENTS).map_err(err)?;
-            let mut sums: HashMap<String, Counts> = HashMap::new();
-            if first >= end {
-                return Ok(Vec::new());
-            }
-            for item in clients.range(lo.as_slice()..hi.as_slice()).map_err(err)? {
-                let (k, v) = item.map_err(err)?;
-                let client = String::from_utf8_lossy(&k.value()[skip..]).into_owned();
-                let c = decode_counts(v.value())?;
-                sums.entry(client).or_default().add(&c);
-            }
-            Ok(sums
-                .into_iter()
-                .map(|(client, c)| ClientTotal {
-                    client,
-                    admitted: c.admitted,
-                    cost: c.cost,
-                    denied: c.denied,
-                })
-                .collect())
-        })
-        .await
+        self.db
+            .blocking(move |db| {
+                let tx = db.begin_read().map_err(err)?;
+                let clients = tx.open_table(USAGE_CLIENTS).map_err(err)?;
+                let mut sums: HashMap<String, Counts> = HashMap::new();
+                if first >= end {
+                    return Ok(Vec::new());
+                }
+                for item in clients.range(lo.as_slice()..hi.as_slice()).map_err(err)? {
+                    let (k, v) = item.map_err(err)?;
+                    let client = String::from_utf8_lossy(&k.value()[skip..]).into_owned();
+                    let c = decode_counts(v.value())?;
+                    sums.entry(client).or_default().add(&c);
+                }
+                Ok(sums
+                    .into_iter()
+                    .map(|(client, c)| ClientTotal {
+                        client,
+                        admitted: c.admitted,
+                        cost: c.cost,
+                        denied: c.denied,
+                    })
+                    .collect())
+            })
+            .await
     }
 
-    async fn delete_history_before(&self, before: i64, budget: usize) -> StoreResult<u64> {
-        self.blocking(move |db| {
-            let tx = db.begin_write().map_err(err)?;
-            let due: Vec<(i64, String)> = {
-                let days = tx.open_table(USAGE_DAYS).map_err(err)?;
-                let mut due = Vec::new();
-                for item in days.iter().map_err(err)? {
-                    let (k, _) = item.map_err(err)?;
-                    let key = k.value();
-                    let day = dec_i64(&key[..8]);
-                    if day + DAY_MS > before || due.len() >= budget.max(1) {
+    pub(super) async fn delete_before(&self, before: i64, budget: usize) -> StoreResult<u64> {
+        self.db
+            .blocking(move |db| {
+                let tx = db.begin_write().map_err(err)?;
+                let due: Vec<(i64, String)> = {
+                    let days = tx.open_table(USAGE_DAYS).map_err(err)?;
+                    let mut due = Vec::new();
+                    for item in days.iter().map_err(err)? {
+                        let (k, _) = item.map_err(err)?;
+                        let key = k.value();
+                        let day = dec_i64(&key[..8]);
+                        if day + DAY_MS > before || due.len() >= budget.max(1) {
+                            break;
+                        }
+                        due.push((day, String::from_utf8_lossy(&key[8..]).into_owned()));
+                    }
+                    due
+                };
+                let mut removed = 0;
+                for (day, tenant) in &due {
+                    removed += delete_day(&tx, tenant, *day)?;
+                    tx.open_table(USAGE_DAYS)
+                        .map_err(err)?
+                        .remove(day_row(*day, tenant).as_slice())
+                        .map_err(err)?;
+                    if removed as usize >= budget {
                         break;
                     }
-                    due.push((day, String::from_utf8_lossy(&key[8..]).into_owned()));
                 }
-                due
-            };
-            let mut removed = 0;
-            for (day, tenant) in &due {
-                removed += delete_day(&tx, tenant, *day)?;
-                tx.open_table(USAGE_DAYS)
-                    .map_err(err)?
-                    .remove(day_row(*day, tenant).as_slice())
-                    .map_err(err)?;
-                if removed as usize >= budget {
-                    break;
-                }
-            }
-            tx.commit().map_err(err)?;
-            Ok(removed)
-        })
-        .await
+                tx.commit().map_err(err)?;
+                Ok(removed)
+            })
+            .await
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::embedded::encode;
     use crate::store::history::{counts, HOUR_MS};
     use redb::ReadableTableMetadata;
 
@@ -494,7 +497,11 @@ mod tests {
         let day = 1_795_392_000_000; // 2026-11-23T00:00:00Z
         let (h1, h2) = (day + HOUR_MS, day + 2 * HOUR_MS);
         let dir = tempfile::tempdir().unwrap();
-        let store = EmbeddedStore::open(dir.path()).unwrap();
+        let db = Db::new(redb::Database::create(dir.path().join("t.redb")).unwrap());
+        let tx = db.begin_write().unwrap();
+        create_tables(&tx).unwrap();
+        tx.commit().unwrap();
+        let store = History::new(db);
         {
             // As the earlier release wrote a round of client c in hour h1.
             let old = counts(5, 6, 2, &[("per-minute", 2)]);
@@ -535,13 +542,13 @@ mod tests {
             hour,
             counts: c,
         };
-        rt.block_on(store.add_usage(&[
+        rt.block_on(store.add(&[
             delta(h1, counts(1, 1, 1, &[("per-minute", 1)])),
             delta(h2, counts(10, 20, 0, &[])),
         ]))
         .unwrap();
         let points = |client, step| {
-            rt.block_on(store.usage_points("t", client, step, day, day + DAY_MS))
+            rt.block_on(store.points("t", client, step, day, day + DAY_MS))
                 .unwrap()
         };
         let at = |start, counts| UsagePoint { start, counts };
@@ -557,7 +564,7 @@ mod tests {
         assert_eq!(points(None, Step::Day), whole_day);
         // A range that holds no day start has no day point, though it holds hours.
         assert!(rt
-            .block_on(store.usage_points("t", Some("c"), Step::Day, day + 1, day + DAY_MS))
+            .block_on(store.points("t", Some("c"), Step::Day, day + 1, day + DAY_MS))
             .unwrap()
             .is_empty());
         let seen = rt
@@ -574,7 +581,7 @@ mod tests {
         }
         // The janitor deletes the day whole, the earlier release's rows included.
         let removed = rt
-            .block_on(store.delete_history_before(day + 2 * DAY_MS, 100))
+            .block_on(store.delete_before(day + 2 * DAY_MS, 100))
             .unwrap();
         assert_eq!(
             removed, 7,

@@ -3,7 +3,7 @@
 
 use redb::WriteTransaction;
 
-use super::counters;
+use super::rows;
 use crate::pace::Pacer;
 use crate::store::{Delta, StoreResult};
 
@@ -35,7 +35,7 @@ impl Increments {
         let mut pace = Pacer::every(64);
         for run in deltas.chunk_by(|a, b| a.key == b.key) {
             let (k, a) = (inc.keys.len(), inc.adds.len());
-            counters::put_row_key(&mut inc.keys, &run[0].key);
+            rows::put_row_key(&mut inc.keys, &run[0].key);
             inc.adds.extend(run.iter().map(|d| (d.start, d.delta)));
             inc.runs.push((k..inc.keys.len(), a..inc.adds.len()));
             pace.step();
@@ -159,7 +159,7 @@ impl Increments {
 
     /// Adds every run to its row.
     pub(super) fn apply(&self, tx: &WriteTransaction) -> StoreResult<()> {
-        counters::add_runs(tx, self.runs())
+        rows::add_runs(tx, self.runs())
     }
 }
 
@@ -168,7 +168,7 @@ mod tests {
     use super::*;
     use crate::domain::Grain;
     use crate::store::CounterKey;
-    use counters::row_key;
+    use rows::row_key;
 
     fn key(limit: &str, grain: Grain) -> CounterKey {
         CounterKey {

@@ -27,9 +27,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
 
-use super::counters;
 use super::err;
 use super::increments::Increments;
+use super::rows;
 use crate::pace::Pacer;
 use crate::store::{BucketTotal, CounterRange, StoreError, StoreResult};
 
@@ -117,7 +117,7 @@ fn write_or_fold(
     Ok(())
 }
 
-/// The janitor's sweep ([`counters::delete_expired`]), after a fold of the journal in the same
+/// The janitor's sweep ([`rows::delete_expired`]), after a fold of the journal in the same
 /// transaction: what waits in it then falls under the janitor's rule too, and a bucket past
 /// retention that only the journal held is not read back after the sweep.
 pub(super) fn delete_expired(
@@ -134,7 +134,7 @@ pub(super) fn delete_expired(
     if let Some(w) = &waiting {
         fold(&tx, w)?;
     }
-    let removed = counters::delete_expired(&tx, now_ms, budget)?;
+    let removed = rows::delete_expired(&tx, now_ms, budget)?;
     let mut g = lock(j);
     tx.commit().map_err(err)?;
     if waiting.is_some() {
@@ -150,12 +150,12 @@ fn append(tx: &WriteTransaction, seq: u64, inc: &Increments) -> StoreResult<()> 
     let mut pace = Pacer::every(64);
     for (key, adds) in inc.runs() {
         pace.step();
-        counters::put_varint(&mut v, key.len() as u64);
+        rows::put_varint(&mut v, key.len() as u64);
         v.extend_from_slice(key);
-        counters::put_varint(&mut v, adds.len() as u64);
+        rows::put_varint(&mut v, adds.len() as u64);
         for &(start, delta) in adds {
-            counters::put_varint(&mut v, counters::zigzag(start));
-            counters::put_varint(&mut v, counters::zigzag(delta));
+            rows::put_varint(&mut v, rows::zigzag(start));
+            rows::put_varint(&mut v, rows::zigzag(delta));
         }
     }
     let mut t = tx.open_table(JOURNAL).map_err(err)?;
@@ -169,14 +169,14 @@ fn read_record(bytes: &[u8]) -> StoreResult<Increments> {
     let mut at = 0;
     let bad = || StoreError::Internal("corrupt counter journal record".into());
     while at < bytes.len() {
-        let n = counters::get_varint(bytes, &mut at)? as usize;
+        let n = rows::get_varint(bytes, &mut at)? as usize;
         let key = bytes.get(at..at.saturating_add(n)).ok_or_else(bad)?;
         at += n;
-        let adds = counters::get_varint(bytes, &mut at)?;
+        let adds = rows::get_varint(bytes, &mut at)?;
         let mut run = Vec::new();
         for _ in 0..adds {
-            let start = counters::unzigzag(counters::get_varint(bytes, &mut at)?);
-            let delta = counters::unzigzag(counters::get_varint(bytes, &mut at)?);
+            let start = rows::unzigzag(rows::get_varint(bytes, &mut at)?);
+            let delta = rows::unzigzag(rows::get_varint(bytes, &mut at)?);
             run.push((start, delta));
         }
         inc.push(key, &run);
@@ -230,14 +230,14 @@ pub(super) fn read(
     j: &Mutex<Journal>,
     ranges: &[CounterRange],
 ) -> StoreResult<Vec<Vec<BucketTotal>>> {
-    let keys: Vec<Vec<u8>> = ranges.iter().map(|r| counters::row_key(&r.key)).collect();
+    let keys: Vec<Vec<u8>> = ranges.iter().map(|r| rows::row_key(&r.key)).collect();
     loop {
         let (tx, folds) = {
             let g = lock(j);
             (db.begin_read().map_err(err)?, g.folds)
         };
-        let rows = tx.open_table(counters::COUNTER_ROWS).map_err(err)?;
-        let found = counters::read_rows(&rows, &keys)?;
+        let rows = tx.open_table(rows::COUNTER_ROWS).map_err(err)?;
+        let found = rows::read_rows(&rows, &keys)?;
         let g = lock(j);
         if g.folds != folds {
             continue;
@@ -256,12 +256,12 @@ pub(super) fn increment_and_read(
     inc: &Increments,
     ranges: &[CounterRange],
 ) -> StoreResult<Vec<Vec<BucketTotal>>> {
-    let keys: Vec<Vec<u8>> = ranges.iter().map(|r| counters::row_key(&r.key)).collect();
+    let keys: Vec<Vec<u8>> = ranges.iter().map(|r| rows::row_key(&r.key)).collect();
     let tx = db.begin_write().map_err(err)?;
     inc.apply(&tx)?;
     let found = {
-        let rows = tx.open_table(counters::COUNTER_ROWS).map_err(err)?;
-        counters::read_rows(&rows, &keys)?
+        let rows = tx.open_table(rows::COUNTER_ROWS).map_err(err)?;
+        rows::read_rows(&rows, &keys)?
     };
     // The journal cannot change while this transaction is open (one writer at a time).
     let waiting = lock(j).waiting.clone();
@@ -279,7 +279,7 @@ fn with_waiting(
 ) -> Vec<Vec<BucketTotal>> {
     let mut pace = Pacer::every(16);
     for (key, buckets) in keys.iter().zip(&mut found) {
-        counters::add_buckets(buckets, waiting.adds_of(key));
+        rows::add_buckets(buckets, waiting.adds_of(key));
         pace.step();
     }
     ranges
@@ -300,8 +300,8 @@ mod tests {
     use super::*;
     use crate::domain::Grain;
     use crate::store::{CounterKey, CounterStore, Delta};
-    use counters::EXPIRY_SLOT_MS;
     use redb::ReadableTableMetadata;
+    use rows::EXPIRY_SLOT_MS;
 
     const T0: i64 = 1_700_000_000_000;
 
@@ -349,7 +349,7 @@ mod tests {
     fn open(dir: &std::path::Path) -> (Database, Mutex<Journal>) {
         let db = Database::create(dir.join("t.redb")).unwrap();
         let tx = db.begin_write().unwrap();
-        counters::create_tables(&tx).unwrap();
+        rows::create_tables(&tx).unwrap();
         create_tables(&tx).unwrap();
         tx.commit().unwrap();
         (db, Mutex::default())
@@ -387,14 +387,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let a = key("a");
         {
-            let store = super::super::EmbeddedStore::open(dir.path()).unwrap();
+            let store = crate::store::embedded::EmbeddedStore::open(dir.path()).unwrap();
             for _ in 0..3 {
                 journal_write(&store, &round(&a, &[T0, T0 + 1_000], 5));
             }
             // Dropped without `flush`, as a crash would leave it.
             assert_eq!(table_len(&store.db, JOURNAL), 3);
         }
-        let store = super::super::EmbeddedStore::open(dir.path()).unwrap();
+        let store = crate::store::embedded::EmbeddedStore::open(dir.path()).unwrap();
         assert_eq!(table_len(&store.db, JOURNAL), 0);
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
@@ -403,8 +403,8 @@ mod tests {
         assert_eq!(totals(&got), vec![vec![(T0, 15), (T0 + 1_000, 15)]]);
     }
 
-    fn journal_write(store: &super::super::EmbeddedStore, inc: &Increments) {
-        write(&store.db, &store.journal, inc).unwrap();
+    fn journal_write(store: &crate::store::embedded::EmbeddedStore, inc: &Increments) {
+        write(&store.db, &store.counters.journal, inc).unwrap();
     }
 
     #[test]
@@ -487,7 +487,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let a = key("a");
         {
-            let store = super::super::EmbeddedStore::open(dir.path()).unwrap();
+            let store = crate::store::embedded::EmbeddedStore::open(dir.path()).unwrap();
             journal_write(&store, &round(&a, &[T0], 2));
             let tx = store.db.begin_write().unwrap();
             // A key's length beyond the record's end.
@@ -498,7 +498,7 @@ mod tests {
             tx.commit().unwrap();
             journal_write(&store, &round(&a, &[T0], 3));
         }
-        let store = super::super::EmbeddedStore::open(dir.path()).unwrap();
+        let store = crate::store::embedded::EmbeddedStore::open(dir.path()).unwrap();
         assert_eq!(table_len(&store.db, JOURNAL), 0);
         let rows = read(&store.db, &Mutex::default(), &[range(&a)]).unwrap();
         assert_eq!(totals(&rows), vec![vec![(T0, 5)]]);
@@ -526,7 +526,7 @@ mod tests {
         let now = T0 + 1_000 + retention + EXPIRY_SLOT_MS;
         assert_eq!(delete_expired(&db, &j, now, 100).unwrap(), 2);
         assert_eq!((lock(&j).records, table_len(&db, JOURNAL)), (0, 0));
-        assert_eq!(table_len(&db, counters::COUNTER_ROWS), 0);
+        assert_eq!(table_len(&db, rows::COUNTER_ROWS), 0);
         assert_eq!(read(&db, &j, &[whole]).unwrap(), vec![vec![]]);
     }
 }

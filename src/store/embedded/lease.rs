@@ -1,16 +1,16 @@
 //! Leases on write shards in redb: `members` maps a shard to its owner and the wall-clock
 //! millisecond its lease ends; `shards_used` records every shard ever claimed. One write
 //! transaction is one step, as a lightweight transaction is on the scylla store. Counters here
-//! carry no shard (one process writes them all), so [`LeaseStore::adopt`] has nothing to do.
+//! carry no shard (one process writes them all), so [`Leases::adopt`] has nothing to do.
 
 use std::time::Duration;
 
-use async_trait::async_trait;
 use chrono::Utc;
 use redb::{ReadableTable, TableDefinition};
 
-use super::{err, EmbeddedStore};
-use crate::store::lease::{pick_shard, Claim, LeaseStore, Member, Roster};
+use super::db::Db;
+use super::err;
+use crate::store::lease::{pick_shard, Claim, Member, Roster};
 use crate::store::StoreResult;
 
 /// shard -> (owner, lease end in ms since the epoch).
@@ -47,9 +47,17 @@ fn live<T: ReadableTable<i16, (&'static str, i64)>>(t: &T, now: i64) -> StoreRes
     Ok(out)
 }
 
-#[async_trait]
-impl LeaseStore for EmbeddedStore {
-    async fn claim(
+/// The shard leases of the one process that writes this store.
+pub(super) struct Leases {
+    db: Db,
+}
+
+impl Leases {
+    pub(super) fn new(db: Db) -> Self {
+        Leases { db }
+    }
+
+    pub(super) async fn claim(
         &self,
         owner: &str,
         pin: Option<i16>,
@@ -57,102 +65,107 @@ impl LeaseStore for EmbeddedStore {
         ttl: Duration,
     ) -> StoreResult<Claim> {
         let owner = owner.to_owned();
-        self.blocking(move |db| {
-            let tx = db.begin_write().map_err(err)?;
-            let claim = {
-                let mut members = tx.open_table(MEMBERS).map_err(err)?;
-                let held = live(&members, now_ms())?;
-                let shards: Vec<i16> = held.iter().map(|m| m.shard).collect();
-                match pick_shard(&shards, 0, pin, prefer) {
-                    None => Claim::Full,
-                    Some(s) => match held.into_iter().find(|m| m.shard == s) {
-                        Some(m) if m.owner != owner => Claim::Taken {
-                            shard: s,
-                            owner: m.owner,
+        self.db
+            .blocking(move |db| {
+                let tx = db.begin_write().map_err(err)?;
+                let claim = {
+                    let mut members = tx.open_table(MEMBERS).map_err(err)?;
+                    let held = live(&members, now_ms())?;
+                    let shards: Vec<i16> = held.iter().map(|m| m.shard).collect();
+                    match pick_shard(&shards, 0, pin, prefer) {
+                        None => Claim::Full,
+                        Some(s) => match held.into_iter().find(|m| m.shard == s) {
+                            Some(m) if m.owner != owner => Claim::Taken {
+                                shard: s,
+                                owner: m.owner,
+                            },
+                            _ => {
+                                members
+                                    .insert(s, (owner.as_str(), until(ttl)))
+                                    .map_err(err)?;
+                                tx.open_table(SHARDS_USED)
+                                    .map_err(err)?
+                                    .insert(s, ())
+                                    .map_err(err)?;
+                                Claim::Held(s)
+                            }
                         },
-                        _ => {
-                            members
-                                .insert(s, (owner.as_str(), until(ttl)))
-                                .map_err(err)?;
-                            tx.open_table(SHARDS_USED)
-                                .map_err(err)?
-                                .insert(s, ())
-                                .map_err(err)?;
-                            Claim::Held(s)
-                        }
-                    },
-                }
-            };
-            tx.commit().map_err(err)?;
-            Ok(claim)
-        })
-        .await
-    }
-
-    async fn renew(&self, shard: i16, owner: &str, ttl: Duration) -> StoreResult<bool> {
-        let owner = owner.to_owned();
-        self.blocking(move |db| {
-            let tx = db.begin_write().map_err(err)?;
-            let renewed = {
-                let mut members = tx.open_table(MEMBERS).map_err(err)?;
-                let current = members
-                    .get(shard)
-                    .map_err(err)?
-                    .map(|v| (v.value().0.to_owned(), v.value().1));
-                match current {
-                    Some((o, end)) if o == owner && end > now_ms() => {
-                        members
-                            .insert(shard, (owner.as_str(), until(ttl)))
-                            .map_err(err)?;
-                        true
                     }
-                    _ => false,
-                }
-            };
-            tx.commit().map_err(err)?;
-            Ok(renewed)
-        })
-        .await
+                };
+                tx.commit().map_err(err)?;
+                Ok(claim)
+            })
+            .await
     }
 
-    async fn release(&self, shard: i16, owner: &str) -> StoreResult<bool> {
+    pub(super) async fn renew(&self, shard: i16, owner: &str, ttl: Duration) -> StoreResult<bool> {
         let owner = owner.to_owned();
-        self.blocking(move |db| {
-            let tx = db.begin_write().map_err(err)?;
-            let released = {
-                let mut members = tx.open_table(MEMBERS).map_err(err)?;
-                let mine = members
-                    .get(shard)
+        self.db
+            .blocking(move |db| {
+                let tx = db.begin_write().map_err(err)?;
+                let renewed = {
+                    let mut members = tx.open_table(MEMBERS).map_err(err)?;
+                    let current = members
+                        .get(shard)
+                        .map_err(err)?
+                        .map(|v| (v.value().0.to_owned(), v.value().1));
+                    match current {
+                        Some((o, end)) if o == owner && end > now_ms() => {
+                            members
+                                .insert(shard, (owner.as_str(), until(ttl)))
+                                .map_err(err)?;
+                            true
+                        }
+                        _ => false,
+                    }
+                };
+                tx.commit().map_err(err)?;
+                Ok(renewed)
+            })
+            .await
+    }
+
+    pub(super) async fn release(&self, shard: i16, owner: &str) -> StoreResult<bool> {
+        let owner = owner.to_owned();
+        self.db
+            .blocking(move |db| {
+                let tx = db.begin_write().map_err(err)?;
+                let released = {
+                    let mut members = tx.open_table(MEMBERS).map_err(err)?;
+                    let mine = members
+                        .get(shard)
+                        .map_err(err)?
+                        .is_some_and(|v| v.value().0 == owner);
+                    if mine {
+                        members.remove(shard).map_err(err)?;
+                    }
+                    mine
+                };
+                tx.commit().map_err(err)?;
+                Ok(released)
+            })
+            .await
+    }
+
+    pub(super) async fn roster(&self) -> StoreResult<Roster> {
+        self.db
+            .blocking(|db| {
+                let tx = redb::ReadableDatabase::begin_read(db).map_err(err)?;
+                let members = live(&tx.open_table(MEMBERS).map_err(err)?, now_ms())?;
+                let mut used = Vec::new();
+                for row in tx
+                    .open_table(SHARDS_USED)
                     .map_err(err)?
-                    .is_some_and(|v| v.value().0 == owner);
-                if mine {
-                    members.remove(shard).map_err(err)?;
+                    .iter()
+                    .map_err(err)?
+                {
+                    used.push(row.map_err(err)?.0.value());
                 }
-                mine
-            };
-            tx.commit().map_err(err)?;
-            Ok(released)
-        })
-        .await
+                Ok(Roster { members, used })
+            })
+            .await
     }
 
-    async fn roster(&self) -> StoreResult<Roster> {
-        self.blocking(|db| {
-            let tx = redb::ReadableDatabase::begin_read(db).map_err(err)?;
-            let members = live(&tx.open_table(MEMBERS).map_err(err)?, now_ms())?;
-            let mut used = Vec::new();
-            for row in tx
-                .open_table(SHARDS_USED)
-                .map_err(err)?
-                .iter()
-                .map_err(err)?
-            {
-                used.push(row.map_err(err)?.0.value());
-            }
-            Ok(Roster { members, used })
-        })
-        .await
-    }
-
-    fn adopt(&self, _write: Option<i16>, _read: &[i16]) {}
+    /// Counters here carry no shard: nothing to adopt.
+    pub(super) fn adopt(&self, _write: Option<i16>, _read: &[i16]) {}
 }

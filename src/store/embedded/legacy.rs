@@ -1,11 +1,11 @@
 //! Stores written by earlier releases: a row per bucket in `counters`, with an index in
-//! `expiry`. They are folded into rows per counter (`counters`) when the store is opened, in one
+//! `expiry`. They are folded into rows per counter (`rows`) when the store is opened, in one
 //! transaction, once: an earlier release opening the store afterwards sees no counters (it starts
 //! them from 0).
 
 use redb::{ReadableTable, TableDefinition, TableHandle, WriteTransaction};
 
-use super::counters::{add_to_row, row_grain, Scratch, COUNTER_EXPIRY, COUNTER_ROWS};
+use super::rows::{add_to_row, row_grain, Scratch, COUNTER_EXPIRY, COUNTER_ROWS};
 use super::{dec_i64, err};
 use crate::store::StoreResult;
 
@@ -75,9 +75,9 @@ mod tests {
 
     use super::*;
     use crate::domain::Grain;
-    use crate::store::embedded::counters::tests::key;
-    use crate::store::embedded::counters::{create_tables, delete_expired, row_key};
     use crate::store::embedded::increments::Increments;
+    use crate::store::embedded::rows::tests::key;
+    use crate::store::embedded::rows::{create_tables, delete_expired, row_key};
     use crate::store::embedded::{enc_i64, EmbeddedStore, DB_FILE};
     use crate::store::{BucketTotal, CounterKey, CounterRange, Delta};
 

@@ -6,57 +6,44 @@
 //! "increment then read" a single serialisable step. It holds one process; a fleet uses the
 //! scylla store.
 //!
+//! [`EmbeddedStore`] is a facade over parts, each a type that owns its tables ([`facade`]: the
+//! six store traits, each method handed to one part); [`db`] is the database handle they share.
+//!
 //! Layout:
 //! - `counter_rows` / `counter_expiry`: a row per counter holding its live buckets, and the
-//!   index the janitor deletes unused rows by ([`counters`]). Ids cannot contain \0, and
+//!   index the janitor deletes unused rows by ([`rows`]). Ids cannot contain \0, and
 //!   integers in keys are big-endian with the sign bit flipped, so byte order is numeric order.
 //! - `counter_journal`: sync rounds' increments not yet added to the rows, a record a round,
-//!   folded into them every few rounds; reads add them ([`journal`]).
-//! - `tenant_policies` / `client_policies` (tenant \0 client): JSON of the record.
-//! - `meta`: the policies generation.
+//!   folded into them every few rounds; reads add them ([`journal`], [`increments`]). The
+//!   [`counters`] part owns the journal in memory, and every counter call goes through it.
+//! - `tenant_policies` / `client_policies` (tenant \0 client): JSON of the record; `meta`: the
+//!   policies generation ([`policies`]).
 //! - `members` / `shards_used`: leases on write shards ([`lease`]). One process writes this
 //!   store, so it is always a fleet of one; the leases still work, for the contract suite and
 //!   so that a second process on the same directory is refused by redb's lock, not by luck.
-//! - `usage`, `usage_clients`, `usage_days`, `audit`: usage history and the audit log
-//!   ([`history`]).
+//! - `usage`, `usage_clients`, `usage_days`: usage history ([`history`]); `audit`: the audit
+//!   log ([`audit`]); `idempotency`: idempotency keys ([`idempotency`]).
+//! - Stores of earlier releases are brought to this layout when opened ([`legacy`]).
 
 mod audit;
 mod counters;
+mod db;
+mod facade;
 mod history;
 mod idempotency;
 mod increments;
 mod journal;
 mod lease;
 mod legacy;
+mod policies;
+mod rows;
 
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use crate::store::{StoreError, StoreResult};
 
-use async_trait::async_trait;
-use chrono::{DateTime, Utc};
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
-use serde::{Deserialize, Serialize};
-
-use super::{
-    BucketTotal, CounterRange, CounterStore, Delta, PolicyKey, PolicyRecord, PolicyStore,
-    StoreError, StoreResult,
-};
-use crate::domain::{ClientId, TenantId};
-
-const TENANT_POLICIES: TableDefinition<&str, &[u8]> = TableDefinition::new("tenant_policies");
-const CLIENT_POLICIES: TableDefinition<&str, &[u8]> = TableDefinition::new("client_policies");
-const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
-const GENERATION: &str = "policies_generation";
+pub use facade::EmbeddedStore;
 
 /// The file inside `store.path`.
 pub const DB_FILE: &str = "quotad.redb";
-
-pub struct EmbeddedStore {
-    db: Arc<Database>,
-    /// What the counter journal holds, in memory ([`journal`]).
-    journal: Arc<Mutex<journal::Journal>>,
-    path: PathBuf,
-}
 
 fn err<E: Into<redb::Error>>(e: E) -> StoreError {
     match e.into() {
@@ -76,365 +63,13 @@ fn dec_i64(b: &[u8]) -> i64 {
     (u64::from_be_bytes(a) ^ (1 << 63)) as i64
 }
 
-#[derive(Serialize, Deserialize)]
-struct StoredRecord {
-    body: String,
-    version: u64,
-    updated_at: DateTime<Utc>,
+/// A JSON row (audit entries; usage rows of earlier releases).
+fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> StoreResult<T> {
+    serde_json::from_slice(bytes).map_err(|e| StoreError::Internal(format!("corrupt row: {e}")))
 }
 
-fn client_key(tenant: &str, client: &str) -> String {
-    format!("{tenant}\0{client}")
-}
-
-fn decode_record(key: PolicyKey, bytes: &[u8]) -> StoreResult<PolicyRecord> {
-    let r: StoredRecord = serde_json::from_slice(bytes)
-        .map_err(|e| StoreError::Internal(format!("corrupt policy record: {e}")))?;
-    Ok(PolicyRecord {
-        key,
-        body: r.body,
-        version: r.version,
-        updated_at: r.updated_at,
-    })
-}
-
-fn split_client_key(k: &str) -> StoreResult<PolicyKey> {
-    let (t, c) = k
-        .split_once('\0')
-        .ok_or_else(|| StoreError::Internal("corrupt client policy key".into()))?;
-    let bad = |e: crate::domain::FieldError| StoreError::Internal(e.to_string());
-    Ok(PolicyKey {
-        tenant: TenantId::parse(t).map_err(bad)?,
-        client: Some(ClientId::parse(c).map_err(bad)?),
-    })
-}
-
-impl EmbeddedStore {
-    /// The page cache of a store opened with [`EmbeddedStore::open`].
-    pub const DEFAULT_CACHE_BYTES: usize = 256 << 20;
-
-    /// Opens (creating if needed) the store in directory `dir`.
-    pub fn open(dir: &Path) -> StoreResult<Self> {
-        Self::open_with_cache(dir, Self::DEFAULT_CACHE_BYTES)
-    }
-
-    /// Opens the store with a page cache of at most `cache_bytes` (redb's own default is 1 GiB):
-    /// with the limiter's caps, it bounds quotad's memory whatever the store's size.
-    pub fn open_with_cache(dir: &Path, cache_bytes: usize) -> StoreResult<Self> {
-        std::fs::create_dir_all(dir).map_err(|e| {
-            StoreError::Internal(format!(
-                "cannot create store directory {}: {e}",
-                dir.display()
-            ))
-        })?;
-        let path = dir.join(DB_FILE);
-        let db = Database::builder()
-            .set_cache_size(cache_bytes)
-            .create(&path)
-            .map_err(|e| StoreError::Internal(format!("cannot open {}: {e}", path.display())))?;
-        // Create every table up front so read transactions never meet a missing one.
-        let tx = db.begin_write().map_err(err)?;
-        {
-            counters::create_tables(&tx)?;
-            journal::create_tables(&tx)?;
-            tx.open_table(TENANT_POLICIES).map_err(err)?;
-            tx.open_table(CLIENT_POLICIES).map_err(err)?;
-            tx.open_table(META).map_err(err)?;
-            lease::create_tables(&tx)?;
-            history::create_tables(&tx)?;
-            audit::create_tables(&tx)?;
-            idempotency::create_tables(&tx)?;
-        }
-        let moved = legacy::upgrade(&tx)?;
-        let recovered = journal::recover(&tx)?;
-        tx.commit().map_err(err)?;
-        if moved > 0 {
-            tracing::info!(
-                buckets = moved,
-                "embedded store: counters moved to one row per counter"
-            );
-        }
-        if recovered > 0 {
-            tracing::info!(
-                rounds = recovered,
-                "embedded store: counter increments of the journal added to the rows"
-            );
-        }
-        Ok(Self {
-            db: Arc::new(db),
-            journal: Arc::default(),
-            path,
-        })
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    /// Runs blocking redb work off the async executor.
-    async fn blocking<T, F>(&self, f: F) -> StoreResult<T>
-    where
-        T: Send + 'static,
-        F: FnOnce(&Database) -> StoreResult<T> + Send + 'static,
-    {
-        let db = self.db.clone();
-        tokio::task::spawn_blocking(move || f(&db))
-            .await
-            .map_err(|e| StoreError::Internal(format!("store task failed: {e}")))?
-    }
-}
-
-fn bump_generation(tx: &redb::WriteTransaction) -> StoreResult<()> {
-    let mut meta = tx.open_table(META).map_err(err)?;
-    let g = meta.get(GENERATION).map_err(err)?.map(|v| v.value());
-    meta.insert(GENERATION, g.unwrap_or(0) + 1).map_err(err)?;
-    Ok(())
-}
-
-#[async_trait]
-impl CounterStore for EmbeddedStore {
-    fn kind(&self) -> &'static str {
-        "embedded"
-    }
-
-    async fn increment(&self, deltas: &[Delta]) -> StoreResult<()> {
-        if deltas.is_empty() {
-            return Ok(());
-        }
-        let increments = increments::Increments::of(deltas);
-        let j = self.journal.clone();
-        self.blocking(move |db| journal::write(db, &j, &increments))
-            .await
-    }
-
-    async fn read(&self, ranges: &[CounterRange]) -> StoreResult<Vec<Vec<BucketTotal>>> {
-        let ranges = ranges.to_vec();
-        let j = self.journal.clone();
-        self.blocking(move |db| journal::read(db, &j, &ranges))
-            .await
-    }
-
-    /// One write transaction: redb has a single writer, so no other increment can land between
-    /// this one and the read, and strict mode is exact on one machine.
-    async fn increment_and_read(
-        &self,
-        deltas: &[Delta],
-        ranges: &[CounterRange],
-    ) -> StoreResult<Vec<Vec<BucketTotal>>> {
-        let increments = increments::Increments::of(deltas);
-        let ranges = ranges.to_vec();
-        let j = self.journal.clone();
-        self.blocking(move |db| journal::increment_and_read(db, &j, &increments, &ranges))
-            .await
-    }
-
-    async fn delete_expired(&self, now_ms: i64, budget: usize) -> StoreResult<u64> {
-        let j = self.journal.clone();
-        self.blocking(move |db| journal::delete_expired(db, &j, now_ms, budget))
-            .await
-    }
-
-    /// Folds the counter journal into the rows: a store closed cleanly holds none, and an
-    /// earlier release (which knows no journal) reads every count.
-    async fn flush(&self) -> StoreResult<()> {
-        let j = self.journal.clone();
-        self.blocking(move |db| journal::fold_all(db, &j)).await
-    }
-
-    async fn ping(&self) -> StoreResult<()> {
-        self.blocking(move |db| db.begin_read().map(|_| ()).map_err(err))
-            .await
-    }
-}
-
-#[async_trait]
-impl PolicyStore for EmbeddedStore {
-    async fn put_policy(
-        &self,
-        key: &PolicyKey,
-        body: &str,
-        now: DateTime<Utc>,
-    ) -> StoreResult<PolicyRecord> {
-        let key = key.clone();
-        let body = body.to_owned();
-        self.blocking(move |db| {
-            let tx = db.begin_write().map_err(err)?;
-            let record = {
-                let def = if key.client.is_some() {
-                    CLIENT_POLICIES
-                } else {
-                    TENANT_POLICIES
-                };
-                let name = match &key.client {
-                    Some(c) => client_key(key.tenant.as_str(), c.as_str()),
-                    None => key.tenant.to_string(),
-                };
-                let mut table = tx.open_table(def).map_err(err)?;
-                let prev = table
-                    .get(name.as_str())
-                    .map_err(err)?
-                    .map(|v| decode_record(key.clone(), v.value()))
-                    .transpose()?;
-                let stored = StoredRecord {
-                    body,
-                    version: prev.map(|p| p.version + 1).unwrap_or(1),
-                    updated_at: now,
-                };
-                let bytes =
-                    serde_json::to_vec(&stored).map_err(|e| StoreError::Internal(e.to_string()))?;
-                table.insert(name.as_str(), bytes.as_slice()).map_err(err)?;
-                PolicyRecord {
-                    key,
-                    body: stored.body,
-                    version: stored.version,
-                    updated_at: stored.updated_at,
-                }
-            };
-            bump_generation(&tx)?;
-            tx.commit().map_err(err)?;
-            Ok(record)
-        })
-        .await
-    }
-
-    async fn get_policy(&self, key: &PolicyKey) -> StoreResult<Option<PolicyRecord>> {
-        let key = key.clone();
-        self.blocking(move |db| {
-            let tx = db.begin_read().map_err(err)?;
-            let (def, name) = match &key.client {
-                Some(c) => (CLIENT_POLICIES, client_key(key.tenant.as_str(), c.as_str())),
-                None => (TENANT_POLICIES, key.tenant.to_string()),
-            };
-            let table = tx.open_table(def).map_err(err)?;
-            let got = table.get(name.as_str()).map_err(err)?;
-            got.map(|v| decode_record(key.clone(), v.value()))
-                .transpose()
-        })
-        .await
-    }
-
-    async fn delete_policy(&self, key: &PolicyKey) -> StoreResult<bool> {
-        let key = key.clone();
-        self.blocking(move |db| {
-            let tx = db.begin_write().map_err(err)?;
-            let existed = {
-                let (def, name) = match &key.client {
-                    Some(c) => (CLIENT_POLICIES, client_key(key.tenant.as_str(), c.as_str())),
-                    None => (TENANT_POLICIES, key.tenant.to_string()),
-                };
-                let mut table = tx.open_table(def).map_err(err)?;
-                let removed = table.remove(name.as_str()).map_err(err)?.is_some();
-                removed
-            };
-            if existed {
-                bump_generation(&tx)?;
-            }
-            tx.commit().map_err(err)?;
-            Ok(existed)
-        })
-        .await
-    }
-
-    async fn list_policies(
-        &self,
-        after: Option<&TenantId>,
-        limit: usize,
-    ) -> StoreResult<Vec<PolicyRecord>> {
-        let after = after.map(|a| a.to_string());
-        self.blocking(move |db| {
-            let tx = db.begin_read().map_err(err)?;
-            let table = tx.open_table(TENANT_POLICIES).map_err(err)?;
-            let iter = match &after {
-                Some(a) => table.range::<&str>((
-                    std::ops::Bound::Excluded(a.as_str()),
-                    std::ops::Bound::Unbounded,
-                )),
-                None => table.range::<&str>(..),
-            }
-            .map_err(err)?;
-            let mut out = Vec::new();
-            for item in iter.take(limit) {
-                let (k, v) = item.map_err(err)?;
-                let tenant =
-                    TenantId::parse(k.value()).map_err(|e| StoreError::Internal(e.to_string()))?;
-                out.push(decode_record(
-                    PolicyKey {
-                        tenant,
-                        client: None,
-                    },
-                    v.value(),
-                )?);
-            }
-            Ok(out)
-        })
-        .await
-    }
-
-    async fn list_overrides(
-        &self,
-        tenant: &TenantId,
-        after: Option<&ClientId>,
-        limit: usize,
-    ) -> StoreResult<Vec<PolicyRecord>> {
-        // Keys are `tenant \0 client`: the tenant's overrides lie between `tenant \0` and
-        // `tenant \x01`.
-        let from = client_key(tenant.as_str(), after.map_or("", |c| c.as_str()));
-        let to = format!("{tenant}\u{1}");
-        self.blocking(move |db| {
-            let tx = db.begin_read().map_err(err)?;
-            let table = tx.open_table(CLIENT_POLICIES).map_err(err)?;
-            let iter = table
-                .range::<&str>((
-                    std::ops::Bound::Excluded(from.as_str()),
-                    std::ops::Bound::Excluded(to.as_str()),
-                ))
-                .map_err(err)?;
-            let mut out = Vec::new();
-            for item in iter.take(limit) {
-                let (k, v) = item.map_err(err)?;
-                out.push(decode_record(split_client_key(k.value())?, v.value())?);
-            }
-            Ok(out)
-        })
-        .await
-    }
-
-    async fn load_policies(&self) -> StoreResult<Vec<PolicyRecord>> {
-        self.blocking(move |db| {
-            let tx = db.begin_read().map_err(err)?;
-            let mut out = Vec::new();
-            let tenants = tx.open_table(TENANT_POLICIES).map_err(err)?;
-            for item in tenants.iter().map_err(err)? {
-                let (k, v) = item.map_err(err)?;
-                let tenant =
-                    TenantId::parse(k.value()).map_err(|e| StoreError::Internal(e.to_string()))?;
-                out.push(decode_record(
-                    PolicyKey {
-                        tenant,
-                        client: None,
-                    },
-                    v.value(),
-                )?);
-            }
-            let clients = tx.open_table(CLIENT_POLICIES).map_err(err)?;
-            for item in clients.iter().map_err(err)? {
-                let (k, v) = item.map_err(err)?;
-                out.push(decode_record(split_client_key(k.value())?, v.value())?);
-            }
-            Ok(out)
-        })
-        .await
-    }
-
-    async fn policies_generation(&self) -> StoreResult<u64> {
-        self.blocking(move |db| {
-            let tx = db.begin_read().map_err(err)?;
-            let meta = tx.open_table(META).map_err(err)?;
-            let g = meta.get(GENERATION).map_err(err)?.map(|v| v.value());
-            Ok(g.unwrap_or(0))
-        })
-        .await
-    }
+fn encode<T: serde::Serialize>(v: &T) -> StoreResult<Vec<u8>> {
+    serde_json::to_vec(v).map_err(|e| StoreError::Internal(e.to_string()))
 }
 
 #[cfg(test)]

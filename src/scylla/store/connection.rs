@@ -1,18 +1,11 @@
-//! The store itself: one session, the prepared statements, and the counter operations.
+//! The connection every part of the store shares ([`Cql`]): one session, the prepared
+//! statements, and the ways the parts run them: a lightweight transaction, the counter updates
+//! of one partition, repeatable writes in parallel, reads whole or page by page, and the months
+//! of usage history or the audit log to read or delete.
 //!
-//! The counter operations themselves are [`super::counters`] (and [`super::legacy`] for the
-//! layout of earlier releases). Counter writes are never retried: they are not idempotent, so
-//! a timed-out write is reported as [`StoreError::Uncertain`]. Which shard is this instance's
-//! comes from its lease ([`super::lease`]); without a lease an increment fails as
-//! unavailable, so the hits stay pending until one is held again.
+//! [`Cql::connect`] builds it from the options; with several data centres and no
+//! `store.local_dc`, the session prefers the data centre of the contact points.
 
-use std::fmt;
-use std::sync::atomic::{AtomicI32, AtomicI64, Ordering};
-use std::sync::{Arc, Mutex};
-
-use arc_swap::ArcSwap;
-
-use async_trait::async_trait;
 use futures::stream::{self, StreamExt, TryStreamExt};
 use scylla::client::execution_profile::ExecutionProfile;
 use scylla::client::session::Session;
@@ -21,51 +14,21 @@ use scylla::statement::prepared::PreparedStatement;
 use scylla::statement::SerialConsistency;
 
 use super::errors::{internal, map_exec, map_new_session, map_next_row, map_pager, Op};
-use super::legacy::NO_LEGACY;
-use super::partition::{months_between, months_spanned};
+use super::partition::{month_end, months_between, months_spanned};
 use super::statements::{MonthNameValues, MonthRow, NameRow, Statements};
 use crate::scylla::cql::{lwt_applied, session_builder, ScyllaOptions};
-use crate::store::{
-    BucketTotal, CounterRange, CounterStore, Delta, PolicyStore, StoreError, StoreResult,
-};
+use crate::store::{StoreError, StoreResult};
 
 /// The widest range of months read month by month; a wider one goes through the month index
-/// ([`ScyllaStore::months_to_read`]). 13: a year of daily points, whatever day it starts on.
+/// ([`Cql::months_to_read`]). 13: a year of daily points, whatever day it starts on.
 const CALENDAR_WALK_MONTHS: i64 = 13;
 
-/// The scylla store; cheap to share behind an `Arc` (one session, its own connection pools).
-pub struct ScyllaStore {
+/// The session and its prepared statements; the parts share it behind an `Arc`.
+pub(super) struct Cql {
     pub(super) session: Session,
     pub(super) st: Statements,
-    /// The shard this instance writes, from its lease; -1 while it holds none.
-    pub(super) shard: AtomicI32,
-    /// The shards a read sums: every shard ever claimed.
-    pub(super) read_shards: ArcSwap<Vec<i16>>,
-    /// This region's slot (`store::lease`): its shards are the ones a read counts as the
-    /// region's part. 0 until the fleet joins a region.
-    pub(super) region_slot: AtomicI32,
-    /// The region joined, and its slot: what heartbeats write.
-    pub(super) region: std::sync::OnceLock<(String, i16)>,
-    /// `store.local_dc`, else the data centre of the contact points (`contact_dc`).
-    pub(super) local_dc: Option<String>,
+    /// Most requests one call of a part has in flight at once (`store.max_concurrency`).
     pub(super) max_concurrency: usize,
-    /// Token after which the janitor's next sweep of the old counter table continues. A std
-    /// mutex: it is only read and written between awaits, never held across one.
-    pub(super) janitor_cursor: Mutex<i64>,
-    /// Likewise, for the client partitions.
-    pub(super) client_cursor: Mutex<i64>,
-    /// Ranges that begin before this instant also read the old counter table
-    /// ([`super::legacy`]); [`NO_LEGACY`] once it is empty.
-    pub(super) legacy_until: AtomicI64,
-}
-
-impl fmt::Debug for ScyllaStore {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ScyllaStore")
-            .field("shard", &self.shard())
-            .field("read_shards", &self.read_shards.load())
-            .finish_non_exhaustive()
-    }
 }
 
 /// The data centre of the contact points, as the session's view of the cluster names it, and
@@ -109,11 +72,12 @@ async fn contact_dc(
     }
 }
 
-impl ScyllaStore {
+impl Cql {
     /// Connects to the keyspace (which `quotad migrate` must have created) and prepares every
-    /// statement. Fails with `Internal` on bad options or a missing schema, `Unavailable` when
-    /// the cluster cannot be reached.
-    pub async fn connect(opts: ScyllaOptions) -> Result<ScyllaStore, StoreError> {
+    /// statement. Returns the connection and the local data centre: `store.local_dc`, else
+    /// the data centre of the contact points. Fails with `Internal` on bad options or a
+    /// missing schema, `Unavailable` when the cluster cannot be reached.
+    pub(super) async fn connect(opts: &ScyllaOptions) -> StoreResult<(Cql, Option<String>)> {
         opts.validate().map_err(StoreError::Internal)?;
         let profile = ExecutionProfile::builder()
             .consistency(opts.consistency)
@@ -122,7 +86,7 @@ impl ScyllaStore {
             .build()
             .into_handle();
         let build = |dc: Option<String>| {
-            let mut builder = session_builder(&opts)
+            let mut builder = session_builder(opts)
                 .use_keyspace(&opts.keyspace, false)
                 .default_execution_profile_handle(profile.clone());
             if let Some(dc) = dc {
@@ -147,34 +111,12 @@ impl ScyllaStore {
             local_dc = dc;
         }
         let st = Statements::prepare(&session).await?;
-        let store = ScyllaStore {
+        let cql = Cql {
             session,
             st,
-            shard: AtomicI32::new(-1),
-            read_shards: ArcSwap::from_pointee(Vec::new()),
-            region_slot: AtomicI32::new(0),
-            region: std::sync::OnceLock::new(),
-            local_dc,
             max_concurrency: opts.max_concurrency,
-            janitor_cursor: Mutex::new(i64::MIN),
-            client_cursor: Mutex::new(i64::MIN),
-            legacy_until: AtomicI64::new(NO_LEGACY),
         };
-        let until = store.legacy_until().await?;
-        store.legacy_until.store(until, Ordering::Relaxed);
-        Ok(store)
-    }
-
-    /// This instance's write shard, while it holds a lease.
-    pub fn shard(&self) -> Option<i16> {
-        let s = self.shard.load(Ordering::Relaxed);
-        (s >= 0).then_some(s as i16)
-    }
-
-    pub(super) fn set_shards(&self, write: Option<i16>, read: &[i16]) {
-        self.shard
-            .store(write.map_or(-1, i32::from), Ordering::Relaxed);
-        self.read_shards.store(Arc::new(read.to_vec()));
+        Ok((cql, local_dc))
     }
 
     /// Runs a prepared lightweight transaction; returns its `[applied]`.
@@ -244,8 +186,6 @@ impl ScyllaStore {
             .await
     }
 
-    /// Every row a read returns, page by page (for partitions that may hold more rows than
-    /// one answer should carry).
     /// The months an index statement lists (rows of one `int` month) that ended at or before
     /// `before`, oldest first: what retention deletes.
     pub(super) async fn months_ended_by(
@@ -253,11 +193,11 @@ impl ScyllaStore {
         st: &PreparedStatement,
         before: i64,
     ) -> StoreResult<Vec<i32>> {
-        let listed: Vec<super::statements::MonthRow> = self.read_all(st, ()).await?;
+        let listed: Vec<MonthRow> = self.read_all(st, ()).await?;
         let mut months: Vec<i32> = listed
             .into_iter()
             .map(|(m,)| m)
-            .filter(|m| super::partition::month_end(*m).is_some_and(|end| end <= before))
+            .filter(|m| month_end(*m).is_some_and(|end| end <= before))
             .collect();
         months.sort_unstable();
         Ok(months)
@@ -286,6 +226,8 @@ impl ScyllaStore {
         out
     }
 
+    /// Every row a read returns, page by page (for partitions that may hold more rows than
+    /// one answer should carry).
     pub(super) async fn read_all<R>(
         &self,
         st: &PreparedStatement,
@@ -339,29 +281,5 @@ impl ScyllaStore {
         .try_collect()
         .await?;
         Ok(held.into_iter().flatten().collect())
-    }
-}
-
-#[async_trait]
-impl CounterStore for ScyllaStore {
-    fn kind(&self) -> &'static str {
-        "scylla"
-    }
-
-    async fn increment(&self, deltas: &[Delta]) -> StoreResult<()> {
-        self.increment_clients(deltas).await
-    }
-
-    async fn read(&self, ranges: &[CounterRange]) -> StoreResult<Vec<Vec<BucketTotal>>> {
-        self.read_clients(ranges).await
-    }
-
-    async fn delete_expired(&self, now_ms: i64, budget: usize) -> StoreResult<u64> {
-        self.sweep_expired(now_ms, budget).await
-    }
-
-    async fn ping(&self) -> StoreResult<()> {
-        // Our own table, not system.local: proves the keyspace and schema answer too.
-        PolicyStore::policies_generation(self).await.map(|_| ())
     }
 }

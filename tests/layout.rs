@@ -5,7 +5,9 @@
 //!   children of any module with a folder (read from `crate::a::b::` and `super::` paths), so a
 //!   module can be read and changed knowing only what it uses;
 //! - no source file (Rust, shell, Python, Lua, the console's JavaScript, CSS and HTML; not
-//!   third-party code under `vendor/`) is over 600 lines, so each one can be read whole.
+//!   third-party code under `vendor/`) is over 600 lines, so each one can be read whole;
+//! - no type of a crate has its `impl` blocks (its own and its traits') in more than three
+//!   files, so a type is read in one place: a type that would need more is split into parts.
 //!
 //! Paths in comments do not count. A module's own descendants and its parent are not its
 //! siblings: only edges between siblings make a cycle here.
@@ -311,5 +313,90 @@ fn no_source_file_is_over_600_lines() {
         long.is_empty(),
         "files over {MAX_LINES} lines:\n{}",
         long.join("\n")
+    );
+}
+
+/// Most files a type's `impl` blocks may be spread over.
+const MAX_IMPL_FILES: usize = 3;
+
+/// The type an `impl` header names (`impl<T> Trait for a::Type<T> {`: `Type`), if `line` is
+/// one.
+fn implemented_type(line: &str) -> Option<String> {
+    let rest = line.trim_start().strip_prefix("impl")?;
+    if !rest.starts_with([' ', '<']) {
+        return None;
+    }
+    // Past the impl's own generics.
+    let mut rest = rest.trim_start();
+    if rest.starts_with('<') {
+        let mut depth = 0;
+        for (i, c) in rest.char_indices() {
+            match c {
+                '<' => depth += 1,
+                '>' => depth -= 1,
+                _ => {}
+            }
+            if depth == 0 {
+                rest = &rest[i + 1..];
+                break;
+            }
+        }
+    }
+    let header = rest.split(['{', '\n']).next()?.split(" where ").next()?;
+    let ty = header
+        .rsplit_once(" for ")
+        .map_or(header, |(_, t)| t)
+        .trim();
+    let ty = ty.trim_start_matches('&').trim_start_matches("dyn ").trim();
+    let path = ty.split('<').next()?;
+    let name = ident_at(path.rsplit("::").next()?.trim());
+    (!name.is_empty()).then(|| name.to_string())
+}
+
+#[test]
+fn the_impl_reader_names_the_implemented_type() {
+    let cases = [
+        ("impl Limiter {", Some("Limiter")),
+        ("    impl<'a> EntryRef<'a> {", Some("EntryRef")),
+        ("impl fmt::Debug for ScyllaStore {", Some("ScyllaStore")),
+        ("impl<T: CqlName> CqlName for Option<T> {", Some("Option")),
+        (
+            "impl<S> tower::Layer<S> for crate::x::Reserve where S: Clone {",
+            Some("Reserve"),
+        ),
+        ("implied(x);", None),
+        ("fn f() -> impl Iterator<Item = u8> {", None),
+    ];
+    for (line, want) in cases {
+        assert_eq!(implemented_type(line).as_deref(), want, "{line}");
+    }
+}
+
+#[test]
+fn no_type_is_implemented_in_more_than_three_files() {
+    let mut spread = Vec::new();
+    for krate in ["src", "quotad-core/src", "quotad-client/src"] {
+        let mut files: BTreeMap<String, BTreeSet<PathBuf>> = BTreeMap::new();
+        for f in rust_files(&root().join(krate)) {
+            for line in code(&f).lines() {
+                if let Some(ty) = implemented_type(line) {
+                    files.entry(ty).or_default().insert(f.clone());
+                }
+            }
+        }
+        for (ty, fs) in files {
+            if fs.len() > MAX_IMPL_FILES {
+                let names: Vec<String> = fs
+                    .iter()
+                    .map(|f| f.strip_prefix(root()).unwrap().display().to_string())
+                    .collect();
+                spread.push(format!("{ty} in {}: {}", krate, names.join(", ")));
+            }
+        }
+    }
+    assert!(
+        spread.is_empty(),
+        "types implemented in more than {MAX_IMPL_FILES} files:\n{}",
+        spread.join("\n")
     );
 }

@@ -157,6 +157,7 @@ impl Rig {
                             client: c,
                             resource: None,
                             cost: 1,
+                            reserve: false,
                         },
                     )
                 })
@@ -193,6 +194,7 @@ impl Rig {
                     client,
                     resource: None,
                     cost: 1,
+                    reserve: false,
                 },
             )
             .expect("check needed the store on the hit path: a key was not in memory")

@@ -28,12 +28,21 @@ pub struct Check<'a> {
 }
 
 impl Check<'_> {
+    /// The check as one that takes a hold: in-flight limits apply to it.
+    pub fn input_reserving(&self) -> CheckInput<'_> {
+        CheckInput {
+            reserve: true,
+            ..self.input()
+        }
+    }
+
     fn input(&self) -> CheckInput<'_> {
         CheckInput {
             tenant: &self.tenant,
             client: &self.client,
             resource: self.resource.as_deref(),
             cost: self.cost,
+            reserve: false,
         }
     }
 }
@@ -100,6 +109,41 @@ impl CheckService {
         let d = self.decide_untraced(c).await;
         t.end_check(span, c.tenant.as_str(), d.as_ref());
         d
+    }
+
+    /// Decides a check that takes a hold (in-flight limits apply), as [`CheckService::decide`]
+    /// does; with the decision, the policy it was decided under and its instant, for the hold.
+    pub async fn decide_reserving<'h>(
+        &self,
+        c: &Check<'_>,
+        header: impl Fn(&str) -> Option<&'h str>,
+    ) -> Option<(Decision, Arc<Policy>, i64)> {
+        let span = self.traces.as_ref().map(|t| {
+            let span = t.start_span("check", header("traceparent"), header("tracestate"));
+            (t, span)
+        });
+        let started = Instant::now();
+        let decided = match self.policies.resolve(c.tenant.as_str(), c.client.as_str()) {
+            None => None,
+            Some(policy) => {
+                let now = self.limiter.clock().now_ms();
+                let input = c.input_reserving();
+                let d = match self.limiter.check_now_at(&policy, input, now) {
+                    Ok(d) => d,
+                    Err(miss) => Box::pin(self.limiter.check_missed(&policy, input, miss)).await,
+                };
+                self.metrics.check_decided(
+                    c.tenant.as_str(),
+                    d.label(),
+                    started.elapsed().as_secs_f64(),
+                );
+                Some((d, policy, now))
+            }
+        };
+        if let Some((t, span)) = span {
+            t.end_check(span, c.tenant.as_str(), decided.as_ref().map(|d| &d.0));
+        }
+        decided
     }
 
     async fn decide_untraced(&self, c: &Check<'_>) -> Option<Decision> {
@@ -190,6 +234,7 @@ impl CheckService {
             client,
             resource: None,
             cost,
+            reserve: false,
         };
         let started = Instant::now();
         let decision = self.limiter.check_any(&policy, input, resources).await;

@@ -7,10 +7,10 @@
 //!
 //! - entry points: `http` (the HTTP API and the console), `grpc` (Envoy's rate limit service),
 //!   `cli` (the command line), each reading its protocol and calling `checks`, the one check
-//!   service, with the tokens of `auth`;
+//!   service, with the tokens of `auth`; `holds` takes and ends the holds of reserving checks;
 //! - `store` (the embedded backend, the store traits re-exported) and `scylla` (the
 //!   Cassandra/ScyllaDB backend, the CQL helpers and `quotad migrate`);
-//! - `tasks` (sync, retention, fleet membership), started by `startup`, which also builds the
+//! - `tasks` (sync, retention, fleet membership, hold expiry), started by `startup`, which also builds the
 //!   servers (`tls` for their certificates, `traces` for OpenTelemetry);
 //! - `config` (the settings), `os` (scheduler and memory tuning).
 //!
@@ -25,6 +25,7 @@ pub mod checks;
 pub mod cli;
 pub mod config;
 pub mod grpc;
+pub mod holds;
 pub mod http;
 pub mod os;
 pub mod scylla;

@@ -101,6 +101,8 @@ pub struct Application {
     traces: Option<Arc<crate::traces::Traces>>,
     /// The reloader of the TLS certificate (`server.tls`), stopped with the other tasks.
     tls: Option<JoinHandle<()>>,
+    /// The expiry of holds nobody ended.
+    expiry: JoinHandle<()>,
 }
 
 impl Application {
@@ -155,8 +157,15 @@ impl Application {
             metrics.clone(),
             traces.clone(),
         ));
+        let holds = Arc::new(crate::holds::HoldService::new(
+            limiter.clone(),
+            policies.clone(),
+            store.clone(),
+            metrics.clone(),
+        ));
         let state = AppState {
             checks,
+            holds: holds.clone(),
             limiter: limiter.clone(),
             policies: policies.clone(),
             store: store.clone(),
@@ -195,6 +204,7 @@ impl Application {
         let tls = tls.map(|c| {
             tokio::spawn(c.watch(settings.server.tls.reload_interval_ms.get(), rx.clone()))
         });
+        let expiry = tokio::spawn(crate::tasks::holds::run(holds, rx.clone()));
         let refresh = tokio::spawn(policies.run(settings.quotas.refresh_ms.get(), rx));
         let fleet = fleet.map(|f| {
             let (leave, rx) = watch::channel(false);
@@ -211,6 +221,7 @@ impl Application {
             sync,
             refresh,
             retention,
+            expiry,
             fleet,
             traces,
             tls,
@@ -254,6 +265,7 @@ impl Application {
         let _ = self.shutdown.send(true);
         let _ = self.refresh.await;
         let _ = self.retention.await;
+        let _ = self.expiry.await;
         if let Some(tls) = self.tls {
             let _ = tls.await;
         }

@@ -51,6 +51,8 @@ pub struct TenantEntry {
     pub on_store_failure: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub regions: Option<BTreeMap<String, f64>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hold: Option<String>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub clients: BTreeMap<String, PolicyDoc>,
 }
@@ -93,15 +95,17 @@ pub fn parse(name: &str, text: &str) -> Result<Desired, ApplyError> {
                 consistency: entry.consistency.clone(),
                 on_store_failure: entry.on_store_failure.clone(),
                 regions: entry.regions.clone(),
+                hold: entry.hold.clone(),
             };
             out.insert((tenant.clone(), None), canonical(&doc, false, &at)?);
         } else if entry.mode.is_some()
             || entry.consistency.is_some()
             || entry.on_store_failure.is_some()
             || entry.regions.is_some()
+            || entry.hold.is_some()
         {
             return Err(ApplyError(format!(
-                "{at}.limits: a tenant with mode, consistency, on_store_failure or regions needs limits"
+                "{at}.limits: a tenant with mode, consistency, on_store_failure, regions or hold needs limits"
             )));
         }
         for (client, doc) in &entry.clients {
@@ -214,6 +218,7 @@ pub async fn plan(
                     consistency: None,
                     on_store_failure: None,
                     regions: None,
+                    hold: None,
                 };
                 limit_lines(&nothing, want, true)
             }
@@ -275,6 +280,7 @@ fn limit_lines(have: &PolicyDoc, want: &PolicyDoc, new: bool) -> Vec<String> {
                 &have.on_store_failure,
                 &want.on_store_failure,
             ),
+            ("hold", &have.hold, &want.hold),
         ] {
             if a != b {
                 let s = |v: &Option<String>| v.clone().unwrap_or_default();

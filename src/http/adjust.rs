@@ -82,6 +82,10 @@ fn client_limit<'p>(policy: &'p Policy, id: &str, what: &str) -> Result<&'p Limi
             "limit_id",
             format!("limit {id} is tenant-scoped: shared by every client, a client's {what} does not change it"),
         )),
+        Some(l) if l.in_flight.is_some() => Err(ApiError::invalid(
+            "limit_id",
+            format!("limit {id} counts the reservations held: release or settle them instead of a {what}"),
+        )),
         Some(l) => Ok(l),
     }
 }

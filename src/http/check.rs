@@ -13,7 +13,10 @@ use super::error::{ApiError, ErrorBody};
 use super::state::AppState;
 use crate::checks::ceil_secs;
 use crate::checks::{Check, Outcome};
-use crate::domain::{normalize_resource, parse_cost, validate_resource, ClientId, TenantId};
+use crate::domain::{
+    normalize_resource, parse_cost, parse_duration_ms, validate_resource, ClientId, TenantId,
+    HOLD_MESSAGE, MAX_HOLD_MS, MIN_HOLD_MS,
+};
 use crate::limiter::Decision;
 
 /// Most checks in one batch.
@@ -39,10 +42,22 @@ struct CheckDto<'a> {
     #[serde(borrow, default)]
     #[schema(value_type = Option<String>, pattern = "^[ -~]{1,256}$", example = "PUT /products/42")]
     resource: Option<Cow<'a, str>>,
-    /// Units to take; 0 peeks and consumes nothing. Absent (or null): 1.
+    /// Units to take; 0 peeks and consumes nothing. Absent (or null): 1. With `reserve`, the
+    /// estimate the reservation holds.
     #[serde(default)]
-    #[schema(value_type = Option<u64>, minimum = 0, maximum = 1000000, default = 1)]
+    #[schema(value_type = Option<u64>, minimum = 0, maximum = 1000000000, default = 1)]
     cost: Option<serde_json::Number>,
+    /// Hold the cost as a reservation, to settle at the real cost (or release) once the work
+    /// is done: an admitted answer carries its id. In-flight limits apply only to such checks.
+    /// Not in a batch. Absent (or null): false.
+    #[serde(default)]
+    #[schema(value_type = Option<bool>, default = false)]
+    reserve: Option<bool>,
+    /// With `reserve`: how long the reservation is held before it expires (keeping its
+    /// estimate), 1s to 1h. Absent (or null): the policy's `hold`, else 5m.
+    #[serde(borrow, default)]
+    #[schema(value_type = Option<String>, example = "2m")]
+    hold: Option<Cow<'a, str>>,
 }
 
 #[derive(Deserialize, ToSchema)]
@@ -57,6 +72,9 @@ struct BatchDto<'a> {
 
 /// A check as read from a request: the service's own [`Check`].
 pub(super) type Parsed<'a> = Check<'a>;
+
+/// What a check asks to hold: None, or the hold's time if it gave one.
+type Reserve = Option<Option<i64>>;
 
 /// A field's name in errors: `tenant` in a single check, `checks[3].tenant` in a batch.
 fn field(item: Option<usize>, name: &str) -> String {
@@ -82,6 +100,36 @@ fn validate<'a>(
     item: Option<usize>,
     prev: Option<&TenantId>,
 ) -> Result<Parsed<'a>, ApiError> {
+    validate_reserving(dto, item, prev).map(|(p, _)| p)
+}
+
+/// [`validate`], and what the check asks to hold.
+fn validate_reserving<'a>(
+    dto: CheckDto<'a>,
+    item: Option<usize>,
+    prev: Option<&TenantId>,
+) -> Result<(Parsed<'a>, Reserve), ApiError> {
+    let reserve = match (dto.reserve, &dto.hold) {
+        (Some(true), None) => Some(None),
+        (Some(true), Some(h)) => Some(Some(
+            parse_duration_ms(h)
+                .filter(|ms| (MIN_HOLD_MS..=MAX_HOLD_MS).contains(ms))
+                .ok_or_else(|| ApiError::invalid(field(item, "hold"), HOLD_MESSAGE))?,
+        )),
+        (_, Some(_)) => {
+            return Err(ApiError::invalid(
+                field(item, "hold"),
+                "hold is the time of a reservation: give it with \"reserve\": true",
+            ))
+        }
+        _ => None,
+    };
+    if reserve.is_some() && item.is_some() {
+        return Err(ApiError::invalid(
+            field(item, "reserve"),
+            "a batch takes no reservations: send a reserving check alone to POST /v1/check",
+        ));
+    }
     let tenant = dto
         .tenant
         .ok_or_else(|| ApiError::invalid(field(item, "tenant"), "tenant is required"))?;
@@ -105,12 +153,15 @@ fn validate<'a>(
         e.field = field(item, "cost");
         e
     })?;
-    Ok(Parsed {
-        tenant,
-        client,
-        resource,
-        cost,
-    })
+    Ok((
+        Parsed {
+            tenant,
+            client,
+            resource,
+            cost,
+        },
+        reserve,
+    ))
 }
 
 /// The answer to a check (200 admitted, 429 denied). The binding limit's fields are null when no
@@ -137,6 +188,23 @@ struct Answer<'a> {
     /// Present (true) only in dry_run mode, where enforcing would have denied.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     dry_run_denied: bool,
+    /// Present on an admitted check that asked to `reserve`: the reservation to settle or
+    /// release at `/v1/reservations/{id}`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reservation: Option<Taken>,
+}
+
+/// A reservation just taken.
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(as = ReservationTaken)]
+struct Taken {
+    #[schema(pattern = "^[0-9a-f]{32}$")]
+    id: String,
+    /// The cost held: the check's `cost`.
+    estimate: u64,
+    /// RFC 3339, UTC: unless settled or released by then, it expires, keeping its estimate.
+    expires_at: String,
 }
 
 impl<'a> Answer<'a> {
@@ -150,6 +218,7 @@ impl<'a> Answer<'a> {
             reset_after_ms: b.map(|b| b.reset_after_ms),
             retry_after_ms: d.retry_after_ms,
             dry_run_denied: d.dry_run_denied,
+            reservation: None,
         }
     }
 }
@@ -181,6 +250,7 @@ impl<'a> Answer<'a> {
         (status = 404, description = "not_found: the tenant has no quota and no default is configured", body = ErrorBody),
         (status = 413, description = "payload_too_large: the body is over 64 KiB", body = ErrorBody),
         (status = 415, description = "unsupported_media_type: the body is not application/json", body = ErrorBody),
+        (status = 503, description = "unavailable: a reserving check was admitted but the store could not keep its reservation; nothing was charged", body = ErrorBody),
     ),
     security((), ("bearer" = [])),
 )]
@@ -189,11 +259,14 @@ pub async fn check(req: HttpRequest, payload: web::Payload) -> Result<HttpRespon
     let who = state.auth.checker(&req)?;
     let body = json_body(&req, payload).await?;
     let dto: CheckDto = parse_json(&body)?;
-    let p = validate(dto, None, None)?;
+    let (p, reserve) = validate_reserving(dto, None, None)?;
     if let Some(w) = &who {
         w.may_check(p.tenant.as_str())?;
     }
     let header = |n: &str| req.headers().get(n).and_then(|v| v.to_str().ok());
+    if let Some(hold) = reserve {
+        return reserve_check(state, &p, hold, header).await;
+    }
     let d = state.checks.decide(&p, header).await;
     let d = d.ok_or_else(|| ApiError::no_quota(&p.tenant))?;
     let status = if d.allowed {
@@ -204,6 +277,41 @@ pub async fn check(req: HttpRequest, payload: web::Payload) -> Result<HttpRespon
     let mut res = HttpResponse::build(status);
     rate_headers(&mut res, &d);
     Ok(res.json(Answer::of(&d)))
+}
+
+/// A check that asks to reserve: decided, and when admitted its reservation taken.
+async fn reserve_check<'h>(
+    state: &AppState,
+    p: &Parsed<'_>,
+    hold: Option<i64>,
+    header: impl Fn(&str) -> Option<&'h str>,
+) -> Result<HttpResponse, ApiError> {
+    let decided = state.checks.decide_reserving(p, header).await;
+    let (d, policy, now) = decided.ok_or_else(|| ApiError::no_quota(&p.tenant))?;
+    let mut answer = Answer::of(&d);
+    if d.allowed {
+        let hold_ms = crate::domain::hold_ms(hold, policy.hold_ms);
+        let h = state
+            .holds
+            .take(&policy, p, &d, now, hold_ms)
+            .await
+            .map_err(|e| ApiError::Unavailable(format!("the reservation was not kept: {e}")))?;
+        answer.reservation = Some(Taken {
+            id: h.id,
+            estimate: h.estimate,
+            expires_at: chrono::DateTime::from_timestamp_millis(h.expires_ms)
+                .unwrap_or_default()
+                .to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        });
+    }
+    let status = if d.allowed {
+        StatusCode::OK
+    } else {
+        StatusCode::TOO_MANY_REQUESTS
+    };
+    let mut res = HttpResponse::build(status);
+    rate_headers(&mut res, &d);
+    Ok(res.json(answer))
 }
 
 /// The RateLimit-* (and X-RateLimit-*) headers of a decision, and Retry-After on a denial.

@@ -5,7 +5,7 @@
 //! One module a job: `state` (what handlers share), `middleware` (before routing), `body`
 //! (reading and parsing JSON bodies), `params` (query and path parameters), `responses` (the
 //! error answers the document names), `error`, `routes` (the route table), `check` and
-//! `forward_auth` (checks), `quotas`, `usage`, `adjust` (reset and grant), `history`, `audit`,
+//! `forward_auth` (checks), `reservations` (settling and releasing what a check reserved), `quotas`, `usage`, `adjust` (reset and grant), `history`, `audit`,
 //! `whoami`, `console` and `ops` (the handlers, each beside the types it answers with),
 //! `idempotency` (`Idempotency-Key`), and `openapi` (the document, which only names handlers
 //! and their types).
@@ -24,6 +24,7 @@ mod openapi;
 mod ops;
 mod params;
 mod quotas;
+mod reservations;
 mod responses;
 mod routes;
 mod state;

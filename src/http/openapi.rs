@@ -19,7 +19,9 @@ use utoipa::openapi::{ContentBuilder, ObjectBuilder, Ref, ResponseBuilder, Type}
 use utoipa::{Modify, OpenApi};
 
 use super::error::ErrorBody;
-use super::{adjust, audit, check, forward_auth, history, ops, quotas, usage, whoami};
+use super::{
+    adjust, audit, check, forward_auth, history, ops, quotas, reservations, usage, whoami,
+};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -36,6 +38,9 @@ use super::{adjust, audit, check, forward_auth, history, ops, quotas, usage, who
     paths(
         check::check,
         check::batch,
+        reservations::get,
+        reservations::settle,
+        reservations::release,
         forward_auth::forward_auth,
         quotas::list,
         quotas::list_overrides,
@@ -198,11 +203,12 @@ mod tests {
         // history's step, and the audit log's entry ids and cursors (tested in api::audit).
         const ID: &str = "^[A-Za-z0-9._~:@-]{1,128}$";
         const RESOURCE: &str = "^[ -~]{1,256}$";
-        const OTHERS: [&str; 4] = [
+        const OTHERS: [&str; 5] = [
             "^(hour|day)$",
             "^[0-9a-f]{1,64}$",
             "^[0-9]{1,16}\\.[0-9a-f]{1,64}$",
             super::super::idempotency::KEY_PATTERN,
+            crate::holds::HOLD_ID_PATTERN,
         ];
         let mut found = Vec::new();
         patterns(&doc(), String::new(), &mut found);
@@ -216,6 +222,11 @@ mod tests {
         let id_ok = |s: &str| validate_id("f", s).is_ok();
         assert!(id_ok("AZaz09._~:@-") && id_ok(&"a".repeat(128)));
         assert!(!id_ok("") && !id_ok(&"a".repeat(129)) && !id_ok("a b") && !id_ok("a/b"));
+        let hold_ok = crate::holds::is_hold_id;
+        assert!(hold_ok(&"0a".repeat(16)));
+        assert!(
+            !hold_ok(&"0A".repeat(16)) && !hold_ok(&"0".repeat(31)) && !hold_ok(&"g".repeat(32))
+        );
         let key_ok = super::super::idempotency::valid_key;
         assert!(key_ok("!~") && key_ok(&"k".repeat(255)));
         assert!(!key_ok("") && !key_ok(&"k".repeat(256)) && !key_ok("a b") && !key_ok("é"));

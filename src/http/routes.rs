@@ -11,7 +11,7 @@ use actix_web::http::Method;
 use actix_web::{web, HttpResponse};
 
 use super::error::ApiError;
-use super::{adjust, audit, check, history, openapi, ops, quotas, usage, whoami};
+use super::{adjust, audit, check, history, openapi, ops, quotas, reservations, usage, whoami};
 
 /// One method on one path, and the handler that serves it.
 pub struct Route {
@@ -23,9 +23,18 @@ pub struct Route {
 }
 
 /// Every route of the server. Entries of one path are registered together, in this order.
-pub static ROUTES: [Route; 30] = [
+pub static ROUTES: [Route; 33] = [
     route(Method::POST, "/v1/check", |r| r.to(check::check)),
     route(Method::POST, "/v1/check/batch", |r| r.to(check::batch)),
+    route(Method::GET, "/v1/reservations/{id}", |r| {
+        r.to(reservations::get)
+    }),
+    route(Method::POST, "/v1/reservations/{id}/settle", |r| {
+        r.to(reservations::settle)
+    }),
+    route(Method::POST, "/v1/reservations/{id}/release", |r| {
+        r.to(reservations::release)
+    }),
     route(Method::GET, "/v1/forward-auth", forward_auth),
     route(Method::HEAD, "/v1/forward-auth", forward_auth),
     route(Method::POST, "/v1/forward-auth", forward_auth),

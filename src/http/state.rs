@@ -19,6 +19,8 @@ use crate::store::DynStore;
 pub struct AppState {
     /// Decides every check (`crate::checks`).
     pub checks: Arc<CheckService>,
+    /// Takes and ends reservations (`crate::holds`).
+    pub holds: Arc<crate::holds::HoldService>,
     pub limiter: Arc<Limiter>,
     pub policies: Arc<PolicyCache>,
     pub store: DynStore,

@@ -11,7 +11,7 @@ use super::responses::AdminErrors;
 use super::state::AppState;
 use std::sync::Arc;
 
-use crate::domain::{validate_resource, ClientId, Policy, Scope, TenantId};
+use crate::domain::{validate_resource, ClientId, InFlight, Policy, Scope, TenantId};
 use crate::limiter::Usage;
 
 #[derive(Deserialize, IntoParams)]
@@ -44,12 +44,18 @@ pub struct UsageView<'a> {
 #[derive(Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct UsageLimit<'a> {
+    /// For an in-flight limit: the reservations (or their cost) held now.
     count: u64,
+    /// Present for an in-flight limit: what it counts of the reservations held at once.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<InFlight>)]
+    in_flight: Option<&'static str>,
     #[schema(minimum = 1)]
     limit: u64,
     #[schema(value_type = String, pattern = "^[A-Za-z0-9._~:@-]{1,128}$")]
     limit_id: &'a str,
     remaining: u64,
+    /// 0 for an in-flight limit: its count falls as reservations end.
     #[schema(minimum = 0)]
     reset_after_ms: i64,
     /// The limit's resource pattern; null when it counts checks whatever their resource.
@@ -64,6 +70,7 @@ impl<'a> UsageLimit<'a> {
     fn of(u: &'a Usage) -> Self {
         UsageLimit {
             count: u.count,
+            in_flight: u.in_flight.map(|f| f.as_str()),
             limit: u.limit,
             limit_id: u.limit_id.as_str(),
             remaining: u.remaining,

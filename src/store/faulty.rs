@@ -8,6 +8,7 @@
 //! while `Failing` every call returns `Unavailable` before touching the inner store (so nothing
 //! is written); while `Hanging` every call waits forever (callers' deadlines must save them).
 
+use crate::store::hold::{Ended, Hold, HoldStore};
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
@@ -275,5 +276,31 @@ impl IdempotencyStore for FaultyStore {
     ) -> StoreResult<()> {
         self.gate().await?;
         self.inner.abandon_idempotent(scope, key, fingerprint).await
+    }
+}
+
+#[async_trait]
+impl HoldStore for FaultyStore {
+    async fn put_hold(&self, hold: &Hold) -> StoreResult<()> {
+        self.gate().await?;
+        self.inner.put_hold(hold).await
+    }
+    async fn get_hold(&self, id: &str) -> StoreResult<Option<Hold>> {
+        self.gate().await?;
+        self.inner.get_hold(id).await
+    }
+    async fn end_hold(
+        &self,
+        id: &str,
+        state: crate::domain::HoldState,
+        cost: Option<u64>,
+        now_ms: i64,
+    ) -> StoreResult<Ended> {
+        self.gate().await?;
+        self.inner.end_hold(id, state, cost, now_ms).await
+    }
+    async fn expired_holds(&self, now_ms: i64, limit: usize) -> StoreResult<Vec<Hold>> {
+        self.gate().await?;
+        self.inner.expired_holds(now_ms, limit).await
     }
 }

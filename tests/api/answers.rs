@@ -19,6 +19,7 @@ async fn real_answers_match_the_document() {
     deletes_and_ops_answers(&mut c, &app).await;
     history_and_audit_answers(&mut c, &app).await;
     forward_auth_answers(&mut c, &app).await;
+    reservation_answers(&mut c, &app).await;
 
     // Every operation was exercised, and each answer kind the contract names at least once.
     let ops: BTreeSet<(String, String)> = c
@@ -28,7 +29,7 @@ async fn real_answers_match_the_document() {
         .collect();
     assert_eq!(ops, documented(&c.doc));
     let statuses: BTreeSet<u16> = c.seen.iter().map(|s| s.2).collect();
-    for s in [200, 201, 204, 400, 401, 404, 413, 429] {
+    for s in [200, 201, 204, 400, 401, 404, 409, 413, 429] {
         assert!(statuses.contains(&s), "no {s} seen: {statuses:?}");
     }
 }
@@ -494,4 +495,76 @@ async fn forward_auth_answers(c: &mut Conformance, app: &TestApp) {
         (400, Some("x-quota-client")),
         "{v}"
     );
+}
+
+/// A reservation taken, read, settled, released; and the refusals of each.
+async fn reservation_answers(c: &mut Conformance, app: &TestApp) {
+    let check = "/v1/check";
+    let taking =
+        json!({"tenant": "acme", "client": "r1", "cost": 2, "reserve": true, "hold": "1m"});
+    let (s, v) = c
+        .send(app, "post", check, check, Some(taking.clone()), None)
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let id = v["reservation"]["id"].as_str().unwrap().to_owned();
+    let (s, v) = c.send(app, "post", check, check, Some(taking), None).await;
+    assert_eq!((s, v.get("reservation")), (429, None), "{v}");
+    let one = "/v1/reservations/{id}";
+    let settle = "/v1/reservations/{id}/settle";
+    let release = "/v1/reservations/{id}/release";
+    let path = |t: &str| t.replace("{id}", &id);
+    let (s, v) = c.send(app, "get", one, &path(one), None, None).await;
+    assert_eq!((s, v["state"].as_str()), (200, Some("open")));
+    let bad = Some(json!({"cost": -1}));
+    assert_eq!(
+        c.send(app, "post", settle, &path(settle), bad, None)
+            .await
+            .0,
+        400
+    );
+    let (s, v) = c
+        .send(
+            app,
+            "post",
+            settle,
+            &path(settle),
+            Some(json!({"cost": 3})),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (s, v["over_limit"].as_array().map(Vec::len)),
+        (200, Some(1)),
+        "{v}"
+    );
+    assert_eq!(
+        c.send(app, "post", release, &path(release), None, None)
+            .await
+            .0,
+        409
+    );
+    let unknown = "/v1/reservations/0123456789abcdef0123456789abcdef";
+    assert_eq!(c.send(app, "get", one, unknown, None, None).await.0, 404);
+    assert_eq!(
+        c.send(app, "get", one, "/v1/reservations/x", None, None)
+            .await
+            .0,
+        400
+    );
+    let (_, v) = c
+        .send(
+            app,
+            "post",
+            check,
+            check,
+            Some(json!({"tenant": "acme", "client": "r2", "reserve": true})),
+            None,
+        )
+        .await;
+    let released = format!(
+        "/v1/reservations/{}/release",
+        v["reservation"]["id"].as_str().unwrap()
+    );
+    let (s, v) = c.send(app, "post", release, &released, None, None).await;
+    assert_eq!((s, v["state"].as_str()), (200, Some("released")));
 }

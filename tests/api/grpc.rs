@@ -155,7 +155,7 @@ async fn ok_then_over_limit_with_the_current_limit_remaining_and_headers() {
         .should_rate_limit(RateLimitRequest {
             domain: "shop".into(),
             descriptors: d(),
-            hits_addend: 1_000_001,
+            hits_addend: 1_000_000_001,
         })
         .await
         .unwrap_err();

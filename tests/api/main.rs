@@ -20,6 +20,7 @@ mod openapi;
 mod outage;
 mod proxy;
 mod quotas;
+mod reservations;
 mod reset;
 mod routing;
 mod secrets;

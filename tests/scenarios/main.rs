@@ -98,6 +98,7 @@ async fn check(r: &Rig, p: &Policy, t: &TenantId, c: &ClientId, cost: u64) -> De
                 client: c,
                 resource: None,
                 cost,
+                reserve: false,
             },
         )
         .await

@@ -85,6 +85,7 @@ async fn buckets_are_folded_only_once_other_instances_hits_were_read() {
         client: &c,
         resource: None,
         cost,
+        reserve: false,
     };
     // A holds the counter and stops using it; B spends most of the bucket.
     assert!(la.check(&p, input(1)).await.allowed);

@@ -109,6 +109,7 @@ pub(crate) async fn check_one(
         client,
         resource: None,
         cost: 1,
+        reserve: false,
     };
     limiter.check(policy, input).await
 }
@@ -297,6 +298,7 @@ pub(crate) async fn simulate_fleet(
                             client: q,
                             resource: None,
                             cost: 1,
+                            reserve: false,
                         },
                     )
                     .await;

@@ -39,7 +39,7 @@
 //! The checks are `async fn(&dyn Store)` (or `&Arc<dyn Store>` where they spawn tasks), one
 //! file a part of the contract: `counters` (counters, policies, the janitor), `history` (usage
 //! history, the audit log and their retention), `fleet` (leases, idempotency keys, overrides,
-//! credits), `regions`, `small` (small cached limits exact on fleets of two and three),
+//! credits), `holds` (reservations), `regions`, `small` (small cached limits exact on fleets of two and three),
 //! `stalls` (strict checks of two instances while the node is paused: it also needs
 //! `QUOTAD_TEST_SCYLLA_PID`, the node's process id on this machine), `upgrade` and `tls`. This
 //! file holds the helpers, the list of cases and the tests that are not one case on one store.
@@ -64,6 +64,8 @@ macro_rules! every_store {
         $case!(overrides_list_by_tenant, Joined);
         $case!(idempotency_keys_claim_once, Joined);
         $case!(delete_expired_removes_only_expired_buckets, Joined);
+        $case!(holds_round_trip_and_end_once, Joined);
+        $case!(expired_holds_are_listed_until_they_end, Joined);
     };
 }
 
@@ -71,6 +73,7 @@ mod counters;
 mod embedded;
 mod fleet;
 mod history;
+mod holds;
 mod regions;
 mod scylla;
 mod small;
@@ -103,6 +106,7 @@ use quotad::store::{
 use counters::*;
 use fleet::*;
 use history::*;
+use holds::*;
 use regions::*;
 
 const ENV: &str = "QUOTAD_TEST_SCYLLA_NODES";

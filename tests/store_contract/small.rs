@@ -75,6 +75,7 @@ async fn check(limiter: &Limiter, policy: &Policy, client: &str) -> Decision {
         client: &client,
         resource: None,
         cost: 1,
+        reserve: false,
     };
     limiter.check(policy, input).await
 }

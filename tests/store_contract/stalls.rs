@@ -88,6 +88,7 @@ async fn run(fleet: &[Arc<Limiter>; 2], client: &str, lead: u64, pauses: &[u64])
                     client: &client,
                     resource: None,
                     cost: 1,
+                    reserve: false,
                 };
                 if limiter.check(&policy, input).await.allowed {
                     admitted.fetch_add(1, Ordering::SeqCst);

@@ -4,7 +4,7 @@
 use super::{FieldError, MAX_LIMIT};
 
 /// Largest cost a single check may carry.
-pub const MAX_COST: u64 = 1_000_000;
+pub const MAX_COST: u64 = 1_000_000_000;
 
 /// A JSON number as a non-negative integer, when it is one: `7`, and also `7.0` or `7e0`, which
 /// JSON Schema's `integer` (what the API document says) includes. Not `7.5` or `-1`; and not a
@@ -52,11 +52,20 @@ mod tests {
         assert_eq!(cost(0.0).unwrap(), 0);
         assert_eq!(cost(-0.0).unwrap(), 0);
         assert_eq!(cost(1e6).unwrap(), 1_000_000);
-        for bad in [7.5, 0.5, -1.0, -0.5, 1_000_001.0, 1e300, f64::MIN_POSITIVE] {
+        assert_eq!(cost(1e9).unwrap(), 1_000_000_000);
+        for bad in [
+            7.5,
+            0.5,
+            -1.0,
+            -0.5,
+            1_000_000_001.0,
+            1e300,
+            f64::MIN_POSITIVE,
+        ] {
             let e = cost(bad).unwrap_err();
             assert_eq!(
                 (e.field.as_str(), e.message.as_str()),
-                ("cost", "cost must be 0..=1000000")
+                ("cost", "cost must be 0..=1000000000")
             );
         }
         let max = |f: f64| {

@@ -11,9 +11,9 @@ use smol_str::SmolStr;
 use super::cost::whole_u64;
 use super::{
     fill_ms, format_duration_ms, parse_duration_ms, sliding_grain, token_grain, Consistency,
-    FieldError, Limit, LimitId, LimitKind, Mode, OnStoreFailure, Period, Policy, ResourceMatch,
-    Scope, MAX_FILL_MS, MAX_LIMIT, MAX_LIMITS, MAX_PER_MS, MAX_WINDOW_MS, MIN_FILL_MS,
-    MIN_WINDOW_MS,
+    FieldError, InFlight, Limit, LimitId, LimitKind, Mode, OnStoreFailure, Period, Policy,
+    ResourceMatch, Scope, HOLD_MESSAGE, IN_FLIGHT_KIND, MAX_FILL_MS, MAX_HOLD_MS, MAX_LIMIT,
+    MAX_LIMITS, MAX_PER_MS, MAX_WINDOW_MS, MIN_FILL_MS, MIN_HOLD_MS, MIN_WINDOW_MS,
 };
 
 /// The JSON form of a policy, as admins send it and as it is stored.
@@ -49,6 +49,11 @@ pub struct PolicyDoc {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<std::collections::BTreeMap<String, f64>>, example = json!({"eu": 0.6, "us": 0.4})))]
     pub regions: Option<std::collections::BTreeMap<String, f64>>,
+    /// How long a reservation (`reserve` on a check) is held when the check does not say: 1s
+    /// to 1h. Absent (or null): `5m`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>, example = "2m"))]
+    pub hold: Option<String>,
 }
 
 /// One limit: a sliding `window`, a calendar `period` (UTC), or a token bucket (`burst`, `rate`,
@@ -101,6 +106,13 @@ pub struct LimitDoc {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "openapi", schema(value_type = Option<Scope>))]
     pub scope: Option<String>,
+    /// An in-flight limit, with `max` and no window, period or bucket: caps the reservations
+    /// held at once, counting each one (`holds`) or their cost (`cost`). A hold counts from
+    /// the check that takes it until it is settled, released or expires. Checks that reserve
+    /// nothing do not meet it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<InFlight>))]
+    pub in_flight: Option<String>,
 }
 
 impl Policy {
@@ -122,7 +134,16 @@ impl Policy {
                 OnStoreFailure::from_name,
                 OnStoreFailure::expected,
             )?,
-            regions: parse_regions(doc.regions.as_ref())?,
+            regions: super::policy::parse_regions(doc.regions.as_ref())?,
+            hold_ms: doc
+                .hold
+                .as_deref()
+                .map(|h| {
+                    parse_duration_ms(h)
+                        .filter(|ms| (MIN_HOLD_MS..=MAX_HOLD_MS).contains(ms))
+                        .ok_or_else(|| FieldError::new("hold", HOLD_MESSAGE))
+                })
+                .transpose()?,
         };
         if p.consistency == Consistency::Strict && p.limits.iter().any(|l| l.kind.is_tokens()) {
             return Err(FieldError::new(
@@ -146,54 +167,9 @@ impl Policy {
                     .map(|(r, f)| (r.to_string(), *f))
                     .collect()
             }),
+            hold: self.hold_ms.map(format_duration_ms),
         }
     }
-}
-
-/// Most regions a policy splits its limits between.
-pub const MAX_REGION_SPLIT: usize = 16;
-
-/// A policy's split between regions: names of 1 to 64 characters `[A-Za-z0-9._-]` (Cassandra
-/// data centre names), parts in (0, 1], adding up to at most 1.
-fn parse_regions(
-    split: Option<&std::collections::BTreeMap<String, f64>>,
-) -> Result<Vec<(SmolStr, f64)>, FieldError> {
-    let Some(split) = split else {
-        return Ok(Vec::new());
-    };
-    if split.is_empty() || split.len() > MAX_REGION_SPLIT {
-        return Err(FieldError::new(
-            "regions",
-            format!("name 1 to {MAX_REGION_SPLIT} regions, or leave it out"),
-        ));
-    }
-    let mut sum = 0.0;
-    for (name, &part) in split {
-        let ok = (1..=64).contains(&name.len())
-            && name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
-        if !ok {
-            return Err(FieldError::new(
-                "regions",
-                format!("{name:?} is not a region name: 1 to 64 of A-Z a-z 0-9 . _ -"),
-            ));
-        }
-        if !(part.is_finite() && part > 0.0 && part <= 1.0) {
-            return Err(FieldError::new(
-                format!("regions.{name}"),
-                "a region's part is above 0 and at most 1".to_owned(),
-            ));
-        }
-        sum += part;
-    }
-    if sum > 1.0 + 1e-9 {
-        return Err(FieldError::new(
-            "regions",
-            format!("the parts add up to {sum}: at most 1, or regions could admit more than max together"),
-        ));
-    }
-    Ok(split.iter().map(|(n, f)| (SmolStr::new(n), *f)).collect())
 }
 
 /// The limits of a policy: 1 to `MAX_LIMITS`, ids unique.
@@ -232,6 +208,18 @@ fn parse_limit(
             .resource
             .as_deref()
             .map(|r| ResourceMatch::parse(r, &f("resource")))
+            .transpose()?,
+        in_flight: l
+            .in_flight
+            .as_deref()
+            .map(|s| {
+                InFlight::from_name(s).ok_or_else(|| {
+                    FieldError::new(
+                        f("in_flight"),
+                        format!("in_flight must be {}", InFlight::expected()),
+                    )
+                })
+            })
             .transpose()?,
     })
 }
@@ -325,8 +313,18 @@ const WINDOW_MESSAGE: &str = "window must be a duration from 1s to 31d, such as 
 /// The message of a limit with no kind, or more than one.
 const ONE_KIND_MESSAGE: &str = "a limit has exactly one of window, period or rate (a token bucket)";
 
-/// Exactly one of `window` (a sliding window and its grain), `period` or a token bucket.
+/// Exactly one of `window` (a sliding window and its grain), `period` or a token bucket; an
+/// in-flight limit has none of them.
 fn parse_kind(l: &LimitDoc, at: &str) -> Result<LimitKind, FieldError> {
+    if l.in_flight.is_some() {
+        if is_token_bucket(l) || l.window.is_some() || l.period.is_some() {
+            return Err(FieldError::new(
+                at,
+                "an in-flight limit has max and no window, period or rate: it counts holds until they end",
+            ));
+        }
+        return Ok(IN_FLIGHT_KIND);
+    }
     if is_token_bucket(l) {
         if l.window.is_some() || l.period.is_some() {
             return Err(FieldError::new(at, ONE_KIND_MESSAGE));
@@ -387,6 +385,7 @@ fn parse_named<T: Default>(
 fn limit_doc(l: &Limit) -> LimitDoc {
     let (mut window, mut period, mut rate, mut per) = (None, None, None, None);
     match l.kind {
+        _ if l.in_flight.is_some() => {}
         LimitKind::Sliding { window_ms, .. } => window = Some(format_duration_ms(window_ms)),
         LimitKind::Calendar(p) => period = Some(p.as_str().to_owned()),
         LimitKind::Tokens {
@@ -407,6 +406,7 @@ fn limit_doc(l: &Limit) -> LimitDoc {
         per,
         resource: l.resource.as_ref().map(ResourceMatch::render),
         scope: Some(l.scope.as_str().to_owned()),
+        in_flight: l.in_flight.map(|f| f.as_str().to_owned()),
     }
 }
 

@@ -4,7 +4,7 @@
 use smol_str::SmolStr;
 
 use super::wire::wire_enum;
-use super::{Grain, LimitId, Period, ResourceMatch};
+use super::{Grain, InFlight, LimitId, Period, ResourceMatch};
 
 /// Largest `max` a limit may have (2^53, so it survives a JSON double round trip).
 pub const MAX_LIMIT: u64 = 1 << 53;
@@ -63,6 +63,8 @@ pub struct Limit {
     pub kind: LimitKind,
     pub scope: Scope,
     pub resource: Option<ResourceMatch>,
+    /// An in-flight limit: what it counts of the holds open at once. None: a rate or a budget.
+    pub in_flight: Option<InFlight>,
 }
 
 impl Limit {
@@ -70,6 +72,23 @@ impl Limit {
         match &self.resource {
             None => true,
             Some(m) => m.matches(resource),
+        }
+    }
+
+    /// Whether a check on `resource` meets this limit: an in-flight limit counts holds, so
+    /// only a check that takes one (`reserving`) meets it.
+    #[inline]
+    pub fn applies(&self, resource: Option<&str>, reserving: bool) -> bool {
+        (reserving || self.in_flight.is_none()) && self.applies_to(resource)
+    }
+
+    /// What a check of `cost` takes of this limit: one hold of an in-flight limit that counts
+    /// holds (none for a look that takes nothing), the cost otherwise.
+    #[inline]
+    pub fn cost_of(&self, cost: u64) -> u64 {
+        match self.in_flight {
+            Some(InFlight::Holds) => cost.min(1),
+            _ => cost,
         }
     }
 }

@@ -10,6 +10,7 @@
 //! - `grain`: calendar periods and bucket grains, aligned on UTC;
 //! - `window`: sliding windows, their grain ladder and how many buckets they take;
 //! - `limit`, `policy`: the validated limit and policy;
+//! - `hold`: reservations (holds) and in-flight limits;
 //! - `doc`: the JSON policy document and its conversion to and from a `Policy`;
 //! - `cost`: a check's cost, and JSON numbers as whole numbers;
 //! - `wire`: the one table of names each policy enum is written with.
@@ -21,6 +22,7 @@ mod wire;
 mod cost;
 mod doc;
 mod grain;
+mod hold;
 mod ids;
 mod limit;
 mod policy;
@@ -30,6 +32,10 @@ mod window;
 pub use cost::{parse_cost, whole_u64, MAX_COST};
 pub use doc::{LimitDoc, PolicyDoc};
 pub use grain::{Grain, Period, MONTH_GRAIN_CODE};
+pub use hold::{
+    hold_ms, HoldState, InFlight, DEFAULT_HOLD_MS, HOLD_MESSAGE, IN_FLIGHT_GRAIN_MS,
+    IN_FLIGHT_KIND, MAX_HOLD_MS, MIN_HOLD_MS,
+};
 pub use ids::{validate_id, ClientId, FieldError, LimitId, TenantId, MAX_ID_LEN, TENANT_SUBJECT};
 pub use limit::{Limit, LimitKind, Scope, MAX_LIMIT};
 pub use policy::{Consistency, Mode, OnStoreFailure, Policy, MAX_LIMITS};

@@ -8,7 +8,7 @@
 use super::wire::wire_enum;
 use smol_str::SmolStr;
 
-use super::{Limit, Scope};
+use super::{FieldError, Limit, Scope};
 
 /// Most limits in one policy.
 pub const MAX_LIMITS: usize = 16;
@@ -55,6 +55,9 @@ pub struct Policy {
     /// Each region's fixed part of the limits while another region is unheard, by name;
     /// empty: each region's part is what its traffic earned (`limiter::share`).
     pub regions: Vec<(SmolStr, f64)>,
+    /// How long a reservation of this policy is held when the check does not say (ms); None:
+    /// [`super::DEFAULT_HOLD_MS`].
+    pub hold_ms: Option<i64>,
 }
 
 impl Policy {
@@ -109,8 +112,55 @@ impl Policy {
             } else {
                 over.regions.clone()
             },
+            hold_ms: over.hold_ms.or(self.hold_ms),
         }
     }
+}
+
+/// Most regions a policy splits its limits between.
+pub const MAX_REGION_SPLIT: usize = 16;
+
+/// A policy's split between regions: names of 1 to 64 characters `[A-Za-z0-9._-]` (Cassandra
+/// data centre names), parts in (0, 1], adding up to at most 1.
+pub(super) fn parse_regions(
+    split: Option<&std::collections::BTreeMap<String, f64>>,
+) -> Result<Vec<(SmolStr, f64)>, FieldError> {
+    let Some(split) = split else {
+        return Ok(Vec::new());
+    };
+    if split.is_empty() || split.len() > MAX_REGION_SPLIT {
+        return Err(FieldError::new(
+            "regions",
+            format!("name 1 to {MAX_REGION_SPLIT} regions, or leave it out"),
+        ));
+    }
+    let mut sum = 0.0;
+    for (name, &part) in split {
+        let ok = (1..=64).contains(&name.len())
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+        if !ok {
+            return Err(FieldError::new(
+                "regions",
+                format!("{name:?} is not a region name: 1 to 64 of A-Z a-z 0-9 . _ -"),
+            ));
+        }
+        if !(part.is_finite() && part > 0.0 && part <= 1.0) {
+            return Err(FieldError::new(
+                format!("regions.{name}"),
+                "a region's part is above 0 and at most 1".to_owned(),
+            ));
+        }
+        sum += part;
+    }
+    if sum > 1.0 + 1e-9 {
+        return Err(FieldError::new(
+            "regions",
+            format!("the parts add up to {sum}: at most 1, or regions could admit more than max together"),
+        ));
+    }
+    Ok(split.iter().map(|(n, f)| (SmolStr::new(n), *f)).collect())
 }
 
 #[cfg(test)]

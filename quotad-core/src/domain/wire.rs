@@ -53,6 +53,21 @@ macro_rules! wire_enum {
                 f.write_str(self.as_str())
             }
         }
+
+        impl serde::Serialize for $name {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(self.as_str())
+            }
+        }
+
+        impl<'de> serde::Deserialize<'de> for $name {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+                Self::from_name(&s).ok_or_else(|| {
+                    serde::de::Error::custom(format!("expected {}", Self::expected()))
+                })
+            }
+        }
     };
 }
 

@@ -1,4 +1,5 @@
-//! What an admin reads and changes of the counters: `/v1/usage`, resets and grants.
+//! What an admin reads and changes of the counters: `/v1/usage`, resets and grants; and the
+//! charges a hold (reservation) makes and the changes its end makes.
 //!
 //! Usage. A read sums the store's totals and this instance's pending hits. It is taken between
 //! two sync writes (see `writes`): a hit a round has taken but not yet written is in neither
@@ -28,8 +29,9 @@ use super::key::{counter_key, newest_readable, range_of};
 use super::state::buckets_from;
 use super::tokens::Carry;
 use super::window::{self, Bucket};
-use super::Limiter;
-use crate::domain::{ClientId, Limit, LimitId, Policy, Scope, TenantId, MAX_LIMIT};
+use super::{applicable, CheckInput, Limiter};
+use crate::domain::{ClientId, InFlight, Limit, LimitId, Policy, Scope, TenantId, MAX_LIMIT};
+use crate::store::hold::Charge;
 use crate::store::{CounterKey, CounterRange, Delta, StoreError};
 
 /// One limit's usage, for `/v1/usage`.
@@ -43,6 +45,8 @@ pub struct Usage {
     pub limit: u64,
     pub remaining: u64,
     pub reset_after_ms: i64,
+    /// An in-flight limit: `count` is what is held now.
+    pub in_flight: Option<InFlight>,
 }
 
 /// What a grant did to one limit.
@@ -136,13 +140,19 @@ impl Limiter {
                 count: count.max(0) as u64,
                 limit: l.max,
                 remaining: (l.max as i128 - count as i128).clamp(0, u64::MAX as i128) as u64,
-                reset_after_ms: window::reset_after(l.kind, &buckets, carry, now),
+                reset_after_ms: if l.in_flight.is_some() {
+                    0
+                } else {
+                    window::reset_after(l.kind, &buckets, carry, now)
+                },
+                in_flight: l.in_flight,
             });
         }
         Ok(out)
     }
 
-    /// Resets the client-scoped limits of `policy` for `client` (only `limit` when given).
+    /// Resets the client-scoped limits of `policy` for `client` (only `limit` when given);
+    /// in-flight limits are left alone: they count reservations still held.
     /// Returns each limit with the count it had in the store. On an error, nothing or, when
     /// uncertain, some of the reset may have landed.
     pub async fn reset(
@@ -156,7 +166,8 @@ impl Limiter {
         let all: Vec<&Limit> = policy
             .limits
             .iter()
-            .filter(|l| l.scope == Scope::Client && limit.is_none_or(|id| *id == l.id))
+            .filter(|l| l.scope == Scope::Client && l.in_flight.is_none())
+            .filter(|l| limit.is_none_or(|id| *id == l.id))
             .collect();
         let mut before = Vec::new();
         // Token buckets: a grant of the whole deficit.
@@ -283,5 +294,66 @@ impl Limiter {
                 Ok(window::estimate(l.kind, &buckets, carry, now))
             })
             .await
+    }
+
+    /// What a hold taken by `input` (a reserving check admitted at `now`) charged: each
+    /// limit the check met, the bucket `now` fell in, and what it took there.
+    pub fn hold_charges(&self, policy: &Policy, input: CheckInput<'_>, now: i64) -> Vec<Charge> {
+        applicable(policy, &[input.resource], true)
+            .iter()
+            .map(|l| {
+                let key = counter_key(input.tenant, input.client, l);
+                Charge {
+                    limit: l.id.to_string(),
+                    grain: l.kind.grain().code(),
+                    subject: key.subject.to_string(),
+                    start: l.kind.grain().bucket_start(now),
+                    amount: l.cost_of(input.cost),
+                    in_flight: l.in_flight.is_some(),
+                }
+            })
+            .collect()
+    }
+
+    /// Applies counter changes that are not checks (a hold's end): this instance's states
+    /// learn them at once, the others at their next read back. A write the store refuses with
+    /// nothing written is tried again every second, for up to ten minutes, until it lands; one
+    /// whose outcome is unknown is not tried again (a count never doubles), and is logged.
+    pub async fn adjust(&self, deltas: Vec<Delta>) {
+        if deltas.is_empty() {
+            return;
+        }
+        for d in &deltas {
+            self.table.with_state(&d.key, |s| {
+                window::bucket_at(&mut s.buckets, d.start).stored += d.delta;
+            });
+        }
+        let store = self.store.clone();
+        let first = store.increment(&deltas).await;
+        let Err(e) = first else {
+            return;
+        };
+        if !matches!(e, StoreError::Unavailable(_)) {
+            tracing::warn!(error = %e, changes = deltas.len(), "a hold's end may not have reached the store: its counters stay as they were");
+            return;
+        }
+        tracing::warn!(error = %e, "the store refused a hold's end: trying again every second");
+        tokio::spawn(async move {
+            for _ in 0..600 {
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                match store.increment(&deltas).await {
+                    Ok(()) => return,
+                    Err(StoreError::Unavailable(_)) => continue,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "a hold's end may not have reached the store");
+                        return;
+                    }
+                }
+            }
+            tracing::error!(
+                changes = deltas.len(),
+                "gave up writing a hold's end after ten minutes"
+            );
+        });
     }
 }

@@ -56,4 +56,6 @@ pub struct CheckInput<'a> {
     pub client: &'a ClientId,
     pub resource: Option<&'a str>,
     pub cost: u64,
+    /// The check takes a hold (a reservation): in-flight limits apply to it.
+    pub reserve: bool,
 }

@@ -171,7 +171,8 @@ fn binding_index(verdicts: &[Verdict], limits: &[&Limit], cost: u64, denied: boo
         } else {
             let rem = |i: usize| {
                 let v = &verdicts[i];
-                remaining(limits[i].max, v.est.saturating_add(v.held), cost)
+                let l = limits[i];
+                remaining(l.max, v.est.saturating_add(v.held), l.cost_of(cost))
             };
             rem(i) < rem(best)
         };
@@ -299,7 +300,7 @@ impl<'l> Judging<'l> {
             if let Some(s) = s {
                 s.rekind(l.kind, self.now);
                 s.prune(self.now, settle);
-                let v = judge(l, s, self.now, self.cost, self.fleet);
+                let v = judge(l, s, self.now, l.cost_of(self.cost), self.fleet);
                 s.pressing |= v.pressing;
                 self.verdicts[i] = v;
                 self.judged |= 1 << i;
@@ -341,7 +342,7 @@ impl<'l> Judging<'l> {
         if !o.denied && self.cost > 0 {
             for (l, s) in self.limits.iter().zip(slots.iter_mut()) {
                 if let Some(s) = s {
-                    window::add_pending(l.kind, &mut s.buckets, self.now, self.cost);
+                    window::add_pending(l.kind, &mut s.buckets, self.now, l.cost_of(self.cost));
                 }
             }
         }
@@ -359,7 +360,7 @@ impl<'l> Judging<'l> {
             remaining: remaining(
                 l.max,
                 v.est.saturating_add(v.held),
-                if o.denied { 0 } else { self.cost },
+                if o.denied { 0 } else { l.cost_of(self.cost) },
             ),
             reset_after_ms,
         };

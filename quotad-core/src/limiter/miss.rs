@@ -294,7 +294,7 @@ impl Limiter {
             if !admitted {
                 let start = l.kind.grain().bucket_start(now);
                 if let Some(b) = buckets.iter_mut().find(|b| b.start == start) {
-                    b.stored -= input.cost.min(i64::MAX as u64) as i64;
+                    b.stored -= l.cost_of(input.cost).min(i64::MAX as u64) as i64;
                 }
             }
             let known = self.table.with_state(&r.key, |s| {
@@ -333,6 +333,7 @@ impl Limiter {
         now: i64,
     ) {
         for (((l, r), t), s) in limits.iter().zip(ranges).zip(totals).zip(states) {
+            let cost = l.cost_of(cost);
             let kept = self
                 .table
                 .with_state(&r.key, |m| m.region().map(|p| p.earned))
@@ -506,7 +507,7 @@ fn states_before_hit(
             let mut buckets = buckets_from(t);
             let start = l.kind.grain().bucket_start(now);
             if let Some(b) = buckets.iter_mut().find(|b| b.start == start) {
-                b.stored -= cost.min(i64::MAX as u64) as i64;
+                b.stored -= l.cost_of(cost).min(i64::MAX as u64) as i64;
             }
             LimitState::new(l, buckets, 1.0, now)
         })
@@ -523,7 +524,7 @@ fn hit_deltas(limits: &[&Limit], input: CheckInput<'_>, now: i64) -> Vec<Delta> 
         .map(|l| Delta {
             key: counter_key(input.tenant, input.client, l),
             start: l.kind.grain().bucket_start(now),
-            delta: input.cost as i64,
+            delta: l.cost_of(input.cost) as i64,
         })
         .collect()
 }

@@ -89,12 +89,17 @@ static UNBOUND: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| Arc:
 /// Most limits one check can touch without a heap allocation.
 type Applicable<'p> = SmallVec<[&'p Limit; 16]>;
 
-/// The limits of `policy` that a check on any of `resources` meets.
-fn applicable<'p>(policy: &'p Policy, resources: &[Option<&str>]) -> Applicable<'p> {
+/// The limits of `policy` that a check on any of `resources` meets (in-flight limits only when
+/// it takes a hold).
+fn applicable<'p>(
+    policy: &'p Policy,
+    resources: &[Option<&str>],
+    reserving: bool,
+) -> Applicable<'p> {
     policy
         .limits
         .iter()
-        .filter(|l| resources.iter().any(|r| l.applies_to(*r)))
+        .filter(|l| resources.iter().any(|r| l.applies(*r, reserving)))
         .collect()
 }
 
@@ -230,7 +235,7 @@ impl Limiter {
         input: CheckInput<'_>,
         now: i64,
     ) -> Result<Decision, Miss> {
-        let limits = applicable(policy, &[input.resource]);
+        let limits = applicable(policy, &[input.resource], input.reserve);
         let (d, recorded) = match self.decide_now(policy, &limits, input, now, true) {
             Now::Decided(d, recorded) => (d, recorded),
             Now::Store => {
@@ -262,7 +267,7 @@ impl Limiter {
         input: CheckInput<'_>,
         miss: Miss,
     ) -> Decision {
-        let limits = applicable(policy, &[input.resource]);
+        let limits = applicable(policy, &[input.resource], input.reserve);
         let (d, recorded) = if miss.store {
             self.through_store(policy, &limits, input, miss.now).await
         } else {
@@ -284,7 +289,7 @@ impl Limiter {
         input: CheckInput<'_>,
         resources: &[Option<&str>],
     ) -> Decision {
-        let limits = applicable(policy, resources);
+        let limits = applicable(policy, resources, input.reserve);
         let (d, recorded) = self.decide(policy, limits, input, true).await;
         if !recorded {
             self.record(policy, input, &d);
@@ -295,7 +300,7 @@ impl Limiter {
     /// What a check of `input` would answer now, consuming nothing and recorded nowhere (the
     /// per-descriptor statuses of Envoy's rate limit service).
     pub async fn peek(&self, policy: &Policy, input: CheckInput<'_>) -> Decision {
-        let limits = applicable(policy, &[input.resource]);
+        let limits = applicable(policy, &[input.resource], input.reserve);
         self.decide(policy, limits, CheckInput { cost: 0, ..input }, false)
             .await
             .0

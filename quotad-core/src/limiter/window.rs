@@ -396,4 +396,30 @@ mod tests {
             }
         }
     }
+
+    #[test]
+    fn a_hold_counts_in_full_until_it_can_no_longer_be_open() {
+        use crate::domain::{IN_FLIGHT_GRAIN_MS, IN_FLIGHT_KIND, MAX_HOLD_MS};
+        // A hold taken at the very start of its bucket and one at its very end, each open for
+        // the longest time: both still count at their last instant.
+        for offset in [0, IN_FLIGHT_GRAIN_MS - 1] {
+            let start = 1_000 * IN_FLIGHT_GRAIN_MS;
+            let taken = start + offset;
+            let b = [Bucket {
+                start,
+                stored: 1,
+                pending: 0,
+            }];
+            let carry = Default::default();
+            assert_eq!(estimate(IN_FLIGHT_KIND, &b, carry, taken), 1);
+            assert_eq!(
+                estimate(IN_FLIGHT_KIND, &b, carry, taken + MAX_HOLD_MS),
+                1,
+                "{offset}"
+            );
+            // And it has left the window one bucket later.
+            let gone = start + MAX_HOLD_MS + 2 * IN_FLIGHT_GRAIN_MS;
+            assert_eq!(estimate(IN_FLIGHT_KIND, &b, carry, gone), 0);
+        }
+    }
 }

@@ -7,7 +7,10 @@
 //! The two metrics every check writes are kept per thread (`per_thread`), so that the actix
 //! workers do not share their cache lines.
 
+mod holds;
 mod per_thread;
+
+pub use holds::HoldMetrics;
 
 use per_thread::PerThread;
 use prometheus::core::Collector;
@@ -66,6 +69,7 @@ pub struct Metrics {
     unrecorded_history: IntCounter,
     unrecorded_audit: IntCounter,
     fleet: FleetMetrics,
+    holds: HoldMetrics,
     /// The served certificate's not-after, and reloads by outcome: registered by
     /// [`Metrics::tls_on`] only, as a 0 without TLS would read as a certificate long expired.
     tls_expiry: IntGauge,
@@ -313,6 +317,7 @@ impl Metrics {
                  change); each is logged in full at error level.",
             ),
             fleet: FleetMetrics::new(&registry),
+            holds: HoldMetrics::new(&registry),
             tls_expiry: gauge(
                 "quotad_tls_cert_expiry_seconds",
                 "Not-after of the certificate served on quotad's ports (server.tls), unix seconds.",
@@ -474,6 +479,11 @@ impl Metrics {
 
     pub fn unsynced_at_exit(&self, hits: u64) {
         self.unsynced_hits_at_exit.set(hits as i64);
+    }
+
+    /// The metrics of holds (reservations).
+    pub fn holds(&self) -> &HoldMetrics {
+        &self.holds
     }
 
     pub fn compensation_failed(&self) {

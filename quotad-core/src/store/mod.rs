@@ -1,10 +1,11 @@
 //! The store: durable counters, policies, leases, usage history and the audit log.
 //!
-//! Six narrow traits: [`CounterStore`] (the limiter and the sync task: increments, reads,
+//! Seven narrow traits: [`CounterStore`] (the limiter and the sync task: increments, reads,
 //! expiry), [`PolicyStore`] (the admin API and the policy cache), [`lease::LeaseStore`]
 //! (fleet membership), [`history::HistoryStore`] (usage by hour and day),
-//! [`audit::AuditStore`] (the log of changes) and [`idempotency::IdempotencyStore`]
-//! (`Idempotency-Key` answers). [`Store`] is all six, and is what a backend implements; the
+//! [`audit::AuditStore`] (the log of changes), [`idempotency::IdempotencyStore`]
+//! (`Idempotency-Key` answers) and [`hold::HoldStore`] (reservations). [`Store`] is all
+//! seven, and is what a backend implements; the
 //! backends live in the server crate: `embedded` (redb, one process) and `scylla`
 //! (Cassandra/ScyllaDB counter tables, many instances). Both run the same contract suite
 //! (`tests/store_contract/`). `kind` and `ping` are on [`CounterStore`]: readiness means
@@ -16,6 +17,7 @@
 
 pub mod audit;
 pub mod history;
+pub mod hold;
 pub mod idempotency;
 pub mod lease;
 
@@ -223,9 +225,8 @@ pub trait PolicyStore: Send + Sync + 'static {
     async fn policies_generation(&self) -> StoreResult<u64>;
 }
 
-/// A whole backend: counters, policies, leases, usage history, the audit log and idempotency
-/// keys. Implemented by
-/// every type that implements the six.
+/// A whole backend: counters, policies, leases, usage history, the audit log, idempotency
+/// keys and holds. Implemented by every type that implements the seven.
 pub trait Store:
     CounterStore
     + PolicyStore
@@ -233,6 +234,7 @@ pub trait Store:
     + history::HistoryStore
     + audit::AuditStore
     + idempotency::IdempotencyStore
+    + hold::HoldStore
 {
 }
 
@@ -243,6 +245,7 @@ impl<T> Store for T where
         + history::HistoryStore
         + audit::AuditStore
         + idempotency::IdempotencyStore
+        + hold::HoldStore
 {
 }
 

@@ -41,6 +41,10 @@ pub const MIGRATION_FILES: &[(&str, &str)] = &[
         "0007_regions.cql",
         include_str!("../../../migrations/0007_regions.cql"),
     ),
+    (
+        "0008_holds.cql",
+        include_str!("../../../migrations/0008_holds.cql"),
+    ),
 ];
 
 /// One migration file.

@@ -1,4 +1,4 @@
-//! The store itself: [`ScyllaStore`], a facade over its parts, and the only place the six
+//! The store itself: [`ScyllaStore`], a facade over its parts, and the only place the seven
 //! store traits are implemented for it, each method handing the call to the part that owns
 //! what it touches. [`ScyllaStore::connect`] opens the shared connection and builds the parts.
 
@@ -13,15 +13,17 @@ use super::audit::Audit;
 use super::connection::Cql;
 use super::counters::Counters;
 use super::history::History;
+use super::holds::Holds;
 use super::idempotency::Idempotency;
 use super::janitor::Janitor;
 use super::lease::Leases;
 use super::legacy::Legacy;
 use super::policies::Policies;
-use crate::domain::{ClientId, TenantId};
+use crate::domain::{ClientId, HoldState, TenantId};
 use crate::scylla::cql::ScyllaOptions;
 use crate::store::audit::{AuditEntry, AuditQuery, AuditStore};
 use crate::store::history::{ClientTotal, HistoryStore, Step, UsageDelta, UsagePoint};
+use crate::store::hold::{Ended, Hold, HoldStore};
 use crate::store::idempotency::{Begun, IdempotencyStore};
 use crate::store::lease::{Claim, LeaseStore, RegionBeat, Roster};
 use crate::store::{
@@ -40,6 +42,7 @@ pub struct ScyllaStore {
     history: History,
     audit: Audit,
     idempotency: Idempotency,
+    holds: Holds,
 }
 
 impl fmt::Debug for ScyllaStore {
@@ -66,7 +69,8 @@ impl ScyllaStore {
             policies: Policies::new(cql.clone()),
             history: History::new(cql.clone()),
             audit: Audit::new(cql.clone()),
-            idempotency: Idempotency::new(cql),
+            idempotency: Idempotency::new(cql.clone()),
+            holds: Holds::new(cql),
             leases,
         })
     }
@@ -273,5 +277,30 @@ impl IdempotencyStore for ScyllaStore {
         fingerprint: &str,
     ) -> StoreResult<()> {
         self.idempotency.abandon(scope, key, fingerprint).await
+    }
+}
+
+#[async_trait]
+impl HoldStore for ScyllaStore {
+    async fn put_hold(&self, hold: &Hold) -> StoreResult<()> {
+        self.holds.put(hold).await
+    }
+
+    async fn get_hold(&self, id: &str) -> StoreResult<Option<Hold>> {
+        self.holds.get(id).await
+    }
+
+    async fn end_hold(
+        &self,
+        id: &str,
+        state: HoldState,
+        cost: Option<u64>,
+        now_ms: i64,
+    ) -> StoreResult<Ended> {
+        self.holds.end(id, state, cost, now_ms).await
+    }
+
+    async fn expired_holds(&self, now_ms: i64, limit: usize) -> StoreResult<Vec<Hold>> {
+        self.holds.expired(now_ms, limit).await
     }
 }

@@ -41,6 +41,9 @@
 //! Usage history ([`history`]) and the audit log ([`audit`]) are partitioned by UTC month, and
 //! retention deletes whole months through small index tables, never by a scan.
 //!
+//! Holds ([`holds`], reservations) are a partition each, ended with a lightweight transaction
+//! so that one end wins; the open ones are listed by the minute they expire.
+//!
 //! Options, session building and the keyspace-name rule live in [`crate::scylla::cql`], shared with
 //! `quotad migrate`; they are re-exported here under their old paths.
 
@@ -50,6 +53,7 @@ mod counters;
 mod errors;
 mod facade;
 mod history;
+mod holds;
 mod idempotency;
 mod janitor;
 mod lease;

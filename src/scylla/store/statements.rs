@@ -159,6 +159,58 @@ pub(crate) const GET_IDEMPOTENCY_CQL: &str =
 pub(crate) type GetIdempotencyValues<'a> = (&'a str, &'a str);
 pub(crate) type IdempotencyRow = (Option<String>, Option<String>);
 
+/// Holds (`store::hold`, `migrations/0008_holds.cql`). Every write sets the row's TTL: a day
+/// past the hold's expiry.
+pub(crate) const PUT_HOLD_CQL: &str = "INSERT INTO holds (id, tenant, client, resource, \
+     estimate, taken_ms, expires_ms, charges, state) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) \
+     USING TTL ?";
+pub(crate) type PutHoldValues<'a> = (
+    &'a str,
+    &'a str,
+    &'a str,
+    Option<&'a str>,
+    i64,
+    i64,
+    i64,
+    &'a str,
+    &'a str,
+    i32,
+);
+
+pub(crate) const PUT_HOLD_EXPIRY_CQL: &str =
+    "INSERT INTO hold_expiry (minute, expires_ms, id) VALUES (?, ?, ?) USING TTL ?";
+pub(crate) type PutHoldExpiryValues<'a> = (i64, i64, &'a str, i32);
+
+pub(crate) const GET_HOLD_CQL: &str = "SELECT tenant, client, resource, estimate, taken_ms, \
+     expires_ms, charges, state, cost, ended_ms FROM holds WHERE id = ?";
+pub(crate) type GetHoldValues<'a> = (&'a str,);
+pub(crate) type HoldRow = (
+    String,
+    String,
+    Option<String>,
+    i64,
+    i64,
+    i64,
+    String,
+    String,
+    Option<i64>,
+    Option<i64>,
+);
+
+/// One end wins: the others find the state changed.
+pub(crate) const END_HOLD_CQL: &str = "UPDATE holds USING TTL ? SET state = ?, cost = ?, \
+     ended_ms = ? WHERE id = ? IF state = 'open'";
+pub(crate) type EndHoldValues<'a> = (i32, &'a str, Option<i64>, i64, &'a str);
+
+pub(crate) const DELETE_HOLD_EXPIRY_CQL: &str =
+    "DELETE FROM hold_expiry WHERE minute = ? AND expires_ms = ? AND id = ?";
+pub(crate) type DeleteHoldExpiryValues<'a> = (i64, i64, &'a str);
+
+pub(crate) const DUE_HOLDS_CQL: &str =
+    "SELECT id FROM hold_expiry WHERE minute = ? AND expires_ms < ? LIMIT ?";
+pub(crate) type DueHoldsValues = (i64, i64, i32);
+pub(crate) type DueHoldRow = (String,);
+
 /// `part` is always [`USED_PART`]: one partition lists every shard ever claimed.
 pub(crate) const MARK_USED_CQL: &str = "INSERT INTO shards_used (part, shard) VALUES (?, ?)";
 pub(crate) type MarkUsedValues = (i8, i16);
@@ -435,6 +487,16 @@ statements! {
     /// At LOCAL_SERIAL: after a claim that did not apply, sees the claim that won.
     get_idempotency: GET_IDEMPOTENCY_CQL, idempotent: true,
         binds: GetIdempotencyValues<'static>, row: IdempotencyRow, setup: at_local_serial;
+    put_hold: PUT_HOLD_CQL, idempotent: true, binds: PutHoldValues<'static>;
+    put_hold_expiry: PUT_HOLD_EXPIRY_CQL, idempotent: true,
+        binds: PutHoldExpiryValues<'static>;
+    /// At LOCAL_SERIAL: after an end that did not apply, sees the end that won.
+    get_hold: GET_HOLD_CQL, idempotent: true, binds: GetHoldValues<'static>, row: HoldRow,
+        setup: at_local_serial;
+    end_hold: END_HOLD_CQL, idempotent: false, binds: EndHoldValues<'static>;
+    delete_hold_expiry: DELETE_HOLD_EXPIRY_CQL, idempotent: true,
+        binds: DeleteHoldExpiryValues<'static>;
+    due_holds: DUE_HOLDS_CQL, idempotent: true, binds: DueHoldsValues, row: DueHoldRow;
     mark_used: MARK_USED_CQL, idempotent: true, binds: MarkUsedValues;
     list_used: LIST_USED_CQL, idempotent: true, binds: ListUsedValues, row: UsedRow;
     list_region_slots: LIST_REGION_SLOTS_CQL, idempotent: true, binds: (), row: RegionSlotRow;

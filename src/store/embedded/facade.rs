@@ -1,4 +1,4 @@
-//! The store itself: [`EmbeddedStore`], a facade over its parts, and the only place the six
+//! The store itself: [`EmbeddedStore`], a facade over its parts, and the only place the seven
 //! store traits are implemented for it, each method handing the call to the part that owns
 //! what it touches. [`EmbeddedStore::open_with_cache`] opens the database, creates every
 //! part's tables, brings an earlier release's layout up to date, and builds the parts.
@@ -14,13 +14,16 @@ use super::audit::{self, Audit};
 use super::counters::Counters;
 use super::db::Db;
 use super::history::{self, History};
+use super::holds::{self, Holds};
 use super::idempotency::{self, Idempotency};
 use super::lease::{self, Leases};
 use super::policies::{self, Policies};
 use super::{err, journal, legacy, rows, DB_FILE};
+use crate::domain::HoldState;
 use crate::domain::{ClientId, TenantId};
 use crate::store::audit::{AuditEntry, AuditQuery, AuditStore};
 use crate::store::history::{ClientTotal, HistoryStore, Step, UsageDelta, UsagePoint};
+use crate::store::hold::{Ended, Hold, HoldStore};
 use crate::store::idempotency::{Begun, IdempotencyStore};
 use crate::store::lease::{Claim, LeaseStore, Roster};
 use crate::store::{
@@ -38,6 +41,7 @@ pub struct EmbeddedStore {
     history: History,
     audit: Audit,
     idempotency: Idempotency,
+    holds: Holds,
     path: PathBuf,
 }
 
@@ -74,6 +78,7 @@ impl EmbeddedStore {
             history::create_tables(&tx)?;
             audit::create_tables(&tx)?;
             idempotency::create_tables(&tx)?;
+            holds::create_tables(&tx)?;
         }
         let moved = legacy::upgrade(&tx)?;
         let recovered = journal::recover(&tx)?;
@@ -98,6 +103,7 @@ impl EmbeddedStore {
             history: History::new(db.clone()),
             audit: Audit::new(db.clone()),
             idempotency: Idempotency::new(db.clone()),
+            holds: Holds::new(db.clone()),
             db,
             path,
         })
@@ -298,5 +304,30 @@ impl IdempotencyStore for EmbeddedStore {
         fingerprint: &str,
     ) -> StoreResult<()> {
         self.idempotency.abandon(scope, key, fingerprint).await
+    }
+}
+
+#[async_trait]
+impl HoldStore for EmbeddedStore {
+    async fn put_hold(&self, hold: &Hold) -> StoreResult<()> {
+        self.holds.put(hold).await
+    }
+
+    async fn get_hold(&self, id: &str) -> StoreResult<Option<Hold>> {
+        self.holds.get(id).await
+    }
+
+    async fn end_hold(
+        &self,
+        id: &str,
+        state: HoldState,
+        cost: Option<u64>,
+        now_ms: i64,
+    ) -> StoreResult<Ended> {
+        self.holds.end(id, state, cost, now_ms).await
+    }
+
+    async fn expired_holds(&self, now_ms: i64, limit: usize) -> StoreResult<Vec<Hold>> {
+        self.holds.expired(now_ms, limit).await
     }
 }

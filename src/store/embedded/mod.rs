@@ -7,7 +7,7 @@
 //! scylla store.
 //!
 //! [`EmbeddedStore`] is a facade over parts, each a type that owns its tables ([`facade`]: the
-//! six store traits, each method handed to one part); [`db`] is the database handle they share.
+//! seven store traits, each method handed to one part); [`db`] is the database handle they share.
 //!
 //! Layout:
 //! - `counter_rows` / `counter_expiry`: a row per counter holding its live buckets, and the
@@ -23,6 +23,8 @@
 //!   so that a second process on the same directory is refused by redb's lock, not by luck.
 //! - `usage`, `usage_clients`, `usage_days`: usage history ([`history`]); `audit`: the audit
 //!   log ([`audit`]); `idempotency`: idempotency keys ([`idempotency`]).
+//! - `holds`, `hold_expiry`, `hold_forget`: reservations, and the indexes they expire and are
+//!   forgotten by ([`holds`]).
 //! - Stores of earlier releases are brought to this layout when opened ([`legacy`]).
 
 mod audit;
@@ -30,6 +32,7 @@ mod counters;
 mod db;
 mod facade;
 mod history;
+mod holds;
 mod idempotency;
 mod increments;
 mod journal;

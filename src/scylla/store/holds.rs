@@ -1,0 +1,217 @@
+//! Holds (reservations) on the scylla store (`migrations/0008_holds.cql`): a row per hold, a
+//! partition each; ending one is `UPDATE ... IF state = 'open'` (Paxos at LOCAL_SERIAL), so of
+//! racing ends one wins. `hold_expiry` lists the open holds by the minute they expire; the
+//! sweep reads the minutes from where it last found nothing left, up to now.
+
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+
+use futures::stream::{self, StreamExt};
+
+use super::connection::Cql;
+use super::errors::{internal, map_exec, Op};
+use super::statements::{
+    DeleteHoldExpiryValues, DueHoldRow, DueHoldsValues, EndHoldValues, GetHoldValues, HoldRow,
+    PutHoldExpiryValues, PutHoldValues,
+};
+use crate::domain::HoldState;
+use crate::store::hold::{Charge, Ended, Hold, HOLD_RETENTION_MS};
+use crate::store::{StoreError, StoreResult};
+
+const MINUTE_MS: i64 = 60_000;
+/// Minutes of the index read at once.
+const READ_AHEAD: usize = 16;
+/// Before the first sweep.
+const NO_CURSOR: i64 = i64::MIN;
+
+/// The holds part of the store.
+pub(super) struct Holds {
+    cql: Arc<Cql>,
+    /// The first minute the next sweep reads: every one before it held no open hold.
+    cursor: AtomicI64,
+}
+
+/// A row's TTL: until a day past the hold's expiry, at least a second.
+fn ttl_secs(expires_ms: i64, now_ms: i64) -> i32 {
+    let ms = (expires_ms + HOLD_RETENTION_MS - now_ms).max(1_000);
+    i32::try_from(ms / 1_000).unwrap_or(i32::MAX)
+}
+
+fn hold_of(id: &str, row: HoldRow) -> StoreResult<Hold> {
+    let (tenant, client, resource, estimate, taken_ms, expires_ms, charges, state, cost, ended) =
+        row;
+    let charges: Vec<Charge> = serde_json::from_str(&charges)
+        .map_err(|e| StoreError::Internal(format!("corrupt hold {id}: {e}")))?;
+    let state = HoldState::from_name(&state)
+        .ok_or_else(|| StoreError::Internal(format!("corrupt hold {id}: state {state}")))?;
+    Ok(Hold {
+        id: id.to_owned(),
+        tenant,
+        client,
+        resource,
+        estimate: estimate.max(0) as u64,
+        taken_ms,
+        expires_ms,
+        charges,
+        state,
+        cost: cost.map(|c| c.max(0) as u64),
+        ended_ms: ended,
+    })
+}
+
+impl Holds {
+    pub(super) fn new(cql: Arc<Cql>) -> Self {
+        Holds {
+            cql,
+            cursor: AtomicI64::new(NO_CURSOR),
+        }
+    }
+
+    pub(super) async fn put(&self, h: &Hold) -> StoreResult<()> {
+        let now = chrono::Utc::now().timestamp_millis();
+        let ttl = ttl_secs(h.expires_ms, now);
+        let charges = serde_json::to_string(&h.charges)
+            .map_err(|e| StoreError::Internal(format!("encoding a hold: {e}")))?;
+        let est = h.estimate.min(i64::MAX as u64) as i64;
+        let values: PutHoldValues<'_> = (
+            &h.id,
+            &h.tenant,
+            &h.client,
+            h.resource.as_deref(),
+            est,
+            h.taken_ms,
+            h.expires_ms,
+            &charges,
+            h.state.as_str(),
+            ttl,
+        );
+        let st = &self.cql.st;
+        self.cql
+            .session
+            .execute_unpaged(&st.put_hold, values)
+            .await
+            .map_err(|e| map_exec(e, Op::Write))?;
+        let values: PutHoldExpiryValues<'_> =
+            (h.expires_ms.div_euclid(MINUTE_MS), h.expires_ms, &h.id, ttl);
+        self.cql
+            .session
+            .execute_unpaged(&st.put_hold_expiry, values)
+            .await
+            .map_err(|e| map_exec(e, Op::Write))?;
+        Ok(())
+    }
+
+    pub(super) async fn get(&self, id: &str) -> StoreResult<Option<Hold>> {
+        let values: GetHoldValues<'_> = (id,);
+        let res = self
+            .cql
+            .session
+            .execute_unpaged(&self.cql.st.get_hold, values)
+            .await
+            .map_err(|e| map_exec(e, Op::Read))?;
+        let rows = res.into_rows_result().map_err(internal)?;
+        rows.maybe_first_row::<HoldRow>()
+            .map_err(internal)?
+            .map(|r| hold_of(id, r))
+            .transpose()
+    }
+
+    pub(super) async fn end(
+        &self,
+        id: &str,
+        state: HoldState,
+        cost: Option<u64>,
+        now_ms: i64,
+    ) -> StoreResult<Ended> {
+        let Some(h) = self.get(id).await? else {
+            return Ok(Ended::Unknown);
+        };
+        if h.state != HoldState::Open {
+            return Ok(Ended::Before(h));
+        }
+        let values: EndHoldValues<'_> = (
+            ttl_secs(h.expires_ms, now_ms),
+            state.as_str(),
+            cost.map(|c| c.min(i64::MAX as u64) as i64),
+            now_ms,
+            id,
+        );
+        let won = self.cql.lwt(&self.cql.st.end_hold, values).await?;
+        let after = self.get(id).await?;
+        let Some(after) = after else {
+            return Ok(Ended::Unknown);
+        };
+        if !won {
+            return Ok(Ended::Before(after));
+        }
+        // The index only lists open holds; a row left behind (this delete failed) is skipped
+        // by the sweep, which finds the hold ended.
+        let values: DeleteHoldExpiryValues<'_> =
+            (h.expires_ms.div_euclid(MINUTE_MS), h.expires_ms, id);
+        let _ = self
+            .cql
+            .session
+            .execute_unpaged(&self.cql.st.delete_hold_expiry, values)
+            .await;
+        Ok(Ended::Now(after))
+    }
+
+    /// The ids the index lists for `minute`, due before `now_ms`, at most `limit`.
+    async fn due_in(&self, minute: i64, now_ms: i64, limit: i32) -> StoreResult<Vec<String>> {
+        let values: DueHoldsValues = (minute, now_ms, limit);
+        let res = self
+            .cql
+            .session
+            .execute_unpaged(&self.cql.st.due_holds, values)
+            .await
+            .map_err(|e| map_exec(e, Op::Read))?;
+        let rows = res.into_rows_result().map_err(internal)?;
+        let ids: Vec<DueHoldRow> = rows
+            .rows::<DueHoldRow>()
+            .map_err(internal)?
+            .collect::<Result<_, _>>()
+            .map_err(internal)?;
+        Ok(ids.into_iter().map(|(id,)| id).collect())
+    }
+
+    /// Open holds past their time: the minutes from the cursor to now, read
+    /// [`READ_AHEAD`] at a time. The cursor moves past the minutes before now that held
+    /// nothing open, so a sweep reads one or two minutes; the first reaches back a day.
+    pub(super) async fn expired(&self, now_ms: i64, limit: usize) -> StoreResult<Vec<Hold>> {
+        let current = now_ms.div_euclid(MINUTE_MS);
+        let mut from = self.cursor.load(Ordering::Relaxed);
+        if from == NO_CURSOR {
+            from = current - HOLD_RETENTION_MS / MINUTE_MS;
+        }
+        let cap = i32::try_from(limit).unwrap_or(i32::MAX);
+        let mut minutes = stream::iter(from..=current)
+            .map(|m| async move { self.due_in(m, now_ms, cap).await.map(|ids| (m, ids)) })
+            .buffered(READ_AHEAD);
+        let mut out = Vec::new();
+        let mut clear_until = from;
+        let mut clear = true;
+        while let Some(found) = minutes.next().await {
+            let (minute, ids) = found?;
+            let mut open = 0;
+            for id in ids {
+                if out.len() >= limit {
+                    break;
+                }
+                // An ended hold whose index row was left behind has nothing to expire.
+                if let Some(h) = self.get(&id).await?.filter(|h| h.state == HoldState::Open) {
+                    out.push(h);
+                    open += 1;
+                }
+            }
+            clear &= open == 0 && minute < current;
+            if clear {
+                clear_until = minute + 1;
+            }
+            if out.len() >= limit {
+                break;
+            }
+        }
+        self.cursor.store(clear_until, Ordering::Relaxed);
+        Ok(out)
+    }
+}

@@ -16,11 +16,15 @@
 //! runs small limits (1 to 60) on fleets of 2, 3 and 10, where every unit must be admitted and
 //! none more.
 //!
+//! Two more run reservations (`holds`): a budget kept with estimates too high and too low,
+//! and an in-flight limit.
+//!
 //! The parts: `store` (the shared counters), `model` (the traffic patterns and the exact
 //! limiters the fleet is measured against), `fleet` (the instances and the run), `small` (the
-//! small limits' runs); the tests are here.
+//! small limits' runs), `holds` (reservations' runs); the tests are here.
 
 mod fleet;
+mod holds;
 mod model;
 mod regions;
 mod small;

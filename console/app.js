@@ -420,14 +420,15 @@ async function clientPage(tenant, client) {
     } else {
       // Every limit, resource-scoped and tenant-wide ones too, each saying what it counts.
       const u = await api("GET", "/v1/usage/" + enc(tenant) + "/" + enc(client) + "?all=true");
-      const counts = (l) => [l.resource ? "checks on " + l.resource : "every check",
+      const counts = (l) => [l.in_flight ? (l.in_flight === "cost" ? "reserved cost held now" : "reservations held now")
+        : l.resource ? "checks on " + l.resource : "every check",
         l.scope === "tenant" ? "of all the tenant's clients" : ""].filter(Boolean).join(" ");
       const rowsOf = (limits) => limits.map((l) => h("tr", { "data-limit": l.limit_id },
         h("td", {}, l.limit_id, h("div", { class: "muted" }, counts(l))),
         h("td", { class: "count" }, l.count + " / " + l.limit),
         h("td", {}, bar(l.count, l.limit)),
         h("td", {}, l.remaining + " left"),
-        h("td", {}, resetIn(l.reset_after_ms))));
+        h("td", {}, l.in_flight ? "as they end" : resetIn(l.reset_after_ms))));
       const tbody = h("tbody", {}, rowsOf(u.limits));
       usageBox.append(h("table", { id: "usage" }, h("thead", {}, h("tr", {}, h("th", {}, "Limit"), h("th", {}, "Used"), h("th", {}, ""), h("th", {}, "Remaining"), h("th", {}, "Resets in"))), tbody),
         h("p", { class: "muted" }, "Read again every " + REFRESH_MS / 1000 + " s while this tab is visible."));
@@ -435,7 +436,7 @@ async function clientPage(tenant, client) {
         const again = await api("GET", "/v1/usage/" + enc(tenant) + "/" + enc(client) + "?all=true");
         tbody.replaceChildren(...rowsOf(again.limits));
       });
-      actions(actBox, tenant, client, u.limits.filter((l) => l.scope === "client"));
+      actions(actBox, tenant, client, u.limits.filter((l) => l.scope === "client" && !l.in_flight));
     }
   } catch (e) {
     usageBox.append(failure(e));

@@ -4,7 +4,8 @@
 
 // ---- the policy form ----------------------------------------------------------------------
 
-const KINDS = [["window", "sliding window"], ["period", "calendar period"], ["bucket", "token bucket"]];
+const KINDS = [["window", "sliding window"], ["period", "calendar period"], ["bucket", "token bucket"],
+  ["holds", "reservations held at once"], ["held-cost", "reserved cost held at once"]];
 const PERIODS = ["second", "minute", "hour", "day", "month"];
 /** Each limit field's label: the API's key, and what it holds. */
 const LABELS = { max: "max (checks)", window: "window (duration)", burst: "burst (checks)", rate: "rate (checks)", per: "per (duration)", resource: "resource (pattern)" };
@@ -38,7 +39,8 @@ function typed(v) {
 }
 
 function limitRow(i, l, override) {
-  const kind = l.rate !== undefined || l.burst !== undefined ? "bucket" : (l.period ? "period" : "window");
+  const kind = l.in_flight ? (l.in_flight === "cost" ? "held-cost" : "holds")
+    : l.rate !== undefined || l.burst !== undefined ? "bucket" : (l.period ? "period" : "window");
   const f = (name, value, extra) => {
     const input = h("input", Object.assign({ "data-field": "limits[" + i + "]." + name, name, value: value === undefined ? "" : value, class: "small", placeholder: EXAMPLES[name] || "" }, extra || {}));
     return field(LABELS[name] || name, input, {}, h("span", { class: "field-error" }));
@@ -47,7 +49,7 @@ function limitRow(i, l, override) {
   const row = h("div", { class: "row limit", "data-index": i },
     f("id", l.id),
     field("kind", kindSel, {}, h("span", { class: "field-error" })),
-    f("max", l.max, { "data-kinds": "window period" }),
+    f("max", l.max, { "data-kinds": "window period holds held-cost" }),
     f("window", l.window, { "data-kinds": "window" }),
     field("period", select({ "data-field": "limits[" + i + "].period", name: "period", class: "small" }, PERIODS.map((p) => [p]), l.period || "minute"),
       { "data-kinds": "period" }, h("span", { class: "field-error" })),
@@ -78,6 +80,9 @@ function readLimit(row) {
     l.burst = typed(v("burst"));
     l.rate = typed(v("rate"));
     if (v("per").trim()) l.per = v("per").trim();
+  } else if (kind === "holds" || kind === "held-cost") {
+    l.max = typed(v("max"));
+    l.in_flight = kind === "holds" ? "holds" : "cost";
   } else {
     l.max = typed(v("max"));
     if (kind === "window") l.window = v("window").trim();
@@ -90,6 +95,7 @@ function readLimit(row) {
 
 /** What a limit counts, in words. */
 function limitWords(l) {
+  if (l.in_flight) return "at most " + l.max + (l.in_flight === "cost" ? " of reserved cost" : " reservations") + " held at once";
   if (l.rate !== undefined || l.burst !== undefined) return "token bucket: burst " + l.burst + ", " + l.rate + " per " + (l.per || "1s");
   return (l.period ? "calendar " + l.period : "sliding window of " + l.window) + ", at most " + l.max;
 }
@@ -156,7 +162,11 @@ function policyForm(policy, save, status, override) {
       for (const el of form.querySelectorAll(".field-error")) el.textContent = "";
       status.className = "";
       status.textContent = "";
+      // What the form does not edit is kept as it was.
+      const kept = {};
+      for (const k of ["regions", "hold"]) if (p[k] !== undefined && p[k] !== null) kept[k] = p[k];
       const doc = {
+        ...kept,
         limits: [...rows.children].map(readLimit),
         mode: form.querySelector("[name=mode]").value,
         consistency: form.querySelector("[name=consistency]").value,

@@ -516,6 +516,31 @@ async fn the_console_in_a_real_chromium() {
     b.click("#signin-submit").await;
     b.wait_text("#usage tr[data-limit='exports']", "2 / 2")
         .await;
+
+    // What a client holds shows on its page; an in-flight limit is not offered for a grant.
+    let r = app
+        .put_quota(
+            "acme",
+            json!({"limits": [{"id": "per-minute", "max": 5, "window": "1m"},
+                              {"id": "slots", "max": 3, "in_flight": "holds"}]}),
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let r = app
+        .check(json!({"tenant": "acme", "client": "k3", "reserve": true}))
+        .await;
+    assert_eq!(r.status(), 200);
+    b.go(&app.url("/console/#/tenants/acme/clients/k3")).await;
+    let held = b.wait_text("#usage tr[data-limit='slots']", "1 / 3").await;
+    assert!(
+        held.contains("reservations held now") && held.contains("as they end"),
+        "{held}"
+    );
+    let offered = b
+        .script("return [...document.querySelectorAll('#grant-limit option')].map((o) => o.value).join(',')")
+        .await;
+    assert_eq!(offered, json!("per-minute"));
     b.quit().await;
 }
 

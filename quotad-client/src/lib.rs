@@ -10,8 +10,12 @@
 //!   `RateLimit-*` headers; denied, the layer answers 429 itself with quotad's headers
 //!   (`Retry-After` among them) and body. When quotad cannot be reached within the deadline,
 //!   [`Unreachable`] says what to do: let the request through, or answer 503.
+//! - [`TokenBudgetLayer`]: the same in front of an OpenAI-compatible API, whose cost (tokens) is
+//!   known only from the answer: each request reserves an estimate read from its body, and is
+//!   settled at the answer's `usage.total_tokens`, streamed or not.
 
 mod layer;
+mod openai;
 mod reservation;
 
 use std::time::Duration;
@@ -19,6 +23,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 pub use layer::{QuotaLayer, QuotaService, Unreachable};
+pub use openai::{PromptEstimate, TokenBody, TokenBudgetLayer, TokenBudgetService};
 pub use reservation::{Ended, Reservation, ReservationState, Reserved};
 
 /// One check, as `POST /v1/check` takes it.

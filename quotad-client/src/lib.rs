@@ -2,20 +2,29 @@
 //! that asks quotad before each request it lets through.
 //!
 //! - [`Client`]: typed calls of `POST /v1/check`, `POST /v1/check/batch` and
-//!   `GET /v1/usage/{tenant}/{client}`, each with a deadline.
+//!   `GET /v1/usage/{tenant}/{client}`, each with a deadline; and reservations: a check that
+//!   holds an estimate ([`Client::reserve`]), settled at the real cost once the work is done
+//!   ([`Client::settle`]) or released if it never happened ([`Client::release`]).
 //! - [`QuotaLayer`]: for every request, closures say the tenant, the client and the resource;
 //!   quotad decides. Admitted, the request goes on and its response carries quotad's
 //!   `RateLimit-*` headers; denied, the layer answers 429 itself with quotad's headers
 //!   (`Retry-After` among them) and body. When quotad cannot be reached within the deadline,
 //!   [`Unreachable`] says what to do: let the request through, or answer 503.
+//! - [`TokenBudgetLayer`]: the same in front of an OpenAI-compatible API, whose cost (tokens) is
+//!   known only from the answer: each request reserves an estimate read from its body, and is
+//!   settled at the answer's `usage.total_tokens`, streamed or not.
 
 mod layer;
+mod openai;
+mod reservation;
 
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
 pub use layer::{QuotaLayer, QuotaService, Unreachable};
+pub use openai::{PromptEstimate, TokenBody, TokenBudgetLayer, TokenBudgetService};
+pub use reservation::{Ended, Reservation, ReservationState, Reserved};
 
 /// One check, as `POST /v1/check` takes it.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -101,6 +110,13 @@ const RATE_HEADERS: [&str; 7] = [
     "retry-after",
 ];
 
+/// A check's answer as read: status, rate headers, body.
+type Decision = (
+    http::StatusCode,
+    Vec<(http::HeaderName, http::HeaderValue)>,
+    serde_json::Value,
+);
+
 /// A client of one quotad (or a load balancer in front of a fleet).
 #[derive(Clone, Debug)]
 pub struct Client {
@@ -155,6 +171,16 @@ impl Client {
         let res = self
             .send(self.request(reqwest::Method::POST, "/v1/check").json(check))
             .await?;
+        let (status, headers, body) = Self::decision(res).await?;
+        Ok(Answer {
+            status,
+            headers,
+            body,
+        })
+    }
+
+    /// A check's answer: its status, rate headers and body when 200 or 429, else an error.
+    async fn decision(res: reqwest::Response) -> Result<Decision, Error> {
         let status = res.status();
         let headers = res
             .headers()
@@ -167,11 +193,7 @@ impl Client {
             .await
             .map_err(|e| Error::Unreachable(e.to_string()))?;
         match status.as_u16() {
-            200 | 429 => Ok(Answer {
-                status,
-                headers,
-                body,
-            }),
+            200 | 429 => Ok((status, headers, body)),
             _ => Err(Error::Refused { status, body }),
         }
     }

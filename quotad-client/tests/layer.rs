@@ -159,3 +159,91 @@ async fn the_client_checks_in_batches_and_reads_usage() {
     let refused = client.usage("acme", "b1").await.unwrap_err();
     assert!(matches!(refused, quotad_client::Error::Refused { status, .. } if status == 401));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_reserves_settles_releases_and_reads_reservations() {
+    use quotad_client::ReservationState;
+    let (base, _dir) = quotad().await;
+    let admin = Client::new(&base).token(ADMIN);
+    let policy = serde_json::json!({"limits": [
+        {"id": "per-minute", "max": 1000, "window": "1m"},
+        {"id": "slots", "max": 2, "in_flight": "holds"}]});
+    let r = reqwest::Client::new()
+        .put(format!("{base}/v1/quotas/holds"))
+        .bearer_auth(ADMIN)
+        .json(&policy)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let client = Client::new(&base);
+    let check = Check::new("holds", "k").cost(600);
+    let taken = client
+        .reserve(&check, Some(Duration::from_secs(120)))
+        .await
+        .unwrap();
+    assert!(taken.allowed());
+    // The binding limit is the one with the least left: one slot of two.
+    assert_eq!(
+        (&taken.body["limit_id"], &taken.body["remaining"]),
+        (&"slots".into(), &1.into())
+    );
+    assert!(taken
+        .headers
+        .iter()
+        .any(|(n, _)| n == "ratelimit-remaining"));
+    let first = taken
+        .reservation
+        .clone()
+        .expect("admitted with a reservation");
+    assert_eq!((first.id.len(), first.estimate), (32, 600));
+    let read = client.reservation(&first.id).await.unwrap();
+    assert_eq!(read.state, ReservationState::Open);
+    assert_eq!(
+        (read.estimate, read.expires_at, read.cost),
+        (600, first.expires_at.clone(), None)
+    );
+
+    // 600 held: 500 more does not fit; nothing is held for it.
+    let denied = client
+        .reserve(&check.clone().cost(500), None)
+        .await
+        .unwrap();
+    assert_eq!(denied.status, 429);
+    assert!(denied.reservation.is_none());
+
+    // Settled above the estimate: charged past max, which the answer names.
+    let ended = first.settle(&client, 1_200).await.unwrap();
+    assert_eq!(ended.state, ReservationState::Settled);
+    assert_eq!((ended.estimate, ended.cost), (600, Some(1_200)));
+    assert_eq!(ended.over_limit, ["per-minute"]);
+    let usage = admin.usage("holds", "k").await.unwrap();
+    assert_eq!(usage["limits"][0]["limit_id"], "per-minute", "{usage}");
+    assert_eq!(usage["limits"][0]["count"], 1_200, "{usage}");
+    assert_eq!(usage["limits"][1]["count"], 0, "{usage}");
+    // The same settle again answers the same; another end is refused with 409.
+    assert_eq!(client.settle(&first.id, 1_200).await.unwrap(), ended);
+    let conflict = first.release(&client).await.unwrap_err();
+    assert!(
+        matches!(&conflict, quotad_client::Error::Refused { status, .. } if *status == 409),
+        "{conflict}"
+    );
+
+    // A release gives the estimate back (in another client, with a budget left).
+    let other = Check::new("holds", "k2").cost(300);
+    let held = client.reserve(&other, None).await.unwrap();
+    let released = held.reservation.unwrap().release(&client).await.unwrap();
+    assert_eq!(
+        (released.state, released.cost),
+        (ReservationState::Released, None)
+    );
+    let usage = admin.usage("holds", "k2").await.unwrap();
+    assert_eq!(usage["limits"][0]["limit_id"], "per-minute", "{usage}");
+    assert_eq!(usage["limits"][0]["count"], 0, "{usage}");
+    // An id that is not one is quotad's 400, whatever it holds.
+    let bad = client.release("../../quotas/holds").await.unwrap_err();
+    assert!(
+        matches!(&bad, quotad_client::Error::Refused { status, .. } if *status == 400),
+        "{bad}"
+    );
+}

@@ -71,11 +71,26 @@ pub async fn spawn_with(tweak: impl FnOnce(&mut Settings)) -> TestApp {
     spawn_in(dir, tweak).await
 }
 
-/// Starts an app on an existing data directory (restart tests).
+/// Starts an app on an existing data directory (restart tests). A stopped app's HTTP workers
+/// let go of the store on their own threads, a moment after its stop returns (a process that
+/// exits lets go of it at once): the embedded store's lock is waited for, up to 10 s, as a
+/// service manager restarting quotad waits for the old process to exit.
 pub async fn spawn_in(dir: Arc<tempfile::TempDir>, tweak: impl FnOnce(&mut Settings)) -> TestApp {
     let mut s = settings(dir.path());
     tweak(&mut s);
-    let app = Application::build(s).await.expect("app starts");
+    let started = Instant::now();
+    let app = loop {
+        match Application::build(s.clone()).await {
+            Ok(app) => break app,
+            Err(e)
+                if e.to_string().contains("Cannot acquire lock")
+                    && started.elapsed() < Duration::from_secs(10) =>
+            {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            Err(e) => panic!("app starts: {e:?}"),
+        }
+    };
     launch(app, dir)
 }
 

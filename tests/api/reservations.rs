@@ -167,6 +167,8 @@ async fn an_in_flight_limit_never_holds_more_than_max_and_frees_a_slot_at_each_e
     assert_eq!((s1, s2), (200, 200));
     let (s3, a3) = reserve(&app, "k", 1, json!({})).await;
     assert_eq!((s3, a3["limit_id"].as_str()), (429, Some("slots")), "{a3}");
+    // A hold may end any moment: the refusal says to try again in a second.
+    assert_eq!(a3["retry_after_ms"], 1000, "{a3}");
     assert!(a3.get("reservation").is_none());
     // A check that holds nothing does not meet the in-flight limit.
     assert_eq!(app.check_json("acme", "k").await.0, 200);

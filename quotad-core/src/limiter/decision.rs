@@ -92,6 +92,9 @@ struct Verdict {
     store: bool,
 }
 
+/// How long a refusal by a full in-flight limit says to wait: a hold may end any moment.
+pub(super) const IN_FLIGHT_RETRY_MS: i64 = 1_000;
+
 /// One limit's verdict: over `max` by cost alone (never), by the window's count (until enough
 /// hits leave it), or, where this instance's share of the headroom cannot hold the check, by
 /// the store (the last units of a limit; until the next sync while the store is failing).
@@ -110,6 +113,15 @@ fn judge(l: &Limit, s: &LimitState, now: i64, cost: u64, fleet: Fleet) -> Verdic
         return verdict(false, None, false);
     }
     if est as i128 + cost as i128 > l.max as i128 {
+        if l.in_flight.is_some() {
+            // Holds end at any moment, on any instance, and this count learns of it at its next
+            // read: the store decides a full in-flight limit (where it can), and a refusal says
+            // to try again in a second, not when the window would empty.
+            return Verdict {
+                store: fleet.last_units,
+                ..verdict(false, Some(IN_FLIGHT_RETRY_MS), true)
+            };
+        }
         let wait = window::time_until_at_most(l.kind, buckets, s.carry(), now, l.max - cost);
         return verdict(false, Some(wait), false);
     }

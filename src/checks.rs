@@ -228,6 +228,30 @@ impl CheckService {
         cost: u64,
         resources: &[Option<&str>],
     ) -> Option<Several> {
+        self.several(tenant, client, cost, resources, false).await
+    }
+
+    /// Charges `cost` of work done to every limit any of `resources` meets, whatever they have
+    /// left (no check is decided or counted), and says what each has left after it. None when
+    /// the tenant has no quota.
+    pub async fn charge_several(
+        &self,
+        tenant: &TenantId,
+        client: &ClientId,
+        cost: u64,
+        resources: &[Option<&str>],
+    ) -> Option<Several> {
+        self.several(tenant, client, cost, resources, true).await
+    }
+
+    async fn several(
+        &self,
+        tenant: &TenantId,
+        client: &ClientId,
+        cost: u64,
+        resources: &[Option<&str>],
+        charge: bool,
+    ) -> Option<Several> {
         let policy = self.policies.resolve(tenant.as_str(), client.as_str())?;
         let input = CheckInput {
             tenant,
@@ -236,13 +260,15 @@ impl CheckService {
             cost,
             reserve: false,
         };
-        let started = Instant::now();
-        let decision = self.limiter.check_any(&policy, input, resources).await;
-        self.metrics.check_decided(
-            tenant.as_str(),
-            decision.label(),
-            started.elapsed().as_secs_f64(),
-        );
+        let decision = if charge {
+            self.limiter.charge_any(&policy, input, resources).await
+        } else {
+            let started = Instant::now();
+            let d = self.limiter.check_any(&policy, input, resources).await;
+            self.metrics
+                .check_decided(tenant.as_str(), d.label(), started.elapsed().as_secs_f64());
+            d
+        };
         let mut each = Vec::new();
         if decision.store_failure.is_none() {
             each.reserve(resources.len());

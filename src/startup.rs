@@ -181,7 +181,7 @@ impl Application {
             Some(bind) => Some(grpc_server(
                 bind,
                 state.clone(),
-                &settings.grpc.client_key,
+                &settings.grpc,
                 tls.as_ref().map(Certificate::grpc_acceptor),
             )?),
             None => None,
@@ -492,7 +492,7 @@ struct GrpcServer {
 fn grpc_server(
     bind: &str,
     state: AppState,
-    client_key: &str,
+    grpc: &crate::config::GrpcSettings,
     tls: Option<tokio_rustls::TlsAcceptor>,
 ) -> Result<GrpcServer, StartError> {
     let call_timeout = state.request_timeout;
@@ -507,8 +507,7 @@ fn grpc_server(
         .port();
     let listener =
         tokio::net::TcpListener::from_std(std_listener).map_err(|e| StartError(e.to_string()))?;
-    let service =
-        crate::grpc::RateLimiter::new(state.checks, state.auth, client_key.to_owned()).service();
+    let service = crate::grpc::RateLimiter::new(state.checks, state.auth, grpc).service();
     let (stop, mut rx) = watch::channel(false);
     let tls_on = tls.is_some();
     let task = tokio::spawn(async move {

@@ -424,12 +424,17 @@ pub struct GrpcSettings {
     /// The descriptor entry whose key is this is the client (e.g. `remote_address`, or a
     /// header's descriptor key); the other entries, in order, are the resource.
     pub client_key: String,
+    /// Usage reported after the work, as Envoy AI Gateway does: a request with `hits_addend`
+    /// 0 checks and takes nothing; one above 0 (the tokens a stream used, at its end) is
+    /// charged whatever the limits have left. Off: every call is a check, 0 meaning 1.
+    pub usage_after_the_fact: bool,
 }
 
 impl Default for GrpcSettings {
     fn default() -> Self {
         Self {
             client_key: "client".into(),
+            usage_after_the_fact: false,
         }
     }
 }

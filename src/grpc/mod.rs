@@ -7,6 +7,12 @@
 //! `key=value/key=value` that limits match exactly or by prefix. `hits_addend` is the cost (0
 //! means 1, as Envoy does; a descriptor's own `hits_addend` wins over the request's).
 //!
+//! With `grpc.usage_after_the_fact` (Envoy AI Gateway's pattern: a call on the request, and one
+//! at the stream's end carrying the tokens used), a `hits_addend` of 0 is a check that takes
+//! nothing, refused once a limit is past its `max`, and one above 0 is usage already spent:
+//! charged whatever the limits have left, so the request after the one that crossed a budget
+//! is refused.
+//!
 //! The descriptors of one client are decided together as one check over every limit any of them
 //! meets: all or nothing, so a request denied by one descriptor consumes nothing from the others
 //! (where envoyproxy/ratelimit counts the request against every descriptor it checked). That one
@@ -39,6 +45,7 @@ use tonic::{Request, Response, Status};
 
 use crate::auth::{digest, Auth, Refusal};
 use crate::checks::{ceil_secs, CheckService};
+use crate::config::GrpcSettings;
 use crate::domain::{
     resource_from_bytes, ClientId, FieldError, LimitKind, Period, Policy, TenantId, MAX_COST,
 };
@@ -49,6 +56,8 @@ pub struct RateLimiter {
     checks: Arc<CheckService>,
     auth: Arc<Auth>,
     client_key: String,
+    /// `grpc.usage_after_the_fact`: 0 checks and takes nothing, above 0 is charged.
+    after_the_fact: bool,
 }
 
 /// The largest request accepted, encoded: the HTTP API's body cap.
@@ -61,11 +70,12 @@ pub const MAX_ENTRIES: usize = 64;
 pub const MAX_CALLS_PER_CONNECTION: usize = 256;
 
 impl RateLimiter {
-    pub fn new(checks: Arc<CheckService>, auth: Arc<Auth>, client_key: String) -> Self {
+    pub fn new(checks: Arc<CheckService>, auth: Arc<Auth>, grpc: &GrpcSettings) -> Self {
         RateLimiter {
             checks,
             auth,
-            client_key,
+            client_key: grpc.client_key.clone(),
+            after_the_fact: grpc.usage_after_the_fact,
         }
     }
 
@@ -233,7 +243,11 @@ impl RateLimiter {
         if let Some(w) = &who {
             w.may_check(tenant.as_str()).map_err(refused)?;
         }
-        let cost = u64::from(req.hits_addend.max(1));
+        // Envoy's meaning: 0 (unset) is 1. Reported after the fact: 0 is a check of nothing.
+        let cost = match self.after_the_fact {
+            true => u64::from(req.hits_addend),
+            false => u64::from(req.hits_addend.max(1)),
+        };
         let read: Vec<Read> = req
             .descriptors
             .iter()
@@ -270,11 +284,16 @@ impl RateLimiter {
             let resources: Vec<Option<&str>> =
                 idx.iter().map(|&i| read[i].resource.as_deref()).collect();
             let cost = idx.iter().map(|&i| read[i].cost).max().unwrap_or(cost);
-            let Some(several) = self
-                .checks
-                .decide_several(&tenant, client, cost, &resources)
-                .await
-            else {
+            let several = if self.after_the_fact && cost > 0 {
+                self.checks
+                    .charge_several(&tenant, client, cost, &resources)
+                    .await
+            } else {
+                self.checks
+                    .decide_several(&tenant, client, cost, &resources)
+                    .await
+            };
+            let Some(several) = several else {
                 continue;
             };
             let (d, policy) = (several.decision, several.policy);

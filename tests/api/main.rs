@@ -11,6 +11,7 @@ mod deploy;
 mod errors;
 mod fuzz;
 mod grpc;
+mod grpc_usage;
 mod headers;
 mod helpers;
 mod history;

@@ -29,7 +29,7 @@ use super::key::{counter_key, newest_readable, range_of};
 use super::state::buckets_from;
 use super::tokens::Carry;
 use super::window::{self, Bucket};
-use super::{applicable, CheckInput, Limiter};
+use super::{applicable, CheckInput, Decision, Limiter};
 use crate::domain::{ClientId, InFlight, Limit, LimitId, Policy, Scope, TenantId, MAX_LIMIT};
 use crate::store::hold::Charge;
 use crate::store::{CounterKey, CounterRange, Delta, StoreError};
@@ -355,5 +355,34 @@ impl Limiter {
                 "gave up writing a hold's end after ten minutes"
             );
         });
+    }
+
+    /// Charges `input.cost` to the limits that apply to any of `resources` (in-flight limits
+    /// aside), whatever they have left: usage reported once the work is done (Envoy's rate
+    /// limit service called at a stream's end). The usage history counts it as cost without a
+    /// check. Returns what a check of cost 0 gets after it.
+    pub async fn charge_any(
+        &self,
+        policy: &Policy,
+        input: CheckInput<'_>,
+        resources: &[Option<&str>],
+    ) -> Decision {
+        let now = self.clock.now_ms();
+        let deltas: Vec<Delta> = applicable(policy, resources, false)
+            .iter()
+            .map(|l| Delta {
+                key: counter_key(input.tenant, input.client, l),
+                start: l.kind.grain().bucket_start(now),
+                delta: l.cost_of(input.cost).min(i64::MAX as u64) as i64,
+            })
+            .collect();
+        self.adjust(deltas).await;
+        if self.cfg.max_history_rows > 0 && input.cost > 0 {
+            let (t, c) = (input.tenant.as_arc(), input.client.as_arc());
+            self.history.add_admitted(t, c, now, 0, input.cost);
+        }
+        let limits = applicable(policy, resources, false);
+        let look = CheckInput { cost: 0, ..input };
+        self.decide(policy, limits, look, false).await.0
     }
 }

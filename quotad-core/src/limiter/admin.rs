@@ -327,6 +327,7 @@ impl Limiter {
             self.table.with_state(&d.key, |s| {
                 window::bucket_at(&mut s.buckets, d.start).stored += d.delta;
             });
+            self.table.read_back_soon(&d.key);
         }
         let store = self.store.clone();
         let first = store.increment(&deltas).await;

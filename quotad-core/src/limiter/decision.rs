@@ -114,11 +114,12 @@ fn judge(l: &Limit, s: &LimitState, now: i64, cost: u64, fleet: Fleet) -> Verdic
     }
     if est as i128 + cost as i128 > l.max as i128 {
         if l.in_flight.is_some() {
-            // Holds end at any moment, on any instance, and this count learns of it at its next
-            // read: the store decides a full in-flight limit (where it can), and a refusal says
-            // to try again in a second, not when the window would empty.
+            // Holds end at any moment: a refusal says to try again in a second, not when the
+            // window would empty. In a fleet they end on other instances too, which this count
+            // learns of at its next read: the store decides a full in-flight limit there (in one
+            // region, the store answering). Alone, this count is the store's.
             return Verdict {
-                store: fleet.last_units,
+                store: fleet.last_units && fleet.shares,
                 ..verdict(false, Some(IN_FLIGHT_RETRY_MS), true)
             };
         }

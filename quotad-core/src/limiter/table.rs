@@ -114,6 +114,16 @@ impl Table {
         Some(f(s))
     }
 
+    /// Has the entry of `key`'s counter read back from the store at the next sync round, alone
+    /// or in a fleet: a read of a round under way may have begun before a change written
+    /// beside the sync task (a hold's end), and would install the count from before it.
+    pub(super) fn read_back_soon(&self, key: &CounterKey) {
+        let r = self.key_ref(&key.tenant, &key.subject);
+        if let Some(e) = lock(self.shard_of(r)).get_mut(&r) {
+            e.stale_rounds = u8::MAX;
+        }
+    }
+
     /// Whether memory holds a state for this check's counter of `l`.
     pub(super) fn holds(&self, input: CheckInput<'_>, l: &Limit) -> bool {
         let r = self.key_ref(input.tenant.as_str(), subject_of(l, input.client.as_str()));

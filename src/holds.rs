@@ -114,7 +114,7 @@ impl HoldService {
                 Ok(hold)
             }
             Err(e) => {
-                let undo = hold.end_deltas(HoldState::Released, 0, &hold.tenant);
+                let undo = hold.end_deltas(HoldState::Released, 0);
                 self.limiter.adjust(undo).await;
                 Err(e)
             }
@@ -188,9 +188,7 @@ impl HoldService {
     /// What a hold's end changes, applied by the call that ended it, and counted.
     async fn ended(&self, h: &Hold) {
         let cost = h.cost.unwrap_or(h.estimate);
-        self.limiter
-            .adjust(h.end_deltas(h.state, cost, &h.tenant))
-            .await;
+        self.limiter.adjust(h.end_deltas(h.state, cost)).await;
         let m = self.metrics.holds();
         match h.state {
             HoldState::Settled => m.settled(h.estimate, cost),

@@ -299,9 +299,7 @@ async fn reserve_check<'h>(
         answer.reservation = Some(Taken {
             id: h.id,
             estimate: h.estimate,
-            expires_at: chrono::DateTime::from_timestamp_millis(h.expires_ms)
-                .unwrap_or_default()
-                .to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+            expires_at: super::reservations::rfc3339(h.expires_ms),
         });
     }
     let status = if d.allowed {

@@ -55,7 +55,7 @@ struct HoldView<'a> {
     over_limit: Option<Vec<String>>,
 }
 
-fn rfc3339(ms: i64) -> String {
+pub(super) fn rfc3339(ms: i64) -> String {
     chrono::DateTime::from_timestamp_millis(ms)
         .unwrap_or_default()
         .to_rfc3339_opts(SecondsFormat::Millis, true)

@@ -130,7 +130,7 @@ pub(crate) async fn simulate_holds(
                 (HoldState::Settled, o.real)
             };
             let at = rng.random_range(0..n);
-            let deltas = o.hold.end_deltas(state, o.real, &o.hold.tenant);
+            let deltas = o.hold.end_deltas(state, o.real);
             fleet[at].limiter.adjust(deltas).await;
             let under = if o.abandoned {
                 0

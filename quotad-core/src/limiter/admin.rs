@@ -25,7 +25,8 @@
 //! It counts as long as that bucket does (the window it is in, the current period), lets the
 //! client go beyond `max` by as much, and for a token bucket refills it (never beyond full).
 
-use super::key::{counter_key, newest_readable, range_of};
+use super::key::{counter_key, newest_readable, range_of, subject_of};
+use super::miss::hit_deltas;
 use super::state::buckets_from;
 use super::tokens::Carry;
 use super::window::{self, Bucket};
@@ -301,16 +302,13 @@ impl Limiter {
     pub fn hold_charges(&self, policy: &Policy, input: CheckInput<'_>, now: i64) -> Vec<Charge> {
         applicable(policy, &[input.resource], true)
             .iter()
-            .map(|l| {
-                let key = counter_key(input.tenant, input.client, l);
-                Charge {
-                    limit: l.id.to_string(),
-                    grain: l.kind.grain().code(),
-                    subject: key.subject.to_string(),
-                    start: l.kind.grain().bucket_start(now),
-                    amount: l.cost_of(input.cost),
-                    in_flight: l.in_flight.is_some(),
-                }
+            .map(|l| Charge {
+                limit: l.id.to_string(),
+                grain: l.kind.grain().code(),
+                subject: subject_of(l, input.client.as_str()).to_owned(),
+                start: l.kind.grain().bucket_start(now),
+                amount: l.cost_of(input.cost),
+                in_flight: l.in_flight.is_some(),
             })
             .collect()
     }
@@ -369,20 +367,12 @@ impl Limiter {
         resources: &[Option<&str>],
     ) -> Decision {
         let now = self.clock.now_ms();
-        let deltas: Vec<Delta> = applicable(policy, resources, false)
-            .iter()
-            .map(|l| Delta {
-                key: counter_key(input.tenant, input.client, l),
-                start: l.kind.grain().bucket_start(now),
-                delta: l.cost_of(input.cost).min(i64::MAX as u64) as i64,
-            })
-            .collect();
-        self.adjust(deltas).await;
+        let limits = applicable(policy, resources, false);
+        self.adjust(hit_deltas(&limits, input, now)).await;
         if self.cfg.max_history_rows > 0 && input.cost > 0 {
             let (t, c) = (input.tenant.as_arc(), input.client.as_arc());
             self.history.add_admitted(t, c, now, 0, input.cost);
         }
-        let limits = applicable(policy, resources, false);
         let look = CheckInput { cost: 0, ..input };
         self.decide(policy, limits, look, false).await.0
     }

@@ -515,7 +515,7 @@ fn states_before_hit(
 }
 
 /// The check's hit on each limit's current bucket; none for a peek (cost 0).
-fn hit_deltas(limits: &[&Limit], input: CheckInput<'_>, now: i64) -> Vec<Delta> {
+pub(super) fn hit_deltas(limits: &[&Limit], input: CheckInput<'_>, now: i64) -> Vec<Delta> {
     if input.cost == 0 {
         return Vec::new();
     }

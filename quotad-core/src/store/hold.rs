@@ -66,7 +66,7 @@ impl Hold {
     /// The counter changes that ending this hold as `state` makes: a settle charges the real
     /// cost less the estimate, a release gives the estimate back, an expiry keeps it; every
     /// end gives an in-flight limit's amount back.
-    pub fn end_deltas(&self, state: HoldState, cost: u64, tenant: &str) -> Vec<Delta> {
+    pub fn end_deltas(&self, state: HoldState, cost: u64) -> Vec<Delta> {
         self.charges
             .iter()
             .filter_map(|c| {
@@ -83,7 +83,7 @@ impl Hold {
                 };
                 (delta != 0).then(|| Delta {
                     key: CounterKey {
-                        tenant: tenant.into(),
+                        tenant: self.tenant.as_str().into(),
                         subject: c.subject.as_str().into(),
                         limit: c.limit.as_str().into(),
                         grain: Grain::from_code(c.grain).unwrap_or(Grain::Fixed(1)),

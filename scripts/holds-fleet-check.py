@@ -28,16 +28,16 @@ FLEET_N (2), FLEET_PORT (18380, the first of N ports), ROUNDS (20). The keyspace
 directory the script names. Exit status 0 when both parts hold.
 """
 
-import http.client
-import json
 import os
 import random
 import secrets
-import subprocess
 import sys
 import tempfile
 import threading
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from quotad_procs import Procs  # noqa: E402
 
 BIN = os.environ.get("QUOTAD_BIN", "target/release/quotad")
 NODES = os.environ.get("QUOTAD_NODES", "127.0.0.1:9042")
@@ -51,55 +51,14 @@ CAP = 4
 CALLERS = 16
 
 
-def env():
-    e = dict(os.environ)
-    e.update({
-        "QUOTAD__STORE__KIND": "scylla",
-        "QUOTAD__STORE__NODES": NODES,
-        "QUOTAD__STORE__KEYSPACE": KEYSPACE,
-        "QUOTAD__AUTH__ADMIN_TOKEN": TOKEN,
-    })
-    return e
-
-
-def start(port):
-    e = env()
-    e["QUOTAD__SERVER__BIND"] = f"127.0.0.1:{port}"
-    log = open(os.path.join(LOGS, f"quotad-{port}.log"), "w")
-    p = subprocess.Popen([BIN, "serve"], env=e, stdout=log, stderr=subprocess.STDOUT)
-    p.port = port
-    return p
+PROCS = Procs(BIN, NODES, KEYSPACE, TOKEN, LOGS)
+start, wait_ready = PROCS.start, PROCS.wait_ready
 
 
 def request(port, method, path, body=None, timeout=10):
     """One request on a fresh connection: (status, JSON body or text)."""
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
-    try:
-        c.request(method, path, body=json.dumps(body) if body is not None else None,
-                  headers=headers)
-        r = c.getresponse()
-        data = r.read()
-        try:
-            return r.status, json.loads(data) if data else None
-        except ValueError:
-            return r.status, data.decode()
-    finally:
-        c.close()
-
-
-def wait_ready(p, deadline=60):
-    end = time.monotonic() + deadline
-    while time.monotonic() < end:
-        if p.poll() is not None:
-            sys.exit(f"instance on {p.port} exited with {p.returncode}; see {LOGS}")
-        try:
-            if request(p.port, "GET", "/readyz", timeout=1)[0] == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.05)
-    sys.exit(f"instance on {p.port} not ready in {deadline}s; see {LOGS}")
+    status, _, answer = PROCS.request(port, method, path, body, timeout)
+    return status, answer
 
 
 def metric(port, series):
@@ -206,9 +165,7 @@ def killed(procs):
 
 
 def main():
-    out = subprocess.run([BIN, "migrate"], env=env(), capture_output=True, text=True)
-    if out.returncode != 0:
-        sys.exit(f"quotad migrate failed:\n{out.stdout}\n{out.stderr}")
+    PROCS.migrate()
     procs = [start(PORT + i) for i in range(N)]
     try:
         for p in procs:

@@ -42,7 +42,6 @@ Exit status 0 when every case holds.
 """
 
 import secrets
-import http.client
 import json
 import os
 import signal
@@ -51,6 +50,9 @@ import sys
 import tempfile
 import threading
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from quotad_procs import Procs  # noqa: E402
 
 BIN = os.environ.get("QUOTAD_BIN", "target/release/quotad")
 NODES = os.environ.get("QUOTAD_NODES", "127.0.0.1:9042")
@@ -80,54 +82,8 @@ def cases():
             if not ONLY or any(c[0] == w or c[0].startswith(w + "-") for w in ONLY)]
 
 
-def env():
-    e = dict(os.environ)
-    e.update({
-        "QUOTAD__STORE__KIND": "scylla",
-        "QUOTAD__STORE__NODES": NODES,
-        "QUOTAD__STORE__KEYSPACE": KEYSPACE,
-        "QUOTAD__AUTH__ADMIN_TOKEN": TOKEN,
-    })
-    return e
-
-
-def start(port):
-    e = env()
-    e["QUOTAD__SERVER__BIND"] = f"127.0.0.1:{port}"
-    log = open(os.path.join(LOGS, f"quotad-{port}.log"), "w")
-    p = subprocess.Popen([BIN, "serve"], env=e, stdout=log, stderr=subprocess.STDOUT)
-    p.port = port
-    return p
-
-
-def request(port, method, path, body=None, timeout=10):
-    """One request on a fresh connection: (status, lower-cased headers, JSON body)."""
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
-    try:
-        c.request(method, path, body=json.dumps(body) if body is not None else None,
-                  headers=headers)
-        r = c.getresponse()
-        data = r.read()
-        headers = {k.lower(): v for k, v in r.getheaders()}
-        return r.status, headers, (json.loads(data) if data else None)
-    finally:
-        c.close()
-
-
-def wait_ready(p, deadline=60):
-    end = time.monotonic() + deadline
-    while time.monotonic() < end:
-        if p.poll() is not None:
-            sys.exit(f"instance on {p.port} exited with {p.returncode}; see {LOGS}")
-        try:
-            status, _, body = request(p.port, "GET", "/readyz", timeout=1)
-            if status == 200:
-                return body
-        except OSError:
-            pass
-        time.sleep(0.05)
-    sys.exit(f"instance on {p.port} not ready in {deadline}s; see {LOGS}")
+PROCS = Procs(BIN, NODES, KEYSPACE, TOKEN, LOGS)
+start, request, wait_ready = PROCS.start, PROCS.request, PROCS.wait_ready
 
 
 def run(ports, tenant, clients, mode, count):
@@ -228,9 +184,7 @@ def show(a, why=()):
 def main():
     if not os.path.exists(BIN):
         sys.exit(f"{BIN} is missing: build it first (cargo build --release)")
-    out = subprocess.run([BIN, "migrate"], env=env(), capture_output=True, text=True)
-    if out.returncode != 0:
-        sys.exit(f"quotad migrate failed:\n{out.stdout}\n{out.stderr}")
+    PROCS.migrate()
     fleet = [start(PORT + i) for i in range(N)]
     try:
         shards = [wait_ready(p)["shard"] for p in fleet]

@@ -102,13 +102,7 @@ impl CheckService {
         c: &Check<'_>,
         header: impl Fn(&str) -> Option<&'h str>,
     ) -> Option<Decision> {
-        let Some(t) = &self.traces else {
-            return self.decide_untraced(c).await;
-        };
-        let span = t.start_span("check", header("traceparent"), header("tracestate"));
-        let d = self.decide_untraced(c).await;
-        t.end_check(span, c.tenant.as_str(), d.as_ref());
-        d
+        self.traced(c, header, self.decide_untraced(c), |d| d).await
     }
 
     /// Decides a check that takes a hold (in-flight limits apply), as [`CheckService::decide`]
@@ -118,32 +112,47 @@ impl CheckService {
         c: &Check<'_>,
         header: impl Fn(&str) -> Option<&'h str>,
     ) -> Option<(Decision, Arc<Policy>, i64)> {
-        let span = self.traces.as_ref().map(|t| {
-            let span = t.start_span("check", header("traceparent"), header("tracestate"));
-            (t, span)
-        });
-        let started = Instant::now();
-        let decided = match self.policies.resolve(c.tenant.as_str(), c.client.as_str()) {
-            None => None,
-            Some(policy) => {
-                let now = self.limiter.clock().now_ms();
-                let input = c.input_reserving();
-                let d = match self.limiter.check_now_at(&policy, input, now) {
-                    Ok(d) => d,
-                    Err(miss) => Box::pin(self.limiter.check_missed(&policy, input, miss)).await,
-                };
-                self.metrics.check_decided(
-                    c.tenant.as_str(),
-                    d.label(),
-                    started.elapsed().as_secs_f64(),
-                );
-                Some((d, policy, now))
-            }
+        self.traced(c, header, self.decide_reserving_untraced(c), |d| &d.0)
+            .await
+    }
+
+    /// Runs `decided` inside a `check` span of the caller's trace, when traces are on.
+    async fn traced<'h, T>(
+        &self,
+        c: &Check<'_>,
+        header: impl Fn(&str) -> Option<&'h str>,
+        decided: impl std::future::Future<Output = Option<T>>,
+        decision: impl Fn(&T) -> &Decision,
+    ) -> Option<T> {
+        let Some(t) = &self.traces else {
+            return decided.await;
         };
-        if let Some((t, span)) = span {
-            t.end_check(span, c.tenant.as_str(), decided.as_ref().map(|d| &d.0));
-        }
-        decided
+        let span = t.start_span("check", header("traceparent"), header("tracestate"));
+        let d = decided.await;
+        t.end_check(span, c.tenant.as_str(), d.as_ref().map(decision));
+        d
+    }
+
+    async fn decide_reserving_untraced(
+        &self,
+        c: &Check<'_>,
+    ) -> Option<(Decision, Arc<Policy>, i64)> {
+        let started = Instant::now();
+        let policy = self
+            .policies
+            .resolve(c.tenant.as_str(), c.client.as_str())?;
+        let now = self.limiter.clock().now_ms();
+        let input = c.input_reserving();
+        let d = match self.limiter.check_now_at(&policy, input, now) {
+            Ok(d) => d,
+            Err(miss) => Box::pin(self.limiter.check_missed(&policy, input, miss)).await,
+        };
+        self.metrics.check_decided(
+            c.tenant.as_str(),
+            d.label(),
+            started.elapsed().as_secs_f64(),
+        );
+        Some((d, policy, now))
     }
 
     async fn decide_untraced(&self, c: &Check<'_>) -> Option<Decision> {

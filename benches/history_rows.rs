@@ -35,6 +35,7 @@ fn delta(client: usize, hour: i64) -> UsageDelta {
         client: format!("client-{client:06}"),
         hour: DAY0 + hour * HOUR_MS,
         counts,
+        cost_returned: 0,
     }
 }
 

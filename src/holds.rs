@@ -116,6 +116,7 @@ impl HoldService {
             Err(e) => {
                 let undo = hold.end_deltas(HoldState::Released, 0);
                 self.limiter.adjust(undo).await;
+                self.history_cost(&hold, HoldState::Released, 0);
                 Err(e)
             }
         }
@@ -189,6 +190,7 @@ impl HoldService {
     async fn ended(&self, h: &Hold) {
         let cost = h.cost.unwrap_or(h.estimate);
         self.limiter.adjust(h.end_deltas(h.state, cost)).await;
+        self.history_cost(h, h.state, cost);
         let m = self.metrics.holds();
         match h.state {
             HoldState::Settled => m.settled(h.estimate, cost),
@@ -196,6 +198,20 @@ impl HoldService {
             HoldState::Expired => m.expired(),
             HoldState::Open => {}
         }
+    }
+
+    /// Has the usage history count what ending `h` as `state` at `cost` changed of the cost
+    /// its check counted (the estimate): history counts settled cost, and nothing of a
+    /// released hold.
+    fn history_cost(&self, h: &Hold, state: HoldState, cost: u64) {
+        let delta = match state {
+            HoldState::Settled => i128::from(cost) - i128::from(h.estimate),
+            HoldState::Released => -i128::from(h.estimate),
+            HoldState::Expired | HoldState::Open => 0,
+        };
+        let delta = delta.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64;
+        self.limiter
+            .history_cost(&h.tenant, &h.client, h.taken_ms, delta);
     }
 
     /// Expires up to `limit` holds whose time is over; returns how many this call found.

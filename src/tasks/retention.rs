@@ -153,6 +153,7 @@ mod tests {
                 client: "k".into(),
                 hour: DAY0 + d * DAY_MS,
                 counts,
+                cost_returned: 0,
             };
             store.add_usage(&[delta]).await.unwrap();
             store.append_audit(&entry(DAY0 + d * DAY_MS)).await.unwrap();

@@ -402,3 +402,68 @@ async fn a_restart_keeps_the_reservations_open() {
     tokio::time::sleep(Duration::from_millis(10)).await;
     assert_eq!(reserve(&app, "k", 1, json!({})).await.0, 200);
 }
+
+#[tokio::test]
+async fn the_usage_history_and_top_clients_count_the_settled_cost() {
+    let dir = std::sync::Arc::new(tempfile::tempdir().unwrap());
+    let app = spawn_in(dir.clone(), |_| {}).await;
+    let policy = json!({"limits": [{"id": "per-minute", "max": 1000, "window": "1m"}]});
+    assert_eq!(app.put_quota("acme", policy).await.status(), 201);
+    // Settled below, and above, the estimate; released; expired; and a plain check.
+    let mut settled = 0;
+    for (estimate, cost) in [(300, 120), (100, 250)] {
+        let (s, a) = reserve(&app, "k", estimate, json!({})).await;
+        assert_eq!(s, 200, "{a}");
+        assert_eq!(settle(&app, &id_of(&a), json!(cost)).await.0, 200);
+        settled += cost;
+    }
+    let (_, a) = reserve(&app, "k", 200, json!({})).await;
+    assert_eq!(end(&app, &id_of(&a), "release", None).await.0, 200);
+    let (_, a) = reserve(&app, "k", 40, json!({"hold": "1s"})).await;
+    let expiring = id_of(&a);
+    assert_eq!(
+        app.check(json!({"tenant": "acme", "client": "k", "cost": 5}))
+            .await
+            .status(),
+        200
+    );
+    // Another client's reservation, released: it took nothing in the end.
+    let (_, a) = reserve(&app, "other", 900, json!({})).await;
+    assert_eq!(end(&app, &id_of(&a), "release", None).await.0, 200);
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let (s, g) = get(&app, &expiring).await;
+    assert_eq!((s, g["state"].as_str()), (200, Some("expired")), "{g}");
+    let want = settled + 40 + 5;
+
+    // What the store recorded, read by a new instance: the cost settled, not the estimates.
+    let (unsynced, dir) = app.stop().await;
+    assert_eq!(unsynced, 0);
+    let app = spawn_in(dir, |_| {}).await;
+    let v = app.get_json("/v1/usage/acme/k/history?step=day").await;
+    assert_eq!(
+        (v["total"]["admitted"].as_u64(), v["total"]["cost"].as_u64()),
+        (Some(5), Some(want)),
+        "{v}"
+    );
+    let v = app.get_json("/v1/usage/acme/history?step=day").await;
+    assert_eq!(v["total"]["cost"].as_u64(), Some(want), "{v}");
+    let yesterday = chrono::Utc::now() - chrono::Duration::days(1);
+    let from = yesterday.format("%Y-%m-%dT00:00:00Z");
+    let v = app
+        .get_json(&format!("/v1/usage/acme/top?from={from}"))
+        .await;
+    let cost_of = |client: &str| {
+        v["clients"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["client"] == client)
+            .unwrap_or_else(|| panic!("{client} not in {v}"))["cost"]
+            .as_u64()
+    };
+    assert_eq!(
+        (cost_of("k"), cost_of("other")),
+        (Some(want), Some(0)),
+        "{v}"
+    );
+}

@@ -37,6 +37,7 @@ pub(crate) fn usage(tenant: &str, client: &str, hour: i64, counts: Counts) -> Us
         client: client.into(),
         hour,
         counts,
+        cost_returned: 0,
     }
 }
 
@@ -283,6 +284,69 @@ pub async fn history_adds_up_point_by_point(store: &dyn Store) {
         .map(|c| c.admitted)
         .sum();
     assert_eq!(all, by_client);
+}
+
+/// Cost given back (reservations settled below their estimate, or released) comes off the
+/// client's hour and day, the tenant's, and the client's line in the day's index; in the same
+/// call as other clients' figures, or in a later one.
+pub async fn history_takes_back_cost_returned(store: &dyn Store) {
+    let (tenant, h) = ("hist-r", ms("2023-12-04T10:00:00Z"));
+    let day = Step::Day.floor(h);
+    let back = |client: &str, n: u64| UsageDelta {
+        cost_returned: n,
+        ..usage(tenant, client, h, counts(0, 0, 0, &[]))
+    };
+    store
+        .add_usage(&[
+            usage(tenant, "a", h, counts(2, 300, 0, &[])),
+            usage(tenant, "b", h, counts(1, 100, 1, &[("per-minute", 1)])),
+        ])
+        .await
+        .unwrap();
+    // a settled 300 at 120; b's 100 was released, in the call that adds c's checks; d's 50
+    // settled at 10 in the call that adds its check, before it.
+    store
+        .add_usage(&[
+            back("a", 180),
+            back("d", 40),
+            back("b", 100),
+            usage(tenant, "c", h, counts(1, 7, 0, &[])),
+            usage(tenant, "d", h, counts(1, 50, 0, &[])),
+        ])
+        .await
+        .unwrap();
+    for (client, want) in [
+        ("a", counts(2, 120, 0, &[])),
+        ("b", counts(1, 0, 1, &[("per-minute", 1)])),
+        ("d", counts(1, 10, 0, &[])),
+    ] {
+        for (step, start) in [(Step::Hour, h), (Step::Day, day)] {
+            let got = store
+                .usage_points(tenant, Some(client), step, start, start + 1)
+                .await
+                .unwrap();
+            let want = vec![UsagePoint {
+                start,
+                counts: want.clone(),
+            }];
+            assert_eq!(got, want, "{client} at {step:?}");
+        }
+    }
+    for step in [Step::Hour, Step::Day] {
+        let got = store
+            .usage_points(tenant, None, step, day, day + DAY_MS)
+            .await
+            .unwrap();
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert_eq!(
+            (got[0].counts.admitted, got[0].counts.cost),
+            (5, 137),
+            "the tenant at {step:?}"
+        );
+    }
+    let seen = sorted_clients(store.clients_seen(tenant, day, day + 1).await.unwrap());
+    let costs: Vec<(&str, u64)> = seen.iter().map(|c| (c.client.as_str(), c.cost)).collect();
+    assert_eq!(costs, [("a", 120), ("b", 0), ("c", 7), ("d", 10)]);
 }
 
 pub(crate) fn audit_entry(at: i64, id: &str, tenant: &str, n: u64) -> AuditEntry {

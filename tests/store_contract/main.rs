@@ -58,6 +58,7 @@ macro_rules! every_store {
         $case!(policies_round_trip_with_versions, Joined);
         $case!(policies_list_in_pages, Joined);
         $case!(history_adds_up_point_by_point, Joined);
+        $case!(history_takes_back_cost_returned, Joined);
         $case!(audit_pages_newest_first, Joined);
         $case!(old_history_and_audit_are_deleted, Joined);
         $case!(totals_may_go_below_zero, Joined);

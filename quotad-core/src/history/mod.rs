@@ -70,12 +70,30 @@ struct Row {
     admitted: u64,
     cost: u64,
     denied: u64,
+    /// Cost given back by reservations taken in this hour (settled below their estimate, or
+    /// released): netted against `cost` when the row is taken.
+    returned: u64,
     /// Denials by binding limit id. A `Vec`, empty (no allocation) in the common hour without
     /// a denial: a row is kept per active client, so its size is a cost per client.
     denied_by: Vec<(Arc<str>, u64)>,
 }
 
 impl Row {
+    /// The row as an increment: its counts, and what it gives back of their cost, netted so
+    /// that at most one of the two is not 0.
+    fn delta(self, k: RowKey) -> UsageDelta {
+        let mut counts = self.counts();
+        let back = self.returned.min(counts.cost);
+        counts.cost -= back;
+        UsageDelta {
+            tenant: k.tenant.to_string(),
+            client: k.client.to_string(),
+            hour: k.hour,
+            counts,
+            cost_returned: self.returned - back,
+        }
+    }
+
     fn counts(&self) -> Counts {
         Counts {
             admitted: self.admitted,
@@ -149,6 +167,23 @@ impl Recorder {
         });
     }
 
+    /// Changes the cost counted in the hour of `at_ms` by `delta`, with no check: a
+    /// reservation taken then that settled above its estimate (`delta` > 0), or below it or
+    /// released (`delta` < 0), so that history counts the cost settled, not the estimate.
+    pub fn adjust_cost(&self, tenant: &Arc<str>, client: &Arc<str>, at_ms: i64, delta: i64) {
+        if delta == 0 {
+            return;
+        }
+        // Beyond the row cap it is lost as a check's answer would be, and counted as one.
+        self.with_row(tenant, client, at_ms, 1, |row| {
+            if delta > 0 {
+                row.cost = row.cost.saturating_add(delta.unsigned_abs());
+            } else {
+                row.returned = row.returned.saturating_add(delta.unsigned_abs());
+            }
+        });
+    }
+
     /// Runs `f` on the row of (tenant, client, hour of `at_ms`) under its shard's lock, making
     /// the row if needed; when there is no room for one more, counts `checks` as dropped.
     fn with_row(
@@ -196,12 +231,7 @@ impl Recorder {
         for shard in self.shards.iter() {
             let taken: Vec<(RowKey, Row)> = lock(shard).drain().collect();
             self.rows.fetch_sub(taken.len(), Ordering::Relaxed);
-            out.extend(taken.into_iter().map(|(k, row)| UsageDelta {
-                tenant: k.tenant.to_string(),
-                client: k.client.to_string(),
-                hour: k.hour,
-                counts: row.counts(),
-            }));
+            out.extend(taken.into_iter().map(|(k, row)| row.delta(k)));
         }
         out
     }
@@ -213,10 +243,11 @@ impl Recorder {
             // Memory stays bounded while the store is down: beyond the cap, rows put back are
             // counted as unrecorded instead.
             let checks = d.counts.admitted + d.counts.denied;
-            let counts = d.counts;
+            let (counts, returned) = (d.counts, d.cost_returned);
             self.with_row(&tenant, &client, d.hour, checks, |row| {
                 row.admitted += counts.admitted;
                 row.cost = row.cost.saturating_add(counts.cost);
+                row.returned = row.returned.saturating_add(returned);
                 row.denied += counts.denied;
                 for (id, n) in counts.denied_by {
                     add_denied(row, &Arc::from(id), n);
@@ -321,6 +352,31 @@ mod tests {
         let c = &got[0].counts;
         assert_eq!((c.admitted, c.cost, c.denied), (1, 4, 2));
         assert_eq!(c.denied_by.get("l"), Some(&2));
+    }
+
+    #[test]
+    fn cost_adjustments_net_against_the_hour_they_belong_to() {
+        let r = Recorder::new(2, 100);
+        let (t, a) = (arc("t"), arc("a"));
+        r.record(&t, &a, 5, Answer::Admitted { cost: 300 });
+        r.adjust_cost(&t, &a, 6, -180);
+        r.adjust_cost(&t, &a, HOUR_MS + 1, -50);
+        r.adjust_cost(&t, &a, 2 * HOUR_MS, 25);
+        r.adjust_cost(&t, &a, 3 * HOUR_MS, 0);
+        let mut got = r.drain();
+        got.sort_by_key(|d| d.hour);
+        let figures: Vec<(i64, u64, u64, u64)> = got
+            .iter()
+            .map(|d| (d.hour, d.counts.admitted, d.counts.cost, d.cost_returned))
+            .collect();
+        assert_eq!(
+            figures,
+            [(0, 1, 120, 0), (HOUR_MS, 0, 0, 50), (2 * HOUR_MS, 0, 25, 0)]
+        );
+        // A refused batch keeps what it gave back.
+        r.restore(got);
+        let back: u64 = r.drain().iter().map(|d| d.cost_returned).sum();
+        assert_eq!(back, 50);
     }
 
     #[test]

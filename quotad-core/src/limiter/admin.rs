@@ -25,6 +25,8 @@
 //! It counts as long as that bucket does (the window it is in, the current period), lets the
 //! client go beyond `max` by as much, and for a token bucket refills it (never beyond full).
 
+use std::sync::Arc;
+
 use super::key::{counter_key, newest_readable, range_of, subject_of};
 use super::miss::hit_deltas;
 use super::state::buckets_from;
@@ -354,6 +356,16 @@ impl Limiter {
                 "gave up writing a hold's end after ten minutes"
             );
         });
+    }
+
+    /// Counts in the usage history what a hold's end changed of its cost: `delta` (the real
+    /// cost less the estimate of a settle, minus the estimate of a release) in the hour the
+    /// hold was taken (`taken_ms`), where its check counted the estimate.
+    pub fn history_cost(&self, tenant: &str, client: &str, taken_ms: i64, delta: i64) {
+        if self.cfg.max_history_rows > 0 && delta != 0 {
+            let (t, c): (Arc<str>, Arc<str>) = (tenant.into(), client.into());
+            self.history.adjust_cost(&t, &c, taken_ms, delta);
+        }
     }
 
     /// Charges `input.cost` to the limits that apply to any of `resources` (in-flight limits

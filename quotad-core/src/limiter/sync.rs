@@ -54,6 +54,7 @@ fn usage_delta((tenant, client, h): (Arc<str>, Arc<str>, AnsweredHour)) -> Usage
             cost: h.cost,
             ..Counts::default()
         },
+        cost_returned: 0,
     }
 }
 

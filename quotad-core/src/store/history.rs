@@ -97,6 +97,19 @@ pub struct UsageDelta {
     /// The hour's start, ms since the epoch (a multiple of [`HOUR_MS`]).
     pub hour: i64,
     pub counts: Counts,
+    /// Cost given back in this hour: reservations taken in it that settled below their
+    /// estimate or were released. A store takes it from the point's `cost` (and from the
+    /// tenant's, and the client's line in the index), so that history counts settled cost;
+    /// a point whose cost would go below 0 (its estimate's increment was lost) reads as 0.
+    pub cost_returned: u64,
+}
+
+impl UsageDelta {
+    /// The change to a point's cost: `counts.cost` less `cost_returned`.
+    pub fn net_cost(&self) -> i64 {
+        let net = i128::from(self.counts.cost) - i128::from(self.cost_returned);
+        net.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64
+    }
 }
 
 /// One point of a history as stored.

@@ -72,12 +72,23 @@ fn add_to(sum: &mut i64, n: i64) -> StoreResult<()> {
     Ok(())
 }
 
-/// The non-zero fields of `c` as (field, value).
-fn fields(c: &Counts) -> StoreResult<Vec<(String, i64)>> {
+/// The figures of a delta as a line of the index adds them: admitted, cost (net of what
+/// it gives back, so it may be below 0), denied.
+fn line_of(d: &UsageDelta) -> StoreResult<[i64; 3]> {
+    Ok([
+        to_i64(d.counts.admitted)?,
+        d.net_cost(),
+        to_i64(d.counts.denied)?,
+    ])
+}
+
+/// The non-zero fields of `d` as (field, value).
+fn fields(d: &UsageDelta) -> StoreResult<Vec<(String, i64)>> {
+    let c = &d.counts;
     let mut out = Vec::with_capacity(3 + c.denied_by.len());
-    for (name, v) in [(ADMITTED, c.admitted), (COST, c.cost), (DENIED, c.denied)] {
+    for (name, v) in [ADMITTED, COST, DENIED].into_iter().zip(line_of(d)?) {
         if v != 0 {
-            out.push((name.to_owned(), to_i64(v)?));
+            out.push((name.to_owned(), v));
         }
     }
     for (limit, &v) in &c.denied_by {
@@ -93,7 +104,7 @@ fn fields(c: &Counts) -> StoreResult<Vec<(String, i64)>> {
 fn plan_usage(deltas: &[UsageDelta]) -> StoreResult<UsagePlan> {
     let mut plan = UsagePlan::default();
     for d in deltas {
-        let fields = fields(&d.counts)?;
+        let fields = fields(d)?;
         if fields.is_empty() {
             continue;
         }
@@ -107,11 +118,8 @@ fn plan_usage(deltas: &[UsageDelta]) -> StoreResult<UsagePlan> {
             .or_default()
             .entry(d.client.clone())
             .or_default();
-        for (i, v) in [d.counts.admitted, d.counts.cost, d.counts.denied]
-            .into_iter()
-            .enumerate()
-        {
-            add_to(&mut line[i], to_i64(v)?)?;
+        for (i, v) in line_of(d)?.into_iter().enumerate() {
+            add_to(&mut line[i], v)?;
         }
         for subject in [d.client.as_str(), TENANT_SUBJECT] {
             let part = plan
@@ -172,9 +180,10 @@ fn add_field(c: &mut Counts, field: &str, n: u64) {
     }
 }
 
-fn counter_value(c: Option<Counter>) -> StoreResult<u64> {
-    let n = c.map_or(0, |Counter(n)| n);
-    u64::try_from(n).map_err(|_| internal(format!("negative usage counter {n}")))
+/// A counter cell's figure. Below 0 only where cost given back by a settle landed and the
+/// estimate it netted against did not (an increment with an unknown outcome): read as 0.
+fn counter_value(c: Option<Counter>) -> u64 {
+    c.map_or(0, |Counter(n)| n.max(0) as u64)
 }
 
 /// The UTC days that start in `[from, to)`.
@@ -371,7 +380,7 @@ impl History {
         .await?;
         let mut points: BTreeMap<i64, Counts> = BTreeMap::new();
         for (start, field, n) in parts.into_iter().flatten() {
-            add_field(points.entry(start).or_default(), &field, counter_value(n)?);
+            add_field(points.entry(start).or_default(), &field, counter_value(n));
         }
         Ok(points
             .into_iter()
@@ -402,9 +411,9 @@ impl History {
         let mut sums: HashMap<String, [u64; 3]> = HashMap::new();
         for (client, admitted, cost, denied) in parts.into_iter().flatten() {
             let s = sums.entry(client).or_default();
-            s[0] += counter_value(admitted)?;
-            s[1] += counter_value(cost)?;
-            s[2] += counter_value(denied)?;
+            s[0] += counter_value(admitted);
+            s[1] += counter_value(cost);
+            s[2] += counter_value(denied);
         }
         Ok(sums
             .into_iter()
@@ -466,6 +475,7 @@ mod tests {
             client: client.into(),
             hour,
             counts,
+            cost_returned: 0,
         }
     }
 
@@ -537,6 +547,23 @@ mod tests {
     }
 
     const HOUR: i64 = crate::store::history::HOUR_MS;
+
+    #[test]
+    fn cost_given_back_is_a_negative_increment_of_cost() {
+        let day = Step::Day.floor(H);
+        let back = UsageDelta {
+            cost_returned: 180,
+            ..delta("t", "a", H, counts(0, 0, 0, &[]))
+        };
+        let plan = plan_usage(&[back, delta("t", "b", H, counts(1, 20, 0, &[]))]).unwrap();
+        let lines = &plan.client_days[&("t".to_owned(), day)];
+        assert_eq!((lines["a"], lines["b"]), ([0, -180, 0], [1, 20, 0]));
+        let totals = &plan.points[&("t".to_owned(), "*".to_owned(), 202611)];
+        assert_eq!(totals[&("hour", H, "cost".to_owned())], -160);
+        // A figure below 0 (the estimate's increment was lost) reads as 0.
+        assert_eq!(counter_value(Some(Counter(-5))), 0);
+        assert_eq!(counter_value(Some(Counter(7))), 7);
+    }
 
     #[test]
     fn a_line_of_zeros_still_lists_its_client() {

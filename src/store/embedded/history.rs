@@ -158,12 +158,14 @@ fn decode_counts(bytes: &[u8]) -> StoreResult<Counts> {
     Ok(c)
 }
 
-/// Adds `c` to the counts at `key`: one descent of the B-tree, the row read and replaced
-/// through the same mutable access. `buf` is scratch for the encoded row.
+/// Adds `c` to the counts at `key` and takes `returned` from their cost (not below 0): one
+/// descent of the B-tree, the row read and replaced through the same mutable access. `buf` is
+/// scratch for the encoded row.
 fn add_at(
     table: &mut redb::Table<&[u8], &[u8]>,
     key: &[u8],
     c: &Counts,
+    returned: u64,
     buf: &mut Vec<u8>,
 ) -> StoreResult<()> {
     let mut row = table.get_mut(key).map_err(err)?;
@@ -171,12 +173,15 @@ fn add_at(
         Some(row) => {
             let mut now = decode_counts(row.value())?;
             now.add(c);
+            now.cost = now.cost.saturating_sub(returned);
             encode_counts(&now, buf);
             row.insert(buf.as_slice()).map_err(err)?;
         }
         None => {
             drop(row);
-            encode_counts(c, buf);
+            let mut now = c.clone();
+            now.cost = now.cost.saturating_sub(returned);
+            encode_counts(&now, buf);
             table.insert(key, buf.as_slice()).map_err(err)?;
         }
     }
@@ -189,7 +194,7 @@ fn add_deltas(tx: &WriteTransaction, deltas: &[UsageDelta]) -> StoreResult<()> {
     let mut days = tx.open_table(USAGE_DAYS).map_err(err)?;
     // A tenant's own points sum its clients': added up here and written once per round, not
     // once per client (a round carries a delta for every client active in it).
-    let mut tenants: HashMap<(&str, i64), Counts> = HashMap::new();
+    let mut tenants: HashMap<(&str, i64), (Counts, u64)> = HashMap::new();
     let mut pace = Pacer::new();
     let mut buf = Vec::with_capacity(64);
     for d in deltas {
@@ -199,39 +204,47 @@ fn add_deltas(tx: &WriteTransaction, deltas: &[UsageDelta]) -> StoreResult<()> {
         // added.
         let mut counts = d.counts.clone();
         counts.denied_by.retain(|_, n| *n != 0);
-        if counts.is_empty() && counts.denied_by.is_empty() {
+        let returned = d.cost_returned;
+        if counts.is_empty() && counts.denied_by.is_empty() && returned == 0 {
             continue;
         }
         let day = Step::Day.floor(d.hour);
-        tenants.entry((&d.tenant, d.hour)).or_default().add(&counts);
+        let tenant = tenants.entry((&d.tenant, d.hour)).or_default();
+        tenant.0.add(&counts);
+        tenant.1 += returned;
         add_at(
             &mut usage,
             &point_key(&d.tenant, &d.client, Step::Hour, d.hour),
             &counts,
+            returned,
             &mut buf,
         )?;
         let mut index = day_prefix(&d.tenant, day);
         index.extend_from_slice(d.client.as_bytes());
         let mut plain = counts;
         plain.denied_by.clear();
-        add_at(&mut clients, &index, &plain, &mut buf)?;
+        add_at(&mut clients, &index, &plain, returned, &mut buf)?;
     }
-    let mut tenant_days: HashMap<(&str, i64), Counts> = HashMap::new();
-    for ((tenant, hour), counts) in &tenants {
+    let mut tenant_days: HashMap<(&str, i64), (Counts, u64)> = HashMap::new();
+    for ((tenant, hour), (counts, returned)) in &tenants {
         let day = Step::Day.floor(*hour);
         add_at(
             &mut usage,
             &point_key(tenant, TENANT_SUBJECT, Step::Hour, *hour),
             counts,
+            *returned,
             &mut buf,
         )?;
-        tenant_days.entry((tenant, day)).or_default().add(counts);
+        let sum = tenant_days.entry((tenant, day)).or_default();
+        sum.0.add(counts);
+        sum.1 += returned;
     }
-    for ((tenant, day), counts) in &tenant_days {
+    for ((tenant, day), (counts, returned)) in &tenant_days {
         add_at(
             &mut usage,
             &point_key(tenant, TENANT_SUBJECT, Step::Day, *day),
             counts,
+            *returned,
             &mut buf,
         )?;
         days.insert(day_row(*day, tenant).as_slice(), ())
@@ -304,6 +317,17 @@ impl History {
                         b.client.as_str(),
                         b.hour,
                     ))
+                });
+                // One delta per point: cost given back is taken from the point's cost after
+                // the call's additions to it, whatever order they came in.
+                deltas.dedup_by(|next, kept| {
+                    let same = (&next.tenant, &next.client, next.hour)
+                        == (&kept.tenant, &kept.client, kept.hour);
+                    if same {
+                        kept.counts.add(&next.counts);
+                        kept.cost_returned += next.cost_returned;
+                    }
+                    same
                 });
                 let tx = db.begin_write().map_err(err)?;
                 add_deltas(&tx, &deltas)?;
@@ -541,6 +565,7 @@ mod tests {
             client: "c".into(),
             hour,
             counts: c,
+            cost_returned: 0,
         };
         rt.block_on(store.add(&[
             delta(h1, counts(1, 1, 1, &[("per-minute", 1)])),

@@ -134,3 +134,48 @@ pub async fn expired_holds_are_listed_until_they_end(store: &Arc<dyn Store>) {
     let due = store.expired_holds(now + 600_001, 100).await.unwrap();
     assert!(due.iter().any(|h| h.id == open.id), "{due:?}");
 }
+
+/// Stores of two regions (data centres) end the same holds at once: for each hold exactly one
+/// end wins fleet-wide, and every store then reads that end. Ends at LOCAL_SERIAL would each
+/// win in their own region.
+pub async fn holds_end_once_across_regions(stores: &[Arc<dyn Store>]) {
+    let now = chrono::Utc::now().timestamp_millis();
+    for n in 0..20u32 {
+        let h = hold(&id(100 + n), now, now + 60_000);
+        let home = &stores[n as usize % stores.len()];
+        home.put_hold(&h).await.unwrap();
+        // Each region reads it before the race, as a settle does first.
+        for s in stores {
+            let seen = s.get_hold(&h.id).await.unwrap();
+            assert_eq!(seen.map(|x| x.state), Some(HoldState::Open));
+        }
+        let mut tasks = Vec::new();
+        for (i, s) in stores.iter().cycle().take(4).enumerate() {
+            let (s, hid) = (s.clone(), h.id.clone());
+            tasks.push(tokio::spawn(async move {
+                s.end_hold(&hid, HoldState::Settled, Some(i as u64), now + 1_000)
+                    .await
+                    .unwrap()
+            }));
+        }
+        let mut won = Vec::new();
+        for t in tasks {
+            if let Ended::Now(h) = t.await.unwrap() {
+                won.push(h);
+            }
+        }
+        assert_eq!(
+            won.len(),
+            1,
+            "hold {n}: one end wins across regions: {won:?}"
+        );
+        for s in stores {
+            let got = s.get_hold(&h.id).await.unwrap();
+            assert_eq!(
+                got.as_ref(),
+                Some(&won[0]),
+                "hold {n} as each region reads it"
+            );
+        }
+    }
+}

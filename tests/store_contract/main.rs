@@ -430,6 +430,36 @@ async fn scylla_regions_split_the_shard_space() {
     .await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a Cassandra/ScyllaDB cluster of two data centres: set QUOTAD_TEST_SCYLLA_NODES to a node of each, QUOTAD_TEST_SCYLLA_DCS to their data centres (dc1,dc2) and QUOTAD_TEST_SCYLLA_REPLICATION to a map over both; run with --ignored"]
+async fn scylla_a_reservation_ends_once_across_regions() {
+    let dcs: Vec<String> = std::env::var("QUOTAD_TEST_SCYLLA_DCS")
+        .unwrap_or_default()
+        .split(',')
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+        .collect();
+    assert_eq!(
+        dcs.len(),
+        2,
+        "QUOTAD_TEST_SCYLLA_DCS names two data centres"
+    );
+    in_migrated_keyspace("x", |nodes, opts| async move {
+        assert_eq!(nodes.len(), 2, "{ENV} names a node of each data centre");
+        let mut stores: Vec<Arc<dyn Store>> = Vec::new();
+        for (node, dc) in nodes.iter().zip(dcs) {
+            let o = ScyllaOptions {
+                nodes: vec![node.clone()],
+                local_dc: Some(dc),
+                ..opts.clone()
+            };
+            stores.push(Arc::new(ScyllaStore::connect(o).await.unwrap()));
+        }
+        holds::holds_end_once_across_regions(&stores).await;
+    })
+    .await;
+}
+
 // ---- embedded --------------------------------------------------------------------------------
 
 #[tokio::test]

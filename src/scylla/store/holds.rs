@@ -1,7 +1,12 @@
 //! Holds (reservations) on the scylla store (`migrations/0008_holds.cql`): a row per hold, a
-//! partition each; ending one is `UPDATE ... IF state = 'open'` (Paxos at LOCAL_SERIAL), so of
-//! racing ends one wins. `hold_expiry` lists the open holds by the minute they expire; the
-//! sweep reads the minutes from where it last found nothing left, up to now.
+//! partition each; ending one is `UPDATE ... IF state = 'open'` (Paxos at SERIAL), so of
+//! racing ends one wins, whichever regions they are made in: any instance of any region may
+//! settle, release or expire any hold. In one data centre SERIAL costs what LOCAL_SERIAL does;
+//! across several, an end waits on a quorum of every region's replicas, and while the regions
+//! are cut apart no end can be made (the checks go on; see docs/reservations.md). Every read
+//! and end of a hold is at the serial level, never mixed with LOCAL_SERIAL on one row.
+//! `hold_expiry` lists the open holds by the minute they expire; the sweep reads the minutes
+//! from where it last found nothing left, up to now.
 
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;

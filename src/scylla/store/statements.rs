@@ -490,10 +490,13 @@ statements! {
     put_hold: PUT_HOLD_CQL, idempotent: true, binds: PutHoldValues<'static>;
     put_hold_expiry: PUT_HOLD_EXPIRY_CQL, idempotent: true,
         binds: PutHoldExpiryValues<'static>;
-    /// At LOCAL_SERIAL: after an end that did not apply, sees the end that won.
+    /// At SERIAL: after an end that did not apply, sees the end that won, in whichever region
+    /// it was made.
     get_hold: GET_HOLD_CQL, idempotent: true, binds: GetHoldValues<'static>, row: HoldRow,
-        setup: at_local_serial;
-    end_hold: END_HOLD_CQL, idempotent: false, binds: EndHoldValues<'static>;
+        setup: read_at_serial;
+    /// Paxos at SERIAL: a reservation is ended once across every region (`holds`).
+    end_hold: END_HOLD_CQL, idempotent: false, binds: EndHoldValues<'static>,
+        setup: at_serial;
     delete_hold_expiry: DELETE_HOLD_EXPIRY_CQL, idempotent: true,
         binds: DeleteHoldExpiryValues<'static>;
     due_holds: DUE_HOLDS_CQL, idempotent: true, binds: DueHoldsValues, row: DueHoldRow;
@@ -555,6 +558,11 @@ fn at_local_serial(p: &mut PreparedStatement) {
 /// Paxos among every region's replicas, not only this region's.
 fn at_serial(p: &mut PreparedStatement) {
     p.set_serial_consistency(Some(scylla::statement::SerialConsistency::Serial));
+}
+
+/// A linearizable read among every region's replicas: sees what Paxos at SERIAL decided.
+fn read_at_serial(p: &mut PreparedStatement) {
+    p.set_consistency(Consistency::Serial);
 }
 
 fn in_janitor_pages(p: &mut PreparedStatement) {

@@ -141,14 +141,34 @@ impl Holds {
             now_ms,
             id,
         );
-        let won = self.cql.lwt(&self.cql.st.end_hold, values).await?;
-        let after = self.get(id).await?;
-        let Some(after) = after else {
-            return Ok(Ended::Unknown);
+        let outcome = self.cql.lwt(&self.cql.st.end_hold, values).await;
+        // Read at the serial level: the end Paxos decided, whatever this call was told.
+        let after = match (outcome, self.get(id).await) {
+            (_, Ok(None)) => return Ok(Ended::Unknown),
+            (Ok(false), Ok(Some(after))) => return Ok(Ended::Before(after)),
+            (Ok(true), Ok(Some(after))) => after,
+            // The end's outcome is unknown (a timeout, contention between regions): it won if
+            // the hold ended exactly as it asked, at its instant. Another end like it in the
+            // same millisecond, its outcome unknown too, would also count itself the winner.
+            (Err(e), Ok(Some(after))) => {
+                let mine =
+                    after.state == state && after.cost == cost && after.ended_ms == Some(now_ms);
+                match after.state {
+                    HoldState::Open => return Err(e),
+                    _ if !mine => return Ok(Ended::Before(after)),
+                    _ => after,
+                }
+            }
+            (Err(e), Err(_)) => return Err(e),
+            (Ok(false), Err(e)) => return Err(e),
+            // It won: the hold is as this end wrote it.
+            (Ok(true), Err(_)) => Hold {
+                state,
+                cost,
+                ended_ms: Some(now_ms),
+                ..h.clone()
+            },
         };
-        if !won {
-            return Ok(Ended::Before(after));
-        }
         // The index only lists open holds; a row left behind (this delete failed) is skipped
         // by the sweep, which finds the hold ended.
         let values: DeleteHoldExpiryValues<'_> =

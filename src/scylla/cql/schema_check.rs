@@ -37,6 +37,9 @@ cql_name!(i8 => "tinyint", i16 => "smallint", i32 => "int", i64 => "bigint",
 impl CqlName for &[i64] {
     const NAME: &'static str = "list<bigint>";
 }
+impl CqlName for &[&str] {
+    const NAME: &'static str = "list<text>";
+}
 impl<T: CqlName> CqlName for Option<T> {
     const NAME: &'static str = T::NAME;
 }
@@ -316,7 +319,8 @@ pub fn check(
             };
             bound.push(ty);
         }
-        // Every partition-key column bound by equality (or all of them inside token()).
+        // Every partition-key column bound by equality (or all of them inside token()); a
+        // SELECT may list the last one's values with IN instead.
         // A SELECT without WHERE is a deliberate full scan (tiny bookkeeping tables only).
         let where_at = match upper.iter().position(|w| w == "WHERE") {
             Some(i) => i,
@@ -331,6 +335,13 @@ pub fn check(
         let eq: Vec<&String> = clause
             .windows(3)
             .filter(|w| w[1] == "=" && w[2] == "?")
+            .map(|w| &w[0])
+            .collect();
+        // `c IN ?` on the last partition-key column: a read of many partitions, which the
+        // code sends to a replica of all of them (it cannot be routed by token).
+        let listed: Vec<&String> = clause
+            .windows(3)
+            .filter(|w| w[1].eq_ignore_ascii_case("IN") && w[2] == "?")
             .map(|w| &w[0])
             .collect();
         if where_at == t.len() - 1 {
@@ -352,8 +363,10 @@ pub fn check(
                 ));
             }
         } else {
+            let last = table.partition_key.last();
             for pk in &table.partition_key {
-                if !eq.contains(&pk) {
+                let is_in = upper[0] == "SELECT" && Some(pk) == last && listed.contains(&pk);
+                if !eq.contains(&pk) && !is_in {
                     return Err(format!("partition-key column {pk} not bound by ="));
                 }
             }

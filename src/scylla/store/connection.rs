@@ -6,9 +6,15 @@
 //! [`Cql::connect`] builds it from the options; with several data centres and no
 //! `store.local_dc`, the session prefers the data centre of the contact points.
 
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
 use futures::stream::{self, StreamExt, TryStreamExt};
-use scylla::client::execution_profile::ExecutionProfile;
+use scylla::client::execution_profile::{ExecutionProfile, ExecutionProfileHandle};
 use scylla::client::session::Session;
+use scylla::cluster::Node;
+use scylla::policies::load_balancing::{NodeIdentifier, SingleTargetLoadBalancingPolicy};
 use scylla::statement::batch::{Batch, BatchType};
 use scylla::statement::prepared::PreparedStatement;
 use scylla::statement::SerialConsistency;
@@ -29,7 +35,18 @@ pub(super) struct Cql {
     pub(super) st: Statements,
     /// Most requests one call of a part has in flight at once (`store.max_concurrency`).
     pub(super) max_concurrency: usize,
+    /// The keyspace, to find a partition's replicas in the driver's token map.
+    keyspace: String,
+    /// The local data centre: a request sent to one replica goes to one of it.
+    local_dc: Option<String>,
+    /// An execution profile per node (by address) that sends a request to that node alone,
+    /// with the default profile's settings otherwise: for reads of many partitions that all
+    /// live there ([`Cql::replica_for`]). At most one per node of the cluster.
+    to_node: Mutex<HashMap<SocketAddr, ExecutionProfileHandle>>,
 }
+
+/// The table whose partitions [`Cql::replica_for`] locates.
+const COUNTER_TABLE: &str = "client_counters";
 
 /// The data centre of the contact points, as the session's view of the cluster names it, and
 /// whether the cluster has several. Contact points in several data centres: an error asking
@@ -115,8 +132,50 @@ impl Cql {
             session,
             st,
             max_concurrency: opts.max_concurrency,
+            keyspace: opts.keyspace.clone(),
+            local_dc: local_dc.clone(),
+            to_node: Mutex::default(),
         };
         Ok((cql, local_dc))
+    }
+
+    /// The replica a request about the counters of (tenant, subject) is best sent to: one
+    /// of the partition's replicas in the local data centre (any, without one), the same for
+    /// every partition of the same replicas. None when the driver's token map does not know
+    /// the table (yet): the request is then sent as the driver routes it.
+    pub(super) fn replica_for(&self, tenant: &str, subject: &str) -> Option<Arc<Node>> {
+        let state = self.session.get_cluster_state();
+        let replicas = state
+            .get_endpoints(&self.keyspace, COUNTER_TABLE, &(tenant, subject))
+            .ok()?;
+        let local = |n: &&(Arc<Node>, _)| {
+            self.local_dc.is_none() || n.0.datacenter.as_deref() == self.local_dc.as_deref()
+        };
+        replicas
+            .iter()
+            .filter(local)
+            .min_by_key(|(n, _)| n.host_id)
+            .or_else(|| replicas.iter().min_by_key(|(n, _)| n.host_id))
+            .map(|(n, _)| n.clone())
+    }
+
+    /// The profile that sends a request to `node` alone (no other node coordinates it, nor
+    /// is tried after it), with the default profile's settings otherwise.
+    pub(super) fn on_node(&self, node: &Arc<Node>) -> ExecutionProfileHandle {
+        let mut map = self.to_node.lock().unwrap_or_else(|p| p.into_inner());
+        map.entry(SocketAddr::new(node.address.ip(), node.address.port()))
+            .or_insert_with(|| {
+                self.session
+                    .get_default_execution_profile_handle()
+                    .pointee_to_builder()
+                    .load_balancing_policy(SingleTargetLoadBalancingPolicy::new(
+                        NodeIdentifier::Node(node.clone()),
+                        None,
+                    ))
+                    .build()
+                    .into_handle()
+            })
+            .clone()
     }
 
     /// Runs a prepared lightweight transaction; returns its `[applied]`.
@@ -145,19 +204,40 @@ impl Cql {
     where
         V: scylla::serialize::row::SerializeRow,
     {
+        self.counter_batch_on(st, values, None).await
+    }
+
+    /// [`Cql::counter_batch`] of rows of any partitions, sent to `node` when given (a replica
+    /// of every one of them, so that none is forwarded).
+    pub(super) async fn counter_batch_on<V>(
+        &self,
+        st: &PreparedStatement,
+        values: &[V],
+        node: Option<&Arc<Node>>,
+    ) -> StoreResult<()>
+    where
+        V: scylla::serialize::row::SerializeRow,
+    {
+        let profile = node.map(|n| self.on_node(n));
         match values {
             [] => Ok(()),
-            [one] => self
-                .session
-                .execute_unpaged(st, one)
-                .await
-                .map(|_| ())
-                .map_err(|e| map_exec(e, Op::Write)),
+            [one] => {
+                let res = match profile {
+                    Some(p) => {
+                        let mut st = st.clone();
+                        st.set_execution_profile_handle(Some(p));
+                        self.session.execute_unpaged(&st, one).await
+                    }
+                    None => self.session.execute_unpaged(st, one).await,
+                };
+                res.map(|_| ()).map_err(|e| map_exec(e, Op::Write))
+            }
             _ => {
                 let mut batch = Batch::new(BatchType::Counter);
                 for _ in values {
                     batch.append_statement(st.clone());
                 }
+                batch.set_execution_profile_handle(profile);
                 self.session
                     .batch(&batch, values)
                     .await

@@ -1,44 +1,124 @@
 //! Counters in the layout of `migrations/0006_client_counters.cql`: one partition per
 //! (tenant, subject), rows clustered by (bucket start, limit, grain, shard).
 //!
-//! A write groups a round's increments by client ([`group_by_client`]) and sends each client's
-//! rows as one COUNTER batch (one partition: applied atomically on its replicas, routed to
-//! them), clients in parallel with bounded concurrency, never retried. A read groups its
-//! ranges by client and asks each client's partition once for the exact bucket starts its
-//! ranges need (`bucket_start IN ?`, every limit and shard in one answer); a range too wide
-//! to list its starts ([`MAX_STARTS_PER_RANGE`]) is read as a span. Rows of buckets no window
-//! needs are never read, so how soon the janitor deletes them changes nothing for a read.
-//! After an upgrade from the layout of 0001, ranges that began before the new layout served
-//! also sum the old table ([`super::legacy`]).
+//! Requests carry many clients. A node's work per request (parsing, dispatch, the answer) is
+//! paid once for all the partitions in it, so a round of 10^5 clients is a few thousand
+//! requests rather than 10^5; what a node does per partition stays the same.
+//! - A write groups a round's increments by client ([`group_by_client`]) and packs clients
+//!   whose partitions live on the same replica ([`Cql::replica_for`]) into COUNTER batches
+//!   ([`pack`]), each sent to that replica, so no coordinator forwards a partition: a client's
+//!   rows stay in one batch (one partition mutation, applied at once on its replicas) unless
+//!   they alone fill one. Batches go in parallel with bounded concurrency, never retried.
+//! - A read groups its ranges by client and the clients by tenant and replica, and asks each
+//!   group once for the exact bucket starts their ranges need (`subject IN ? AND bucket_start
+//!   IN ?`, every limit and shard in one answer, at most [`MAX_IN_VALUES`] clients and starts a
+//!   query), sent to that replica; a lone client is asked with its partition's own statement,
+//!   routed by token. A range too wide to list its starts ([`MAX_STARTS_PER_RANGE`]) is read as
+//!   a span. Rows of buckets no window needs are never read, so how soon the janitor deletes
+//!   them changes nothing for a read. After an upgrade from the layout of 0001, ranges that
+//!   began before the new layout served also sum the old table ([`super::legacy`]).
+//!
+//! A batch of several partitions passes Cassandra's `batch_size_warn_threshold_in_kb` (5 KiB)
+//! and `unlogged_batch_across_partitions_warn_threshold` (10): the node logs a warning for
+//! them (docs/scylla.md). The batches stay far below the size the server refuses.
 //!
 //! [`Counters`] is the part of the store that writes and reads them: it writes this
 //! instance's shard and reads every shard, as its leases ([`super::lease`]) say.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::ops::Range;
 use std::sync::Arc;
 
 use futures::stream::{self, StreamExt, TryStreamExt};
+use scylla::cluster::Node;
 use scylla::value::Counter;
 
 use super::connection::Cql;
 use super::errors::combine_write_outcomes;
 use super::lease::Leases;
 use super::legacy::Legacy;
+#[cfg(doc)]
+use super::partition::MAX_STARTS_PER_RANGE;
 use super::partition::{group_by_client, starts_in, ClientWrite, MAX_IN_VALUES};
-use super::statements::{CounterRow, IncrementValues, ReadSpanValues, ReadStartsValues};
+use super::statements::{
+    ClientCounterRow, CounterRow, IncrementValues, ReadClientsValues, ReadSpanValues,
+    ReadStartsValues,
+};
 use crate::store::lease::slot_of;
 use crate::store::{BucketTotal, CounterRange, Delta, StoreError, StoreResult};
 
-/// Most rows in one COUNTER batch: Cassandra warns above 5 KiB of batch by default, and a
-/// row is about 60 bytes. A client's round rarely holds more than a few dozen.
-const MAX_BATCH_ROWS: usize = 64;
+/// Most rows in one COUNTER batch. Cassandra and ScyllaDB refuse a batch of several
+/// partitions past `batch_size_fail_threshold_in_kb` (50 KiB by default): a batch stays well
+/// under it by rows and by [`MAX_BATCH_BYTES`].
+const MAX_BATCH_ROWS: usize = 256;
+/// About the most bytes of keys in one COUNTER batch (see [`row_bytes`]).
+const MAX_BATCH_BYTES: usize = 16 * 1024;
 
-/// One query of a read: a client's partition at some bucket starts, or over a span of them,
-/// and the ranges (by index) its rows are summed into.
+/// What a row of a batch weighs, about, as the server sizes a batch: its partition's and
+/// clustering keys and the counter cell.
+fn row_bytes(c: &ClientWrite<'_>, limit: &str) -> usize {
+    c.tenant.len() + c.subject.len() + limit.len() + 48
+}
+
+/// Where a partition's requests go: the node [`Cql::replica_for`] names, by address (None:
+/// wherever the driver routes them). Partitions of one place share requests.
+type Place = Option<SocketAddr>;
+
+fn place_of(node: &Option<Arc<Node>>) -> Place {
+    node.as_ref()
+        .map(|n| SocketAddr::new(n.address.ip(), n.address.port()))
+}
+
+/// The COUNTER batches of a round, as (client, its rows) lists: clients of one place (`places`,
+/// one per client) share batches, each client's rows in one batch (one partition, applied at
+/// once on its replicas) unless they alone pass a batch's size; at most [`MAX_BATCH_ROWS`] rows
+/// and about [`MAX_BATCH_BYTES`] a batch.
+fn pack(clients: &[ClientWrite<'_>], places: &[Place]) -> Vec<Vec<(usize, Range<usize>)>> {
+    let mut order: Vec<usize> = (0..clients.len()).collect();
+    order.sort_by_key(|&i| places[i]);
+    let mut out = Vec::new();
+    let mut batch: Vec<(usize, Range<usize>)> = Vec::new();
+    let (mut rows, mut bytes) = (0, 0);
+    let mut place = None;
+    for i in order {
+        let c = &clients[i];
+        let weights: Vec<usize> = c.rows.iter().map(|r| row_bytes(c, r.1)).collect();
+        let total: usize = weights.iter().sum();
+        let starts_anew = place != Some(places[i])
+            || rows + c.rows.len() > MAX_BATCH_ROWS
+            || bytes + total > MAX_BATCH_BYTES;
+        if starts_anew && !batch.is_empty() {
+            out.push(std::mem::take(&mut batch));
+            (rows, bytes) = (0, 0);
+        }
+        place = Some(places[i]);
+        // A client too big for one batch: in as many as it needs, alone.
+        let mut from = 0;
+        for (j, w) in weights.iter().enumerate() {
+            if j > from && (rows + 1 > MAX_BATCH_ROWS || bytes + w > MAX_BATCH_BYTES) {
+                batch.push((i, from..j));
+                out.push(std::mem::take(&mut batch));
+                (rows, bytes, from) = (0, 0, j);
+            }
+            rows += 1;
+            bytes += w;
+        }
+        batch.push((i, from..c.rows.len()));
+    }
+    if !batch.is_empty() {
+        out.push(batch);
+    }
+    out
+}
+
+/// One query of a read: some clients' partitions (of one place) at some bucket starts, or one
+/// client's over a span of them, and the ranges (by index) its rows are summed into.
 #[derive(Debug, PartialEq, Eq)]
 struct Query<'a> {
     tenant: &'a str,
-    subject: &'a str,
+    /// One client, or several whose partitions live at the same place.
+    subjects: Vec<&'a str>,
     ask: Ask,
     ranges: Vec<usize>,
 }
@@ -49,51 +129,65 @@ enum Ask {
     Span(i64, i64),
 }
 
-/// The queries that read `ranges`: per client, one for all the starts its narrow ranges name
-/// (more only past [`MAX_IN_VALUES`] starts), and one per wide range. No row is asked for by
-/// two queries that serve one range, so nothing is summed twice.
-fn plan_reads(ranges: &[CounterRange]) -> Vec<Query<'_>> {
-    let mut by_client: BTreeMap<(&str, &str), Vec<usize>> = BTreeMap::new();
+/// The queries that read `ranges`: the narrow ranges of the clients of one tenant and place
+/// ([`Place`], from `place`) in one query for all the starts they name, up to
+/// [`MAX_IN_VALUES`] clients and starts a query (more past that), and one per wide range. No
+/// row is asked for by two queries that serve one range, so nothing is summed twice.
+fn plan_reads<'a>(
+    ranges: &'a [CounterRange],
+    place: impl Fn(&str, &str) -> Place,
+) -> Vec<Query<'a>> {
+    type Clients<'a> = BTreeMap<&'a str, Vec<usize>>;
+    let mut narrow: BTreeMap<(&str, Place), Clients<'a>> = BTreeMap::new();
+    let mut out = Vec::new();
     for (i, r) in ranges.iter().enumerate() {
-        if r.from <= r.to {
-            by_client
-                .entry((&*r.key.tenant, &*r.key.subject))
+        if r.from > r.to {
+            continue;
+        }
+        let (tenant, subject) = (&*r.key.tenant, &*r.key.subject);
+        match starts_in(r.key.grain, r.from, r.to) {
+            Some(_) => narrow
+                .entry((tenant, place(tenant, subject)))
                 .or_default()
-                .push(i);
+                .entry(subject)
+                .or_default()
+                .push(i),
+            None => out.push(Query {
+                tenant,
+                subjects: vec![subject],
+                ask: Ask::Span(r.from, r.to),
+                ranges: vec![i],
+            }),
         }
     }
-    let mut out = Vec::new();
-    for ((tenant, subject), idx) in by_client {
-        let mut starts: Vec<i64> = Vec::new();
-        let mut narrow = Vec::new();
-        for i in idx {
-            let r = &ranges[i];
-            match starts_in(r.key.grain, r.from, r.to) {
-                Some(s) => {
-                    starts.extend(s);
-                    narrow.push(i);
-                }
-                None => out.push(Query {
+    for ((tenant, _), clients) in narrow {
+        let clients: Vec<(&str, Vec<usize>)> = clients.into_iter().collect();
+        for group in clients.chunks(MAX_IN_VALUES) {
+            let idx: Vec<usize> = group.iter().flat_map(|(_, i)| i.iter().copied()).collect();
+            let mut starts: Vec<i64> = idx
+                .iter()
+                .flat_map(|&i| {
+                    let r = &ranges[i];
+                    starts_in(r.key.grain, r.from, r.to).unwrap_or_default()
+                })
+                .collect();
+            starts.sort_unstable();
+            starts.dedup();
+            for chunk in starts.chunks(MAX_IN_VALUES) {
+                out.push(Query {
                     tenant,
-                    subject,
-                    ask: Ask::Span(r.from, r.to),
-                    ranges: vec![i],
-                }),
+                    subjects: group.iter().map(|(s, _)| *s).collect(),
+                    ask: Ask::Starts(chunk.to_vec()),
+                    ranges: idx.clone(),
+                });
             }
-        }
-        starts.sort_unstable();
-        starts.dedup();
-        for chunk in starts.chunks(MAX_IN_VALUES) {
-            out.push(Query {
-                tenant,
-                subject,
-                ask: Ask::Starts(chunk.to_vec()),
-                ranges: narrow.clone(),
-            });
         }
     }
     out
 }
+
+/// A row read back, with the client it belongs to when the query read several.
+type Row = (Option<String>, CounterRow);
 
 /// The counters of `client_counters`, and of the old table while it holds any.
 pub(super) struct Counters {
@@ -112,49 +206,75 @@ impl Counters {
         }
     }
 
-    /// Writes the increments, a COUNTER batch per client (see the module comment).
+    /// Writes the increments: COUNTER batches of many clients, each sent to a replica of all
+    /// its clients' partitions (see the module comment).
     pub(super) async fn increment(&self, deltas: &[Delta]) -> StoreResult<()> {
         let shard = self.leases.shard().ok_or_else(|| {
             StoreError::Unavailable("this instance holds no shard lease; nothing written".into())
         })?;
         let clients = group_by_client(deltas)?;
-        let batches: Vec<Vec<IncrementValues<'_>>> = clients
+        let nodes: Vec<Option<Arc<Node>>> = clients
             .iter()
-            .flat_map(|c: &ClientWrite<'_>| {
-                c.rows.chunks(MAX_BATCH_ROWS).map(move |rows| {
-                    rows.iter()
-                        .map(|&(start, limit, grain, d)| {
+            .map(|c| self.cql.replica_for(c.tenant, c.subject))
+            .collect();
+        let places: Vec<Place> = nodes.iter().map(place_of).collect();
+        let batches: Vec<(Option<&Arc<Node>>, Vec<IncrementValues<'_>>)> = pack(&clients, &places)
+            .into_iter()
+            .map(|b| {
+                let node = nodes[b[0].0].as_ref();
+                let values = b
+                    .into_iter()
+                    .flat_map(|(i, rows)| {
+                        let c = &clients[i];
+                        c.rows[rows].iter().map(move |&(start, limit, grain, d)| {
                             (Counter(d), c.tenant, c.subject, start, limit, grain, shard)
                         })
-                        .collect()
-                })
+                    })
+                    .collect();
+                (node, values)
             })
             .collect();
         // By index: a closure over references trips the compiler's lifetime inference here.
         let outcomes: Vec<StoreResult<()>> = stream::iter(0..batches.len())
-            .map(|i| self.cql.counter_batch(&self.cql.st.increment, &batches[i]))
+            .map(|i| {
+                let (node, values) = &batches[i];
+                self.cql
+                    .counter_batch_on(&self.cql.st.increment, values, *node)
+            })
             .buffer_unordered(self.cql.max_concurrency)
             .collect()
             .await;
         combine_write_outcomes(outcomes)
     }
 
-    /// Reads the ranges, a query per client (see the module comment).
+    /// Reads the ranges, a query per place's clients (see the module comment).
     pub(super) async fn read(&self, ranges: &[CounterRange]) -> StoreResult<Vec<Vec<BucketTotal>>> {
         let mine = self.leases.shard().map_or(-1, i32::from);
         let region = self.leases.region_slot();
-        let queries = plan_reads(ranges);
+        let queries = plan_reads(ranges, |t, s| place_of(&self.cql.replica_for(t, s)));
         let queries = &queries;
-        let answers: Vec<(usize, Vec<CounterRow>)> = stream::iter(0..queries.len())
+        let answers: Vec<(usize, Vec<Row>)> = stream::iter(0..queries.len())
             .map(|q| async move { Ok::<_, StoreError>((q, self.ask(&queries[q]).await?)) })
             .buffer_unordered(self.cql.max_concurrency)
             .try_collect()
             .await?;
         let mut sums: Vec<BTreeMap<i64, BucketTotal>> = vec![BTreeMap::new(); ranges.len()];
         for (q, rows) in answers {
-            for (start, limit, grain, shard, hits) in rows {
+            let query = &queries[q];
+            // The query's ranges by client, for rows that say whose they are.
+            let mut of: HashMap<&str, Vec<usize>> = HashMap::new();
+            if query.subjects.len() > 1 {
+                for &i in &query.ranges {
+                    of.entry(&*ranges[i].key.subject).or_default().push(i);
+                }
+            }
+            for (subject, (start, limit, grain, shard, hits)) in rows {
                 let n = hits.map_or(0, |Counter(n)| n);
-                for &i in &queries[q].ranges {
+                let idx = match &subject {
+                    Some(s) => of.get(s.as_str()).map_or(&[][..], Vec::as_slice),
+                    None => &query.ranges[..],
+                };
+                for &i in idx {
                     let r = &ranges[i];
                     if *r.key.limit == *limit
                         && r.key.grain.code() == grain
@@ -179,16 +299,36 @@ impl Counters {
             .collect())
     }
 
-    async fn ask(&self, q: &Query<'_>) -> StoreResult<Vec<CounterRow>> {
-        match &q.ask {
-            Ask::Starts(starts) => {
-                let values: ReadStartsValues<'_> = (q.tenant, q.subject, starts);
-                self.cql.read_rows(&self.cql.st.read_starts, values).await
+    async fn ask(&self, q: &Query<'_>) -> StoreResult<Vec<Row>> {
+        let mine = |rows: Vec<CounterRow>| rows.into_iter().map(|r| (None, r)).collect();
+        match (&q.ask, q.subjects.as_slice()) {
+            (Ask::Starts(starts), [subject]) => {
+                let values: ReadStartsValues<'_> = (q.tenant, subject, starts);
+                Ok(mine(
+                    self.cql.read_rows(&self.cql.st.read_starts, values).await?,
+                ))
+            }
+            // Several clients of one place: sent there, paged (a page per 5000 rows).
+            (Ask::Starts(starts), subjects) => {
+                let mut st = self.cql.st.read_clients.clone();
+                if let Some(node) = self.cql.replica_for(q.tenant, subjects[0]) {
+                    st.set_execution_profile_handle(Some(self.cql.on_node(&node)));
+                }
+                let values: ReadClientsValues<'_> = (q.tenant, subjects, starts);
+                let rows: Vec<ClientCounterRow> = self.cql.read_all(&st, values).await?;
+                Ok(rows
+                    .into_iter()
+                    .map(|(s, start, limit, grain, shard, hits)| {
+                        (Some(s), (start, limit, grain, shard, hits))
+                    })
+                    .collect())
             }
             // A span may hold many rows: page through them.
-            Ask::Span(from, to) => {
-                let values: ReadSpanValues<'_> = (q.tenant, q.subject, *from, *to);
-                self.cql.read_all(&self.cql.st.read_span, values).await
+            (Ask::Span(from, to), subjects) => {
+                let values: ReadSpanValues<'_> = (q.tenant, subjects[0], *from, *to);
+                Ok(mine(
+                    self.cql.read_all(&self.cql.st.read_span, values).await?,
+                ))
             }
         }
     }
@@ -214,28 +354,46 @@ mod tests {
         }
     }
 
+    fn one_place(_: &str, _: &str) -> Place {
+        None
+    }
+
+    /// k1 and k3 live at one node, k2 at another.
+    fn two_places(_: &str, subject: &str) -> Place {
+        let port = if subject == "k2" { 2 } else { 1 };
+        Some(SocketAddr::from(([127, 0, 0, 1], port)))
+    }
+
     #[test]
-    fn a_clients_limits_are_one_query() {
+    fn the_clients_of_one_place_are_one_query() {
         let s = Grain::Fixed(1_000);
         let ranges = [
             range("k1", "per-sec", Grain::Fixed(100), 1_000, 1_300),
             range("k1", "per-min", s, 0, 2_000),
             range("k2", "per-min", s, 0, 1_000),
             range("k1", "empty", s, 5_000, 4_000),
+            range("k3", "per-min", s, 0, 1_000),
         ];
-        let q = plan_reads(&ranges);
+        let q = plan_reads(&ranges, one_place);
+        assert_eq!(
+            q,
+            vec![Query {
+                tenant: "acme",
+                subjects: vec!["k1", "k2", "k3"],
+                ask: Ask::Starts(vec![0, 1_000, 1_100, 1_200, 1_300, 2_000]),
+                ranges: vec![0, 1, 2, 4],
+            }]
+        );
+        let q = plan_reads(&ranges, two_places);
         assert_eq!(q.len(), 2, "{q:?}");
         assert_eq!(
-            q[0],
-            Query {
-                tenant: "acme",
-                subject: "k1",
-                ask: Ask::Starts(vec![0, 1_000, 1_100, 1_200, 1_300, 2_000]),
-                ranges: vec![0, 1],
-            }
+            (q[0].subjects.clone(), q[0].ranges.clone()),
+            (vec!["k1", "k3"], vec![0, 1, 4])
         );
-        assert_eq!(q[1].subject, "k2");
-        assert_eq!(q[1].ranges, vec![2]);
+        assert_eq!(
+            (q[1].subjects.clone(), q[1].ranges.clone()),
+            (vec!["k2"], vec![2])
+        );
     }
 
     #[test]
@@ -243,7 +401,7 @@ mod tests {
         let s = Grain::Fixed(1_000);
         let wide = 1_000 * MAX_STARTS_PER_RANGE as i64;
         let two = [range("k1", "a", s, 0, wide), range("k1", "b", s, 0, 0)];
-        let q = plan_reads(&two);
+        let q = plan_reads(&two, one_place);
         assert_eq!(q.len(), 2);
         assert!(q
             .iter()
@@ -258,7 +416,7 @@ mod tests {
                 range("k1", "l", s, from, from + 59_000)
             })
             .collect();
-        let q = plan_reads(&ranges);
+        let q = plan_reads(&ranges, one_place);
         let sizes: Vec<usize> = q
             .iter()
             .map(|q| match &q.ask {
@@ -267,5 +425,71 @@ mod tests {
             })
             .collect();
         assert_eq!(sizes, vec![MAX_IN_VALUES, 180 - MAX_IN_VALUES]);
+        // 250 clients: queries of at most 100.
+        let names: Vec<String> = (0..250).map(|i| format!("c{i:03}")).collect();
+        let many: Vec<CounterRange> = names.iter().map(|n| range(n, "l", s, 0, 0)).collect();
+        let q = plan_reads(&many, one_place);
+        let sizes: Vec<usize> = q.iter().map(|q| q.subjects.len()).collect();
+        assert_eq!(sizes, vec![100, 100, 50]);
+        let read: usize = q.iter().map(|q| q.ranges.len()).sum();
+        assert_eq!(read, 250, "every range in one query");
+    }
+
+    fn client<'a>(subject: &'a str, n: usize) -> ClientWrite<'a> {
+        ClientWrite {
+            tenant: "acme",
+            subject,
+            rows: (0..n).map(|i| (i as i64, "per-minute", 1_000, 1)).collect(),
+        }
+    }
+
+    #[test]
+    fn batches_hold_many_clients_of_one_place_and_stay_small() {
+        let names: Vec<String> = (0..200).map(|i| format!("k{i:03}")).collect();
+        let clients: Vec<ClientWrite<'_>> = names.iter().map(|n| client(n, 3)).collect();
+        let places: Vec<Place> = names.iter().map(|n| two_places("acme", n)).collect();
+        let batches = pack(&clients, &places);
+        // 600 rows of about 70 bytes: a few batches, not 200.
+        assert!(batches.len() <= 6, "{} batches", batches.len());
+        let mut seen = vec![0; clients.len()];
+        for b in &batches {
+            let rows: usize = b.iter().map(|(_, r)| r.len()).sum();
+            let bytes: usize = b
+                .iter()
+                .flat_map(|(i, r)| {
+                    clients[*i].rows[r.clone()]
+                        .iter()
+                        .map(|row| row_bytes(&clients[*i], row.1))
+                })
+                .sum();
+            assert!(
+                rows <= MAX_BATCH_ROWS && bytes <= MAX_BATCH_BYTES,
+                "{rows} rows, {bytes} bytes"
+            );
+            let place = places[b[0].0];
+            assert!(
+                b.iter().all(|(i, _)| places[*i] == place),
+                "one place a batch"
+            );
+            for (i, r) in b {
+                assert_eq!(*r, 0..3, "a client's rows in one batch");
+                seen[*i] += 1;
+            }
+        }
+        assert!(seen.iter().all(|&n| n == 1), "each client once");
+        // A client bigger than a batch: in pieces, alone, every row once.
+        let big = [client("huge", 3 * MAX_BATCH_ROWS + 5), client("small", 2)];
+        let batches = pack(&big, &[None, None]);
+        let pieces: Vec<(usize, Range<usize>)> = batches.iter().flatten().cloned().collect();
+        let rows: usize = pieces
+            .iter()
+            .filter(|(i, _)| *i == 0)
+            .map(|(_, r)| r.len())
+            .sum();
+        assert_eq!(rows, 3 * MAX_BATCH_ROWS + 5);
+        assert!(batches
+            .iter()
+            .all(|b| b.iter().map(|(_, r)| r.len()).sum::<usize>() <= MAX_BATCH_ROWS));
+        assert!(pack(&[], &[]).is_empty());
     }
 }

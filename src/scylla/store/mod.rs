@@ -7,7 +7,8 @@
 //! six store traits, each method handed to one part):
 //! - [`connection`]: `Cql`, the session and the prepared statements, which every part shares;
 //! - [`lease`]: `Leases`, the shard this instance writes, the shards reads sum, its region;
-//! - [`counters`]: `Counters`, the counter writes and reads; [`legacy`]: `Legacy`, the old
+//! - [`counters`]: `Counters`, the counter writes and reads, and [`first_reads`]:
+//!   `FirstReads`, one client's reads that go together; [`legacy`]: `Legacy`, the old
 //!   counter table while it holds anything; [`janitor`]: `Janitor`, expiry and its cursors;
 //! - [`policies`], [`history`], [`audit`], [`idempotency`]: `Policies`, `History`, `Audit`,
 //!   `Idempotency`.
@@ -18,8 +19,9 @@
 //! Counters ([`counters`], `migrations/0006_client_counters.cql`). A partition per (tenant,
 //! subject), a row per (bucket start, limit id, grain, shard):
 //! - one sync round writes a client's hits, for all its limits and buckets, in one COUNTER
-//!   batch, and one query reads all of a client's counters at the bucket starts its windows
-//!   need, every shard at once;
+//!   batch shared with other clients of the same replica, and one query reads all of a
+//!   client's counters (and other clients' of the same tenant and replica) at the bucket
+//!   starts its windows need, every shard at once;
 //! - `shard` is this instance's write shard ([`ScyllaOptions::shard`]): instances never
 //!   increment the same cell, and a read sums what it gets back;
 //! - increments are never retried; a timed-out write is `Uncertain` ([`errors`]).
@@ -52,6 +54,7 @@ mod connection;
 mod counters;
 mod errors;
 mod facade;
+mod first_reads;
 mod history;
 mod holds;
 mod idempotency;

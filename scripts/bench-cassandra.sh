@@ -11,6 +11,8 @@
 #                                                  # for the Cassandra runs only
 #   EMBEDDED_ENV="QUOTAD__SYNC__MAX_DELAY_MS=2s" scripts/bench-cassandra.sh  # the same, embedded
 #   NODE_PID=<the node's pid> NODE_CPUS=1 scripts/bench-cassandra.sh   # both layouts, below
+#   WARM=15s scripts/bench-cassandra.sh   # also steady state: after the cold full-load run,
+#                                         # $WARM more of it unmeasured, then a full-load run again
 #
 # Layouts: with NODE_PID (a node on this machine), every run is made twice. "own": the node's
 # threads pinned to NODE_CPUS (taskset), quotad and wrk to the other cores, as a deployment has
@@ -45,6 +47,7 @@ PACE_MS=${PACE_MS:-20}
 QPORT=${QPORT:-18090}
 NODE_PID=${NODE_PID:-}
 NODE_CPUS=${NODE_CPUS:-1}
+WARM=${WARM:-}
 ALL_CPUS=0-$(( $(nproc) - 1 ))
 # The cores left to quotad and wrk when the node has NODE_CPUS ("own" layout).
 REST_CPUS=$(python3 -c "
@@ -237,6 +240,13 @@ for lay in $LAYOUTS; do
       start_quotad "$kind"
       run "$lay-$kind-$n-full" "$kind" "$n" "$CONNS" 0
       full=$(sed -n 's/Requests\/sec:[[:space:]]*//p' "$OUT/wrk-$lay-$kind-$n-full.txt")
+      if [ -n "$WARM" ]; then
+        # Steady state: every client checked again and again for $WARM (not measured), then
+        # the same full load, measured.
+        "${PIN[@]}" wrk -t"$THREADS" -c"$CONNS" -d"$WARM" -s scripts/wrk/check.lua \
+          "http://127.0.0.1:$QPORT/v1/check" -- "$n" bench 0 0 >"$OUT/wrk-$lay-$kind-$n-warm.txt" 2>&1
+        run "$lay-$kind-$n-steady" "$kind" "$n" "$CONNS" 0
+      fi
       # Half the rate: each connection waits PACE_MS after each answer.
       conns=$(python3 -c "print(max($THREADS, round($full / 2 * $PACE_MS / 1000)))")
       run "$lay-$kind-$n-half" "$kind" "$n" "$conns" "$PACE_MS"

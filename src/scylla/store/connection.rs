@@ -159,6 +159,21 @@ impl Cql {
             .map(|(n, _)| n.clone())
     }
 
+    /// `st`, sent to the replica of (tenant, subject) that [`Cql::replica_for`] names (as
+    /// the driver routes it, when none is known).
+    pub(super) fn to_replica(
+        &self,
+        st: &PreparedStatement,
+        tenant: &str,
+        subject: &str,
+    ) -> PreparedStatement {
+        let mut st = st.clone();
+        if let Some(node) = self.replica_for(tenant, subject) {
+            st.set_execution_profile_handle(Some(self.on_node(&node)));
+        }
+        st
+    }
+
     /// The profile that sends a request to `node` alone (no other node coordinates it, nor
     /// is tried after it), with the default profile's settings otherwise.
     pub(super) fn on_node(&self, node: &Arc<Node>) -> ExecutionProfileHandle {

@@ -42,8 +42,8 @@ use super::legacy::Legacy;
 use super::partition::MAX_STARTS_PER_RANGE;
 use super::partition::{group_by_client, starts_in, ClientWrite, MAX_IN_VALUES};
 use super::statements::{
-    ClientCounterRow, CounterRow, IncrementValues, ReadClientsValues, ReadSpanValues,
-    ReadStartsValues,
+    ClientCounterRow, CounterRow, IncrementValues, ReadClientsSpanValues, ReadClientsValues,
+    ReadSpanValues, ReadStartsValues,
 };
 use crate::store::lease::slot_of;
 use crate::store::{BucketTotal, CounterRange, Delta, StoreError, StoreResult};
@@ -139,25 +139,38 @@ fn plan_reads<'a>(
 ) -> Vec<Query<'a>> {
     type Clients<'a> = BTreeMap<&'a str, Vec<usize>>;
     let mut narrow: BTreeMap<(&str, Place), Clients<'a>> = BTreeMap::new();
+    let mut wide: BTreeMap<(&str, Place), Clients<'a>> = BTreeMap::new();
     let mut out = Vec::new();
     for (i, r) in ranges.iter().enumerate() {
         if r.from > r.to {
             continue;
         }
         let (tenant, subject) = (&*r.key.tenant, &*r.key.subject);
-        match starts_in(r.key.grain, r.from, r.to) {
-            Some(_) => narrow
-                .entry((tenant, place(tenant, subject)))
-                .or_default()
-                .entry(subject)
-                .or_default()
-                .push(i),
-            None => out.push(Query {
+        let by = if starts_in(r.key.grain, r.from, r.to).is_some() {
+            &mut narrow
+        } else {
+            &mut wide
+        };
+        by.entry((tenant, place(tenant, subject)))
+            .or_default()
+            .entry(subject)
+            .or_default()
+            .push(i);
+    }
+    // Wide ranges: the clients of a place over the span that covers all of theirs (a row
+    // beyond a range's own span is not summed into it).
+    for ((tenant, _), clients) in wide {
+        let clients: Vec<(&str, Vec<usize>)> = clients.into_iter().collect();
+        for group in clients.chunks(MAX_IN_VALUES) {
+            let idx: Vec<usize> = group.iter().flat_map(|(_, i)| i.iter().copied()).collect();
+            let from = idx.iter().map(|&i| ranges[i].from).min().unwrap_or(0);
+            let to = idx.iter().map(|&i| ranges[i].to).max().unwrap_or(0);
+            out.push(Query {
                 tenant,
-                subjects: vec![subject],
-                ask: Ask::Span(r.from, r.to),
-                ranges: vec![i],
-            }),
+                subjects: group.iter().map(|(s, _)| *s).collect(),
+                ask: Ask::Span(from, to),
+                ranges: idx,
+            });
         }
     }
     for ((tenant, _), clients) in narrow {
@@ -301,6 +314,13 @@ impl Counters {
 
     async fn ask(&self, q: &Query<'_>) -> StoreResult<Vec<Row>> {
         let mine = |rows: Vec<CounterRow>| rows.into_iter().map(|r| (None, r)).collect();
+        let theirs = |rows: Vec<ClientCounterRow>| {
+            rows.into_iter()
+                .map(|(s, start, limit, grain, shard, hits)| {
+                    (Some(s), (start, limit, grain, shard, hits))
+                })
+                .collect()
+        };
         match (&q.ask, q.subjects.as_slice()) {
             (Ask::Starts(starts), [subject]) => {
                 let values: ReadStartsValues<'_> = (q.tenant, subject, starts);
@@ -310,25 +330,25 @@ impl Counters {
             }
             // Several clients of one place: sent there, paged (a page per 5000 rows).
             (Ask::Starts(starts), subjects) => {
-                let mut st = self.cql.st.read_clients.clone();
-                if let Some(node) = self.cql.replica_for(q.tenant, subjects[0]) {
-                    st.set_execution_profile_handle(Some(self.cql.on_node(&node)));
-                }
+                let st = self
+                    .cql
+                    .to_replica(&self.cql.st.read_clients, q.tenant, subjects[0]);
                 let values: ReadClientsValues<'_> = (q.tenant, subjects, starts);
-                let rows: Vec<ClientCounterRow> = self.cql.read_all(&st, values).await?;
-                Ok(rows
-                    .into_iter()
-                    .map(|(s, start, limit, grain, shard, hits)| {
-                        (Some(s), (start, limit, grain, shard, hits))
-                    })
-                    .collect())
+                Ok(theirs(self.cql.read_all(&st, values).await?))
             }
             // A span may hold many rows: page through them.
-            (Ask::Span(from, to), subjects) => {
-                let values: ReadSpanValues<'_> = (q.tenant, subjects[0], *from, *to);
+            (Ask::Span(from, to), [subject]) => {
+                let values: ReadSpanValues<'_> = (q.tenant, subject, *from, *to);
                 Ok(mine(
                     self.cql.read_all(&self.cql.st.read_span, values).await?,
                 ))
+            }
+            (Ask::Span(from, to), subjects) => {
+                let st = self
+                    .cql
+                    .to_replica(&self.cql.st.read_clients_span, q.tenant, subjects[0]);
+                let values: ReadClientsSpanValues<'_> = (q.tenant, subjects, *from, *to);
+                Ok(theirs(self.cql.read_all(&st, values).await?))
             }
         }
     }
@@ -409,6 +429,22 @@ mod tests {
         assert!(q
             .iter()
             .any(|q| q.ask == Ask::Starts(vec![0]) && q.ranges == [1]));
+        // Wide ranges of clients of one place: one span over all of them.
+        let spans = [
+            range("k1", "a", s, 0, wide),
+            range("k2", "a", s, 5_000, wide + 9_000),
+        ];
+        let q = plan_reads(&spans, one_place);
+        assert_eq!(
+            q,
+            vec![Query {
+                tenant: "acme",
+                subjects: vec!["k1", "k2"],
+                ask: Ask::Span(0, wide + 9_000),
+                ranges: vec![0, 1],
+            }]
+        );
+        assert_eq!(plan_reads(&spans, two_places).len(), 2, "k2 lives elsewhere");
         // Three limits of 60 distinct starts each: 180 starts in two lists.
         let ranges: Vec<CounterRange> = (0..3)
             .map(|i| {

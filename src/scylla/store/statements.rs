@@ -40,6 +40,13 @@ pub(crate) const READ_CLIENTS_CQL: &str = "SELECT subject, bucket_start, limit_i
 pub(crate) type ReadClientsValues<'a> = (&'a str, &'a [&'a str], &'a [i64]);
 pub(crate) type ClientCounterRow = (String, i64, String, i64, i16, Option<Counter>);
 
+/// Many clients' rows of one tenant from one bucket start to another, in one request sent to a
+/// replica of all their partitions: for ranges too wide to name each start.
+pub(crate) const READ_CLIENTS_SPAN_CQL: &str = "SELECT subject, bucket_start, limit_id, \
+     grain, shard, hits FROM client_counters WHERE tenant = ? AND subject IN ? \
+     AND bucket_start >= ? AND bucket_start <= ?";
+pub(crate) type ReadClientsSpanValues<'a> = (&'a str, &'a [&'a str], i64, i64);
+
 /// A client's rows from one bucket start to another: for ranges too wide to name each start.
 pub(crate) const READ_SPAN_CQL: &str = "SELECT bucket_start, limit_id, grain, shard, hits \
      FROM client_counters WHERE tenant = ? AND subject = ? AND bucket_start >= ? \
@@ -452,6 +459,8 @@ statements! {
         row: CounterRow;
     read_clients: READ_CLIENTS_CQL, idempotent: true, binds: ReadClientsValues<'static>,
         row: ClientCounterRow;
+    read_clients_span: READ_CLIENTS_SPAN_CQL, idempotent: true,
+        binds: ReadClientsSpanValues<'static>, row: ClientCounterRow;
     read_client: READ_CLIENT_CQL, idempotent: true, binds: ClientValues<'static>,
         row: CounterRow, setup: in_janitor_pages;
     scan_clients: SCAN_CLIENTS_CQL, idempotent: true, binds: ScanValues, row: ClientRow;

@@ -444,7 +444,11 @@ mod tests {
                 ranges: vec![0, 1],
             }]
         );
-        assert_eq!(plan_reads(&spans, two_places).len(), 2, "k2 lives elsewhere");
+        assert_eq!(
+            plan_reads(&spans, two_places).len(),
+            2,
+            "k2 lives elsewhere"
+        );
         // Three limits of 60 distinct starts each: 180 starts in two lists.
         let ranges: Vec<CounterRange> = (0..3)
             .map(|i| {

@@ -70,6 +70,7 @@ macro_rules! every_store {
     };
 }
 
+mod audit;
 mod counters;
 mod embedded;
 mod fleet;
@@ -104,6 +105,7 @@ use quotad::store::{
     StoreError,
 };
 
+use audit::*;
 use counters::*;
 use fleet::*;
 use history::*;

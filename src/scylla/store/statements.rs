@@ -5,7 +5,9 @@
 //! catalog a unit test checks against the migrations' schema, so a statement cannot be
 //! prepared without being checked. Unqualified table names: the session runs in the
 //! configured keyspace. Every partition-key column is bound, so the driver routes each request
-//! to a replica (and, on ScyllaDB, to the owning shard) of its partition.
+//! to a replica (and, on ScyllaDB, to the owning shard) of its partition, except in the reads
+//! of many clients' counters, which the code sends to a replica of them all. The counters'
+//! statements are in [`counters`].
 
 use scylla::client::session::Session;
 use scylla::statement::prepared::PreparedStatement;
@@ -15,43 +17,15 @@ use scylla::value::{Counter, CqlTimestamp, MaybeUnset};
 use super::errors::map_prepare;
 use crate::store::StoreResult;
 
+mod counters;
+pub(crate) use counters::*;
+
 /// Rows per page when loading every policy: bodies are up to 64 KiB each.
 const POLICY_PAGE_SIZE: i32 = 100;
 /// Rows per page when the janitor reads a client's every row.
 const JANITOR_PAGE_SIZE: i32 = 1_000;
 /// Rows per page of the audit log: an entry holds up to two policy bodies.
 const AUDIT_PAGE_SIZE: i32 = 50;
-
-/// Counters (`migrations/0006_client_counters.cql`): one partition per (tenant, subject).
-pub(crate) const INCREMENT_CQL: &str = "UPDATE client_counters SET hits = hits + ? WHERE \
-     tenant = ? AND subject = ? AND bucket_start = ? AND limit_id = ? AND grain = ? AND shard = ?";
-pub(crate) type IncrementValues<'a> = (Counter, &'a str, &'a str, i64, &'a str, i64, i16);
-
-/// A client's rows at the bucket starts its windows need, every limit and shard at once.
-pub(crate) const READ_STARTS_CQL: &str = "SELECT bucket_start, limit_id, grain, shard, hits \
-     FROM client_counters WHERE tenant = ? AND subject = ? AND bucket_start IN ?";
-pub(crate) type ReadStartsValues<'a> = (&'a str, &'a str, &'a [i64]);
-pub(crate) type CounterRow = (i64, String, i64, i16, Option<Counter>);
-
-/// Many clients' rows of one tenant at the bucket starts their windows need, in one request
-/// sent to a replica of all their partitions (`counters`).
-pub(crate) const READ_CLIENTS_CQL: &str = "SELECT subject, bucket_start, limit_id, grain, \
-     shard, hits FROM client_counters WHERE tenant = ? AND subject IN ? AND bucket_start IN ?";
-pub(crate) type ReadClientsValues<'a> = (&'a str, &'a [&'a str], &'a [i64]);
-pub(crate) type ClientCounterRow = (String, i64, String, i64, i16, Option<Counter>);
-
-/// Many clients' rows of one tenant from one bucket start to another, in one request sent to a
-/// replica of all their partitions: for ranges too wide to name each start.
-pub(crate) const READ_CLIENTS_SPAN_CQL: &str = "SELECT subject, bucket_start, limit_id, \
-     grain, shard, hits FROM client_counters WHERE tenant = ? AND subject IN ? \
-     AND bucket_start >= ? AND bucket_start <= ?";
-pub(crate) type ReadClientsSpanValues<'a> = (&'a str, &'a [&'a str], i64, i64);
-
-/// A client's rows from one bucket start to another: for ranges too wide to name each start.
-pub(crate) const READ_SPAN_CQL: &str = "SELECT bucket_start, limit_id, grain, shard, hits \
-     FROM client_counters WHERE tenant = ? AND subject = ? AND bucket_start >= ? \
-     AND bucket_start <= ?";
-pub(crate) type ReadSpanValues<'a> = (&'a str, &'a str, i64, i64);
 
 /// The janitor: a client's every row (keys and counts; the counts tell nothing it needs, but a
 /// counter table has no cheaper way to list its rows).

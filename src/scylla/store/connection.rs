@@ -139,10 +139,12 @@ impl Cql {
         Ok((cql, local_dc))
     }
 
-    /// The replica a request about the counters of (tenant, subject) is best sent to: one
-    /// of the partition's replicas in the local data centre (any, without one), the same for
-    /// every partition of the same replicas. None when the driver's token map does not know
-    /// the table (yet): the request is then sent as the driver routes it.
+    /// The replica a request about the counters of (tenant, subject) is best sent to: the
+    /// first of the partition's replicas in the local data centre (of any, without one) in
+    /// the driver's ring order, so that every partition of one token range goes to the same
+    /// node and the ranges' first replicas spread the load over the nodes. None when the
+    /// driver's token map does not know the table (yet): the request is then sent as the
+    /// driver routes it.
     pub(super) fn replica_for(&self, tenant: &str, subject: &str) -> Option<Arc<Node>> {
         let state = self.session.get_cluster_state();
         let replicas = state
@@ -153,9 +155,8 @@ impl Cql {
         };
         replicas
             .iter()
-            .filter(local)
-            .min_by_key(|(n, _)| n.host_id)
-            .or_else(|| replicas.iter().min_by_key(|(n, _)| n.host_id))
+            .find(local)
+            .or(replicas.first())
             .map(|(n, _)| n.clone())
     }
 

@@ -10,6 +10,7 @@
 use smallvec::SmallVec;
 use smol_str::SmolStr;
 
+use super::first;
 use super::share::{self, share_use, Fleet};
 use super::state::{Answered, Entry, LimitState, TOKEN_SETTLE_ROUNDS};
 use super::window;
@@ -73,6 +74,7 @@ const UNJUDGED: Verdict = Verdict {
     retry: None,
     pressing: false,
     store: false,
+    read: false,
 };
 
 /// Per-limit verdict before anything is consumed.
@@ -90,6 +92,8 @@ struct Verdict {
     pressing: bool,
     /// The window has room that this instance's share cannot hold: the store decides.
     store: bool,
+    /// An unread state that cannot hold the check: read the counter first (`first`).
+    read: bool,
 }
 
 /// How long a refusal by a full in-flight limit says to wait: a hold may end any moment.
@@ -108,9 +112,21 @@ fn judge(l: &Limit, s: &LimitState, now: i64, cost: u64, fleet: Fleet) -> Verdic
         retry,
         pressing,
         store: false,
+        read: false,
     };
     if cost > l.max {
         return verdict(false, None, false);
+    }
+    if s.unread {
+        // Before its first read: this instance's own hits, within the unread budget.
+        let budget = first::unread_budget(l, fleet.members, fleet.idle_ms);
+        if est as i128 + cost as i128 <= budget as i128 {
+            return verdict(true, Some(0), false);
+        }
+        return Verdict {
+            read: true,
+            ..verdict(false, None, false)
+        };
     }
     if est as i128 + cost as i128 > l.max as i128 {
         if l.in_flight.is_some() {
@@ -314,6 +330,10 @@ impl<'l> Judging<'l> {
                 s.rekind(l.kind, self.now);
                 s.prune(self.now, settle);
                 let v = judge(l, s, self.now, l.cost_of(self.cost), self.fleet);
+                if v.read {
+                    // Left unjudged: the check reads the counter first.
+                    continue;
+                }
                 s.pressing |= v.pressing;
                 self.verdicts[i] = v;
                 self.judged |= 1 << i;

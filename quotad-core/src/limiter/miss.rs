@@ -2,7 +2,8 @@
 //! through the store, and the failure rule when the store does not answer.
 //!
 //! First reads. A counter not in memory is read before its first decision, never assumed to
-//! be zero. Concurrent first checks of one client share one read (`loads`); a check that finds
+//! be zero, unless the limit is far too large for the check to matter: then it may be admitted
+//! unread, within a bound, and read at the next round (`first`, `admit_unread`). Concurrent first checks of one client share one read (`loads`); a check that finds
 //! no room under a memory cap is decided through the store instead.
 //!
 //! Strict consistency: the store counts a hit before the answer, and a denial takes it back.
@@ -45,6 +46,7 @@ use std::future::Future;
 use std::sync::atomic::Ordering;
 
 use super::decision::{decide, Binding, Decision};
+use super::first;
 use super::key::{counter_key, range_of};
 use super::late::{undo, Counting, Late};
 use super::loads::Turn;
@@ -104,6 +106,48 @@ impl Limiter {
         (self.on_failure(policy, &limits, input, now, &e), false)
     }
 
+    /// Installs unread states for the `missing` limits of a check, if every one of them
+    /// qualifies (module comment); says whether it did. A state a racing read installed first
+    /// stays.
+    pub(super) fn admit_unread(
+        &self,
+        policy: &Policy,
+        limits: &Applicable<'_>,
+        input: CheckInput<'_>,
+        now: i64,
+        missing: u32,
+    ) -> bool {
+        if policy.consistency != Consistency::Cached
+            || input.cost == 0
+            || input.reserve
+            || self.failing.load(Ordering::Relaxed) > 0
+            || self.shares.fleet.cut_since().is_some()
+        {
+            return false;
+        }
+        let members = self.shares.fleet.members();
+        let pressed_at = self.table.pressed_at();
+        let missing_limits = || {
+            (limits.iter().enumerate())
+                .filter(|(i, _)| missing & (1 << i) != 0)
+                .map(|(_, l)| *l)
+        };
+        let (cost, idle) = (input.cost, self.cfg.idle_ms);
+        let qualifies = |l: &Limit| first::qualifies(l, cost, members, idle, (now, pressed_at));
+        if !missing_limits().all(qualifies) {
+            return false;
+        }
+        let share = 1.0 / members.max(1) as f32;
+        for l in missing_limits() {
+            let unread = || LimitState::unread(l, share, now);
+            if self.table.install(input, l, now, unread).is_err() {
+                // No room under a cap: the read decides, through the store.
+                return false;
+            }
+        }
+        true
+    }
+
     /// Reads the missing counters from the store and installs them (unless a racing check
     /// installed them first, whose state then wins). Says which cap, if any, left one out.
     pub(super) async fn load(
@@ -121,8 +165,21 @@ impl Limiter {
         let mut capped = None;
         for (l, (r, t)) in limits.iter().zip(ranges.iter().zip(totals)) {
             let share = self.shares.share(&t, r, now);
-            let part = self.shares.region_part(&t, r, now, None);
+            let mut part = self.shares.region_part(&t, r, now, None);
+            // A state admitted unread (`first`) takes the read in; any other that a racing
+            // read installed first stays as it is.
+            let read_in = self.table.with_state(&r.key, |s| {
+                if s.unread {
+                    s.first_read_in(&t, r.from);
+                    s.share = share;
+                    s.set_region(part.take());
+                    self.shares.note_read(s, now);
+                }
+            });
             let state = || self.read_state(l, buckets_from(&t), share, now);
+            if read_in.is_some() {
+                continue;
+            }
             if let Err(cap) = self.table.install(input, l, now, state) {
                 capped = Some(cap);
             } else if part.is_some() {
@@ -306,6 +363,8 @@ impl Limiter {
                     let mine = window::bucket_at(&mut s.buckets, b.start);
                     mine.stored = mine.stored.max(b.stored);
                 }
+                // The store's count is at least what an unread state counted of its own.
+                s.unread = false;
             });
             if known.is_none() {
                 let share = self.shares.share(&t, r, now);

@@ -15,7 +15,9 @@
 //! - Locks are `std::sync::Mutex` over a sharded map, held only for in-memory arithmetic: no
 //!   `.await` ever happens under one.
 //! - A counter not in memory is read from the store before its first decision; it is never
-//!   assumed to be zero (unless the store fails and the policy says to carry on locally).
+//!   assumed to be zero (unless the store fails and the policy says to carry on locally), though
+//!   where the limit is far too large for it to matter, a first check may be admitted within a
+//!   bound before that read arrives (`first`).
 //! - Pending hits only leave memory by being written: buckets with pending hits are never pruned,
 //!   and entries with pending hits are never evicted.
 //! - In steady state a check allocates nothing: lookups borrow the request's strings, and bucket
@@ -41,6 +43,7 @@ mod admin;
 mod bucket;
 mod config;
 mod decision;
+mod first;
 mod key;
 mod late;
 mod loads;
@@ -64,6 +67,7 @@ use smallvec::SmallVec;
 pub use admin::{Granted, Usage};
 pub use config::{CheckInput, LimiterConfig};
 pub use decision::{Binding, Decision};
+pub use first::{unread_budget, UNREAD_DIVISOR};
 pub use key::CLOCK_SKEW_MS;
 pub use membership::{Membership, RegionSeen};
 pub use share::share_of;
@@ -380,7 +384,22 @@ impl Limiter {
                 Now::Decided(d, recorded)
             }
             Locked::Store => Now::Store,
-            Locked::Missing(missing) => Now::Missing(missing),
+            Locked::Missing(missing) => {
+                // A first check the limits are too large to be endangered by need not wait
+                // for its read (`first`).
+                if !self.admit_unread(policy, limits, input, now, missing) {
+                    return Now::Missing(missing);
+                }
+                match self.locked(policy, limits, input, now, None, tally) {
+                    Locked::Decided(d, tallied) => {
+                        self.metrics.unread_first_check();
+                        let (d, recorded) = self.tallied(input, d, tallied);
+                        Now::Decided(d, recorded)
+                    }
+                    Locked::Store => Now::Store,
+                    Locked::Missing(missing) => Now::Missing(missing),
+                }
+            }
         }
     }
 

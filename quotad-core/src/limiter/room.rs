@@ -226,10 +226,14 @@ impl Table {
     }
 
     pub(super) fn evicting(&self, now: i64) -> Evicting {
+        let rule = self.idle_rule();
+        if rule.all_pressed || !rule.crowded.is_empty() {
+            self.pressed_at.fetch_max(now, Ordering::Relaxed);
+        }
         Evicting {
             now,
             settle_ms: self.settle_ms,
-            rule: self.idle_rule(),
+            rule,
         }
     }
 

@@ -110,6 +110,9 @@ pub(super) struct Fleet {
     pub(super) sync_interval_ms: i64,
     /// While another region is unheard: keep to this region's budget.
     pub(super) budget: Option<Budget>,
+    /// The fleet's size and `limiter.idle_ms`: a counter's unread budget (`first`).
+    pub(super) members: u32,
+    pub(super) idle_ms: i64,
 }
 
 /// A region's budget while another region is unheard: the policy's fixed split, or (`None`)
@@ -295,6 +298,7 @@ const REFRESH_IDLE_EVERY: u32 = 8;
 /// This instance's place in the fleet, and the sync timing that shares and spans follow.
 pub(super) struct Shares {
     pub(super) fleet: Arc<Membership>,
+    idle_ms: i64,
     sync_interval_ms: i64,
     max_sync_delay_ms: i64,
 }
@@ -303,6 +307,7 @@ impl Shares {
     pub(super) fn new(cfg: &LimiterConfig) -> Self {
         Shares {
             fleet: cfg.fleet.clone(),
+            idle_ms: cfg.idle_ms,
             sync_interval_ms: cfg.sync_interval_ms,
             max_sync_delay_ms: cfg.max_sync_delay_ms,
         }
@@ -423,6 +428,8 @@ impl Shares {
             seen_span: self.seen_span().unwrap_or(0),
             sync_interval_ms: self.sync_interval_ms,
             budget,
+            members: self.fleet.members(),
+            idle_ms: self.idle_ms,
         }
     }
 
@@ -448,6 +455,8 @@ impl Shares {
             seen_span: self.seen_span().unwrap_or(0),
             sync_interval_ms: self.sync_interval_ms,
             budget,
+            members: self.fleet.members(),
+            idle_ms: self.idle_ms,
         }
     }
 }

@@ -40,6 +40,9 @@ pub(super) struct LimitState {
     /// share of the headroom (or over it): write and read back at the next round, whatever
     /// `sync.max_delay_ms` says.
     pub(super) pressing: bool,
+    /// Installed before its first read (`first`): counts only this instance's hits since, and
+    /// admits within the counter's unread budget until the next round reads it back.
+    pub(super) unread: bool,
     /// What only some states need: a token bucket's level, and in a fleet that writes lazily
     /// the [`Reserve`]. None for the rest, whose states stay as small as they were (one word
     /// here instead of the bytes of both).
@@ -98,6 +101,7 @@ impl LimitState {
             share,
             settling: 0,
             pressing: false,
+            unread: false,
             aux: l.kind.is_tokens().then(|| {
                 Box::new(Aux {
                     tokens: Some(TokenLevel {
@@ -113,6 +117,34 @@ impl LimitState {
                 })
             }),
         }
+    }
+
+    /// A limit's state before its first read (`first`): nothing known of the store's count.
+    pub(super) fn unread(l: &Limit, share: f32, now: i64) -> Self {
+        LimitState {
+            unread: true,
+            ..Self::new(l, Vec::new(), share, now)
+        }
+    }
+
+    /// The first read of an unread state, made on the check path (`miss::load`), comes in:
+    /// the store's totals from `from` on. A sync write of this state's hits may be under way
+    /// that the read did or did not see: they are counted once more in the newest bucket
+    /// (erring high), and the next round reads the counter back.
+    pub(super) fn first_read_in(&mut self, totals: &[BucketTotal], from: i64) {
+        for b in self.buckets.iter_mut().filter(|b| b.start >= from) {
+            b.stored = 0;
+        }
+        for t in totals {
+            window::bucket_at(&mut self.buckets, t.start).stored = t.total;
+        }
+        if let Some(b) = self.buckets.last_mut() {
+            b.stored = b
+                .stored
+                .saturating_add(self.settling.min(i64::MAX as u64) as i64);
+        }
+        self.unread = false;
+        self.pressing = true;
     }
 
     fn token_level(&self) -> Option<&TokenLevel> {

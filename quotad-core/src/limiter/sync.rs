@@ -161,9 +161,11 @@ impl Table {
                 // Others' hits reach an entry by reading it back: in a fleet, whenever it is
                 // written or pressed, or used at its write time; otherwise (and alone, where
                 // this instance's own writes keep it exact) every few writes.
+                // A state admitted before its first read (`first`) is read at the next round.
                 let refresh = (fleet && (pressing || (write && (has_pending || e.touched))))
                     || (lazy && turn(slot.rotate_left(32), read_every))
-                    || e.stale_rounds >= read_every;
+                    || e.stale_rounds >= read_every
+                    || e.states.iter().any(|s| s.unread);
                 for s in e.states.iter_mut() {
                     let mut key = || CounterKey {
                         tenant: k.tenant.clone(),
@@ -277,6 +279,7 @@ impl Table {
                     s.set_region(shares.region_part(t, r, now, kept));
                     s.share = *share;
                     s.settling = 0;
+                    s.unread = false;
                     s.read_back(now);
                     for b in s.buckets.iter_mut().filter(|b| b.start >= r.from) {
                         b.stored = 0;

@@ -11,7 +11,7 @@
 //! back from the store.
 
 use std::collections::HashMap;
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crossbeam_utils::CachePadded;
@@ -53,6 +53,9 @@ pub(super) struct Table {
     pub(super) settle_ms: i64,
     /// For the gauges of what a pass kept.
     pub(super) metrics: Arc<Metrics>,
+    /// When eviction last ran near a memory cap (ms; `i64::MIN`: never): counters may then
+    /// have left memory sooner than `idle_ms`, which unread admissions count on (`first`).
+    pub(super) pressed_at: AtomicI64,
 }
 
 impl Table {
@@ -74,6 +77,7 @@ impl Table {
             short_idle_ms: (2 * cfg.sync_interval_ms).min(cfg.idle_ms),
             settle_ms: TOKEN_SETTLE_ROUNDS * cfg.sync_interval_ms,
             metrics,
+            pressed_at: AtomicI64::new(i64::MIN),
         }
     }
 
@@ -100,6 +104,11 @@ impl Table {
             .iter()
             .chain(self.tenant_shards.iter())
             .map(|s| &**s)
+    }
+
+    /// When eviction last ran near a memory cap (`i64::MIN`: never).
+    pub(super) fn pressed_at(&self) -> i64 {
+        self.pressed_at.load(Ordering::Relaxed)
     }
 
     /// Runs `f` on a counter's state, if it is in memory.

@@ -65,6 +65,7 @@ pub struct Metrics {
     compensation_failures: IntCounter,
     memory_cap_checks: IntCounterVec,
     last_units_checks: IntCounter,
+    unread_first_checks: IntCounter,
     unrecorded_hits: IntCounter,
     unrecorded_history: IntCounter,
     unrecorded_audit: IntCounter,
@@ -300,6 +301,11 @@ impl Metrics {
                  share of the headroom could not hold them while the window had room (the last \
                  units of a limit, in a fleet).",
             ),
+            unread_first_checks: counter(
+                "quotad_unread_first_checks_total",
+                "First checks of a counter decided before its first read, within its unread \
+                 budget (a limit too large for them to matter): the next sync round reads it.",
+            ),
             unrecorded_hits: counter(
                 "quotad_unrecorded_hits_total",
                 "Hits admitted (on_store_failure = allow) that could be neither written to the \
@@ -360,6 +366,7 @@ impl Metrics {
             Box::new(self.compensation_failures.clone()),
             Box::new(self.memory_cap_checks.clone()),
             Box::new(self.last_units_checks.clone()),
+            Box::new(self.unread_first_checks.clone()),
             Box::new(self.unrecorded_hits.clone()),
             Box::new(self.unrecorded_history.clone()),
             Box::new(self.unrecorded_audit.clone()),
@@ -497,6 +504,11 @@ impl Metrics {
     /// A cached check decided through the store at the last units of a limit.
     pub fn last_units_check(&self) {
         self.last_units_checks.inc();
+    }
+
+    /// A first check admitted before its counters' read (`limiter::first`).
+    pub fn unread_first_check(&self) {
+        self.unread_first_checks.inc();
     }
 
     pub fn unrecorded_hits(&self, hits: u64) {

@@ -11,6 +11,7 @@
 #                                                  # for the Cassandra runs only
 #   EMBEDDED_ENV="QUOTAD__SYNC__MAX_DELAY_MS=2s" scripts/bench-cassandra.sh  # the same, embedded
 #   NODE_PID=<the node's pid> NODE_CPUS=1 scripts/bench-cassandra.sh   # both layouts, below
+#   LAYOUTS=own NODE_PID=<pid> scripts/bench-cassandra.sh   # one of them
 #   WARM=15s scripts/bench-cassandra.sh   # also steady state: after the cold full-load run,
 #                                         # $WARM more of it unmeasured, then a full-load run again
 #
@@ -28,7 +29,8 @@
 #   checks decided by on_store_failure (quotad_store_failure_decisions_total);
 #   sync writes and reads per second and their mean duration (quotad_store_operation_*),
 #     against the rounds the interval asks for;
-#   pending hits at the end of the load (quotad_sync_pending_hits);
+#   pending hits at the end of the load (quotad_sync_pending_hits), and the most of every
+#     half-second sample, also as seconds of checks at the run's rate;
 #   CQL requests per 1000 checks: Cassandra's own count of native-protocol requests
 #     (system_views.thread_pools, Native-Transport-Requests, completed_tasks) before and after;
 #   the quotad process's RSS at the end of the load.
@@ -70,7 +72,7 @@ QPID=""
 cleanup() {
   [ -z "$QPID" ] || { kill -TERM "$QPID" 2>/dev/null || true; wait "$QPID" 2>/dev/null || true; }
   cql "DROP KEYSPACE IF EXISTS $KEYSPACE" >/dev/null 2>&1 || true
-  rm -rf "$WORK"
+  [ -n "${KEEP_WORK:-}" ] || rm -rf "$WORK"
 }
 trap cleanup EXIT
 log() { printf '\n== %s\n' "$*" | tee -a "$OUT/summary.txt"; }
@@ -160,17 +162,26 @@ run() {
   [ "$kind" = scylla ] && q0=$(cql_requests)
   scrape "$WORK/m0"
   local t0 t1
+  # The hits pending, sampled every half second through the run.
+  ( while :; do
+      curl -fsS "http://127.0.0.1:$QPORT/metrics" 2>/dev/null | awk '/^quotad_sync_pending_hits / {print $2}'
+      sleep 0.5
+    done ) >"$WORK/pending" &
+  local sampler=$!
   t0=$(date +%s.%N)
   "${PIN[@]}" wrk -t"$threads" -c"$conns" -d"$DUR" --latency -s scripts/wrk/check.lua \
     "http://127.0.0.1:$QPORT/v1/check" -- "$n" bench 0 "$pause" >"$OUT/wrk-$label.txt" 2>&1
   t1=$(date +%s.%N)
+  kill "$sampler" 2>/dev/null || true
+  wait "$sampler" 2>/dev/null || true
   scrape "$WORK/m1"
   [ "$kind" = scylla ] && q1=$(cql_requests)
   local rss
   rss=$(awk '/VmRSS/ {print $2}' "/proc/$QPID/status")
-  python3 - "$label" "$OUT/wrk-$label.txt" "$WORK/m0" "$WORK/m1" "$t0" "$t1" "$q0" "$q1" "$rss" <<'EOF' | tee -a "$OUT/summary.txt"
-import re, sys
-label, wrkf, m0f, m1f, t0, t1, q0, q1, rss = sys.argv[1:]
+  python3 - "$label" "$OUT/wrk-$label.txt" "$WORK/m0" "$WORK/m1" "$t0" "$t1" "$q0" "$q1" "$rss" \
+    "$WORK/pending" "$POLICY" <<'EOF' | tee -a "$OUT/summary.txt"
+import json, re, sys
+label, wrkf, m0f, m1f, t0, t1, q0, q1, rss, pendf, policy = sys.argv[1:]
 w = open(wrkf).read()
 rps = float(re.search(r"Requests/sec:\s+([\d.]+)", w).group(1))
 p = [int(x) / 1000 for x in re.search(r"p50 (\d+) p99 (\d+) p99.9 (\d+)", w).groups()]
@@ -196,11 +207,17 @@ def op(name):
 wr, wms = op("increment")
 rr, rms = op("read")
 pending = b.get("quotad_sync_pending_hits", 0.0)
+# The most pending at any sample, as seconds of checks at this run's rate (a hit per limit).
+samples = [float(x) for x in open(pendf).read().split()] or [pending]
+most = max(samples)
+limits = len(json.loads(policy)["limits"])
+most_s = most / (rps * limits) if rps else 0.0
 cql = int(q1) - int(q0)
 per1000 = f"{cql / checks * 1000:.0f}" if int(q1) and checks else "-"
 print(f"{label:<28} {rps:>9.0f}/s p50 {p[0]:.2f} p99 {p[1]:.2f} p99.9 {p[2]:.2f} ms  "
       f"non-200 {bad}  failure-rule {failed:.0f}  writes {wr:.1f}/s ({wms:.1f} ms)  "
-      f"reads {rr:.1f}/s ({rms:.1f} ms)  pending {pending:.0f}  CQL/1000 {per1000}  "
+      f"reads {rr:.1f}/s ({rms:.1f} ms)  pending {pending:.0f} (most {most:.0f}, {most_s:.1f} s)  "
+      f"CQL/1000 {per1000}  "
       f"RSS {int(rss) / 1024:.0f} MiB")
 EOF
 }
@@ -224,10 +241,11 @@ layout() { # own | shared | as-is
     *) PIN=() ;;
   esac
 }
+ASKED_LAYOUTS=${LAYOUTS:-}
 LAYOUTS="as-is"
 if [ -n "$NODE_PID" ]; then
   [ -n "$REST_CPUS" ] || { echo "NODE_CPUS=$NODE_CPUS leaves no core for quotad" >&2; exit 1; }
-  LAYOUTS="own shared"
+  LAYOUTS=${ASKED_LAYOUTS:-own shared}
   NODE_WAS=$(taskset -pc "$NODE_PID" | sed 's/.*: //')
 fi
 

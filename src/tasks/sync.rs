@@ -33,10 +33,26 @@ use crate::history::checks_in;
 use crate::limiter::Limiter;
 use crate::metrics::Metrics;
 use crate::store::history::UsageDelta;
-use crate::store::{CounterRange, DynHistoryStore, StoreError};
+use crate::store::{CounterRange, Delta, DynHistoryStore, StoreError};
 
 /// Most usage-history rows written in one store call.
 const HISTORY_CHUNK: usize = 16_384;
+/// Most counter increments written in one store call (a call sends them as batches of many
+/// partitions, several at once).
+const INCREMENT_CHUNK: usize = 4_096;
+
+/// Where to cut `deltas` after at most about `most`: at the end of a counter's subject, so
+/// that one partition's increments go in one call.
+fn chunk_end(deltas: &[Delta], most: usize) -> usize {
+    if deltas.len() <= most {
+        return deltas.len();
+    }
+    let mut i = most;
+    while i < deltas.len() && deltas[i].key.same_subject(&deltas[i - 1].key) {
+        i += 1;
+    }
+    i
+}
 
 /// The longest the janitor keeps going at one wake-up (sync rounds wait meanwhile).
 const JANITOR_MAX_BUSY: Duration = Duration::from_secs(1);
@@ -137,45 +153,17 @@ impl Syncer {
         history: bool,
         all: bool,
     ) -> Result<(Vec<CounterRange>, Round), StoreError> {
-        let store = self.limiter.store();
         let mut batch = self
             .limiter
             .collect(self.limiter.clock().now_ms(), history, all);
         let answers = std::mem::take(&mut batch.answers);
         let hits = batch.hits();
-        let mut refused = None;
-        if !batch.deltas.is_empty() {
-            let started = std::time::Instant::now();
-            let res = tokio::time::timeout(self.cfg.timeout, store.increment(&batch.deltas)).await;
-            let secs = started.elapsed().as_secs_f64();
-            // The snapshot counts as written already (`Limiter::collect`), unless refused.
-            match res {
-                Ok(Ok(())) => self.metrics.store_op("increment", "ok", secs),
-                Ok(Err(StoreError::Uncertain(e))) => {
-                    self.metrics.store_op("increment", "uncertain", secs);
-                    self.uncertain(hits, &e);
-                }
-                Err(_) => {
-                    self.metrics.store_op("increment", "timeout", secs);
-                    self.uncertain(hits, "timed out");
-                }
-                Ok(Err(e)) => {
-                    let outcome = if e.is_transient() {
-                        "unavailable"
-                    } else {
-                        "error"
-                    };
-                    self.metrics.store_op("increment", outcome, secs);
-                    self.limiter.unwritten(&batch.deltas);
-                    refused = Some(e);
-                }
-            }
-        }
+        let (refused, given_back) = self.write_counters(&batch.deltas).await;
         // The store has answered: the snapshot is written, or back in pending, or uncertain.
         drop(batch.writing.take());
-        // What stays pending of the snapshot: all of it when refused, else the hits it could
-        // not take (none, unless a bucket held more than an increment carries).
-        let written = if refused.is_some() { 0 } else { hits };
+        // What stays pending of the snapshot: what was refused or not sent in time, and the
+        // hits it could not take (none, unless a bucket held more than an increment carries).
+        let written = hits - given_back;
         self.metrics
             .set_pending(batch.pending.saturating_sub(written));
         crate::pace::drop_paced(std::mem::take(&mut batch.deltas));
@@ -188,10 +176,75 @@ impl Syncer {
             self.write_history(answers).await;
         }
         let round = Round {
-            written_hits: hits,
+            written_hits: written,
             pending_after: 0,
         };
         Ok((batch.ranges, round))
+    }
+
+    /// Writes a snapshot's increments, in calls of at most [`INCREMENT_CHUNK`] (a counter's
+    /// subject whole in one) within one `sync.timeout`: a round's time grows with its
+    /// counters, and one call over all of them, were the store slower than the round needs,
+    /// would leave every hit not yet sent at its deadline of unknown outcome. So what has not
+    /// been sent when the deadline passes goes back to pending, written at the next round
+    /// (`Limiter::unwritten`), and only the call in flight is uncertain. A refusal gives back
+    /// that call and the rest and is returned. Also returns the hits given back.
+    async fn write_counters(&self, deltas: &[Delta]) -> (Option<StoreError>, u64) {
+        let store = self.limiter.store();
+        let hits = |d: &[Delta]| d.iter().map(|d| d.delta.max(0) as u64).sum::<u64>();
+        let started = std::time::Instant::now();
+        let deadline = started + self.cfg.timeout;
+        let mut rest = deltas;
+        let mut outcome = "ok";
+        let mut refused = None;
+        while !rest.is_empty() {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            let cut = chunk_end(rest, INCREMENT_CHUNK);
+            let (chunk, tail) = rest.split_at(cut);
+            // The snapshot counts as written already (`Limiter::collect`), unless given back.
+            match tokio::time::timeout(left, store.increment(chunk)).await {
+                Ok(Ok(())) => rest = tail,
+                Ok(Err(StoreError::Uncertain(e))) => {
+                    outcome = "uncertain";
+                    self.uncertain(hits(chunk), &e);
+                    rest = tail;
+                    break;
+                }
+                Err(_) => {
+                    outcome = "timeout";
+                    self.uncertain(hits(chunk), "timed out");
+                    rest = tail;
+                    break;
+                }
+                Ok(Err(e)) => {
+                    outcome = if e.is_transient() {
+                        "unavailable"
+                    } else {
+                        "error"
+                    };
+                    refused = Some(e);
+                    break;
+                }
+            }
+        }
+        if !deltas.is_empty() {
+            let secs = started.elapsed().as_secs_f64();
+            self.metrics.store_op("increment", outcome, secs);
+        }
+        if rest.is_empty() {
+            return (refused, 0);
+        }
+        if refused.is_none() {
+            tracing::warn!(
+                hits = hits(rest),
+                "sync: the round's writes outlasted sync.timeout; the rest waits for the next round"
+            );
+        }
+        self.limiter.unwritten(rest);
+        (refused, hits(rest))
     }
 
     /// Writes the answers checks got since the last write to the usage history. Refused with

@@ -59,7 +59,7 @@ pub mod tokens;
 pub mod window;
 mod writes;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use smallvec::SmallVec;
@@ -152,8 +152,9 @@ pub struct Limiter {
     writes: writes::Writes,
     /// First reads under way, shared by concurrent first checks of a client.
     loads: loads::Loads,
-    /// Sync rounds so far: whose turn it is to be written ([`Limiter::collect`]).
-    rounds: AtomicU64,
+    /// The instant of the last sync round's pass: whose turn it is to be written comes from
+    /// the time since ([`Limiter::collect`]).
+    last_round: AtomicI64,
     /// Strict calls that answered after their deadline, for memory to learn from.
     late: LateAnswers,
     /// Checks decided by the failure rule since the store last answered the check path: one
@@ -188,7 +189,7 @@ impl Limiter {
             history: Recorder::new(cfg.shards, cfg.max_history_rows),
             writes: writes::Writes::default(),
             loads: loads::Loads::default(),
-            rounds: AtomicU64::default(),
+            last_round: AtomicI64::new(i64::MIN),
             late: LateAnswers::default(),
             failing: AtomicU64::default(),
             cfg,
@@ -532,8 +533,16 @@ impl Limiter {
         // Strict answers that came late: what they say counts in this round's snapshot.
         self.late.learn(&self.table);
         let (write_every, read_every) = self.shares.round_spans();
+        let interval_ms = self.cfg.sync_interval_ms.max(1);
+        let since = self.last_round.swap(now, Ordering::Relaxed);
         let round = sync::Round {
-            number: self.rounds.fetch_add(1, Ordering::Relaxed),
+            // The first pass covers one interval.
+            since: if since == i64::MIN {
+                now - interval_ms
+            } else {
+                since
+            },
+            interval_ms,
             write_every,
             read_every,
             fleet: self.shares.fleet.members() > 1,

@@ -58,11 +58,16 @@ fn usage_delta((tenant, client, h): (Arc<str>, Arc<str>, AnsweredHour)) -> Usage
     }
 }
 
-/// Which round a pass is, and how often an entry's turn comes (`Shares::round_spans`).
+/// Which span of time a pass covers, and how often an entry's turn comes
+/// (`Shares::round_spans`).
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Round {
-    /// Rounds so far: an entry's turn comes at the round its hash names.
-    pub(super) number: u64,
+    /// The previous pass's instant (ms): this pass covers the time since. An entry's turn comes
+    /// at the instants its hash names, once per span, whether the rounds between took an
+    /// interval each or longer: a round slower than the interval does not stretch the wait.
+    pub(super) since: i64,
+    /// The sync interval (ms): what a round of the turns' spans is.
+    pub(super) interval_ms: i64,
     /// Rounds between two writes of a counter that nothing presses.
     pub(super) write_every: u8,
     /// Rounds between two reads back of one nobody writes.
@@ -118,15 +123,22 @@ impl Table {
         let evicting = self.evicting(now);
         let mut tally = Tally::default();
         let Round {
-            number: round,
+            since,
+            interval_ms,
             write_every,
             read_every,
             fleet,
         } = round;
-        // An entry's turn comes at the round its hash names, so the entries a delay lets wait
-        // are written a slice a round, not all in one round.
-        let turn =
-            |slot: u64, every: u8| every == 1 || (round.wrapping_add(slot) % u64::from(every)) == 0;
+        // An entry's turn comes at the instant its hash names within each span of `every`
+        // intervals, so the entries a delay lets wait are written a slice a round, not all in
+        // one round; a pass that covers that instant (however long since the last) takes it.
+        let turn = |slot: u64, every: u8| {
+            let span = i64::from(every) * interval_ms.max(1);
+            every == 1 || {
+                let phase = (slot % span as u64) as i64;
+                (now - phase).div_euclid(span) > (since - phase).div_euclid(span)
+            }
+        };
         // Strings are copied after the lock is let go.
         let mut taken: Vec<(Arc<str>, Arc<str>, AnsweredHour)> = Vec::new();
         let mut pace = Pacer::new();
@@ -147,7 +159,8 @@ impl Table {
                 }
                 e.stale_rounds = e.stale_rounds.saturating_add(1);
                 let pressing = e.states.iter().any(|s| s.pressing);
-                // Its turn comes once every `write_every` rounds: its hits wait at most that.
+                // Its turn comes once every `write_every` intervals of time: its hits wait at
+                // most that, and the round that takes them.
                 // The slot is a hash of the key that is the same in every process (the maps'
                 // hasher is seeded at random), so a run is the same run twice.
                 let lazy = write_every > 1;
@@ -238,14 +251,16 @@ impl Table {
         taken.into_iter().map(usage_delta).collect()
     }
 
-    /// The snapshot's increments were refused with nothing written: they are pending again
-    /// (hits admitted since the snapshot are pending already), to be taken by the next round.
+    /// The snapshot's increments were refused with nothing written, or not sent in the
+    /// round's time: they are pending again (hits admitted since the snapshot are pending
+    /// already), and their counters are written at the next round, whatever their turn.
     /// What was reset meanwhile is dropped as unwritten hits are (see `reset`).
     pub(super) fn unwritten(&self, deltas: &[Delta]) {
         self.each_state(
             deltas,
             |d| &d.key,
             |s, run| {
+                s.pressing = true;
                 for d in run {
                     let n = d.delta.max(0);
                     let b = window::bucket_at(&mut s.buckets, d.start);

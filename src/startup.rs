@@ -9,7 +9,7 @@ use actix_web::{middleware, web, App, HttpServer};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::clock::{Clock, SystemClock};
+use crate::clock::{Clock, FleetClock};
 use crate::config::{Role, Settings, StoreKind};
 use crate::http::{self, AppState, Auth};
 use crate::limiter::{Limiter, LimiterConfig, Membership};
@@ -18,6 +18,7 @@ use crate::policy::PolicyCache;
 use crate::scylla::store::{parse_consistency, ScyllaOptions, ScyllaStore};
 use crate::store::embedded::EmbeddedStore;
 use crate::store::DynStore;
+use crate::tasks::clock::ClockTask;
 use crate::tasks::fleet::{Fleet, FleetConfig};
 use crate::tasks::retention::{Retention, RetentionConfig};
 use crate::tasks::sync::{SyncConfig, Syncer};
@@ -103,6 +104,8 @@ pub struct Application {
     tls: Option<JoinHandle<()>>,
     /// The expiry of holds nobody ended.
     expiry: JoinHandle<()>,
+    /// The readings of the store's clock (`tasks::clock`).
+    clock: JoinHandle<()>,
 }
 
 impl Application {
@@ -112,7 +115,8 @@ impl Application {
             .refuse_open_checks_beyond_loopback()
             .map_err(|e| StartError(e.to_string()))?;
         let store = open_store(&settings).await?;
-        Self::build_with(settings, store, Arc::new(SystemClock)).await
+        // Buckets are cut on the store's clock once it is read (`tasks::clock`).
+        Self::build_with(settings, store, Arc::new(FleetClock::system())).await
     }
 
     /// Builds with a given store and clock (tests: failing stores, shared stores).
@@ -127,6 +131,16 @@ impl Application {
         let membership = fleet
             .as_ref()
             .map_or_else(|| Arc::new(Membership::alone()), Fleet::membership);
+        // The fleet's time, read before the first check (a clock of tests' is left alone).
+        let mut clock_task = ClockTask::new(
+            store.clone(),
+            clock.clone(),
+            membership.clone(),
+            metrics.clone(),
+            settings.fleet.clock_interval_ms.get(),
+            i64::try_from(settings.fleet.clock_warn_ms.get().as_millis()).unwrap_or(i64::MAX),
+        );
+        clock_task.start().await;
         let limiter = Arc::new(Limiter::new(
             store.clone(),
             clock.clone(),
@@ -205,6 +219,7 @@ impl Application {
             tokio::spawn(c.watch(settings.server.tls.reload_interval_ms.get(), rx.clone()))
         });
         let expiry = tokio::spawn(crate::tasks::holds::run(holds, rx.clone()));
+        let clock_task = tokio::spawn(clock_task.run(rx.clone()));
         let refresh = tokio::spawn(policies.run(settings.quotas.refresh_ms.get(), rx));
         let fleet = fleet.map(|f| {
             let (leave, rx) = watch::channel(false);
@@ -222,6 +237,7 @@ impl Application {
             refresh,
             retention,
             expiry,
+            clock: clock_task,
             fleet,
             traces,
             tls,
@@ -266,6 +282,7 @@ impl Application {
         let _ = self.refresh.await;
         let _ = self.retention.await;
         let _ = self.expiry.await;
+        let _ = self.clock.await;
         if let Some(tls) = self.tls {
             let _ = tls.await;
         }

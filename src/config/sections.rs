@@ -282,6 +282,12 @@ pub struct FleetSettings {
     /// Another region's heartbeat older than this, as read here, means the region is cut off
     /// (or its writes lag this far behind): counters keep to their region's budget.
     pub region_stale_ms: DurationMs,
+    /// How often an instance reads the store's clock, on which every instance cuts its
+    /// buckets (`crate::tasks::clock`).
+    pub clock_interval_ms: DurationMs,
+    /// A host clock further than this from the store's is logged and alerted on (it is
+    /// corrected for counting, but not for the rest of the host).
+    pub clock_warn_ms: DurationMs,
 }
 
 impl Default for FleetSettings {
@@ -291,6 +297,8 @@ impl Default for FleetSettings {
             lease_ttl_ms: DurationMs(5_000),
             region_heartbeat_ms: DurationMs(250),
             region_stale_ms: DurationMs(1_000),
+            clock_interval_ms: DurationMs(5_000),
+            clock_warn_ms: DurationMs(100),
         }
     }
 }

@@ -161,6 +161,9 @@ impl Settings {
                 "must be at least 1s and at least two heartbeats (fleet.heartbeat_ms)".into(),
             );
         }
+        if f.clock_interval_ms.0 < 100 || f.clock_interval_ms.0 > 3_600_000 {
+            return bad("fleet.clock_interval_ms", "must be 100 ms to 1 h".into());
+        }
         if f.region_heartbeat_ms.0 == 0 {
             return bad("fleet.region_heartbeat_ms", "must be more than 0".into());
         }

@@ -9,6 +9,7 @@ use utoipa::ToSchema;
 
 use super::error::{ApiError, ErrorBody};
 use super::state::AppState;
+use crate::clock::ClockState;
 
 /// `GET /healthz`.
 // `deny_unknown_fields` only tells the OpenAPI document that an answer has no other fields.
@@ -44,6 +45,44 @@ pub struct Ready {
     /// its budget.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     regions: Vec<RegionState>,
+    /// The clock this instance cuts buckets on.
+    clock: ClockStatus,
+}
+
+/// The clock an instance cuts buckets on, in `/readyz`.
+#[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ClockStatus {
+    /// `store`: the store's clock, which the fleet shares, read `offset_ms` ahead of this
+    /// host's (negative: behind) within `uncertainty_ms`; `local`: this host's, with no other
+    /// to agree with (the embedded store); `unread`: this host's, until the store's clock is
+    /// read (the store has not answered yet).
+    #[schema(example = "store")]
+    source: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(example = -3)]
+    offset_ms: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(example = 1)]
+    uncertainty_ms: Option<i64>,
+}
+
+impl ClockStatus {
+    fn of(state: Option<ClockState>) -> Self {
+        let (source, offset_ms, uncertainty_ms) = match state {
+            None | Some(ClockState::Alone) => ("local", None, None),
+            Some(ClockState::Unknown) => ("unread", None, None),
+            Some(ClockState::Measured {
+                offset_ms,
+                uncertainty_ms,
+            }) => ("store", Some(offset_ms), Some(uncertainty_ms)),
+        };
+        ClockStatus {
+            source,
+            offset_ms,
+            uncertainty_ms,
+        }
+    }
 }
 
 /// One region of the fleet, in `/readyz`.
@@ -118,6 +157,7 @@ pub async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, ApiError
                     cut_off: r.cut_off,
                 })
                 .collect(),
+            clock: ClockStatus::of(state.limiter.clock().fleet().map(|c| c.state())),
         })),
         // The store's own words (hosts, keyspace, driver errors) go to the log, not to an
         // unauthenticated caller.

@@ -108,6 +108,10 @@ impl CounterStore for FaultyStore {
         self.gate().await?;
         self.inner.ping().await
     }
+    async fn clock_ms(&self) -> StoreResult<Option<i64>> {
+        self.gate().await?;
+        self.inner.clock_ms().await
+    }
     async fn flush(&self) -> StoreResult<()> {
         self.gate().await?;
         self.inner.flush().await

@@ -49,13 +49,20 @@ async fn health_readiness_and_metrics_answer() {
     assert_eq!(r.status(), 200);
     let r = app.http.get(app.url("/readyz")).send().await.unwrap();
     assert_eq!(r.status(), 200);
-    // The embedded store is a fleet of one: shard 0, one member, in the answer and the metrics.
+    // The embedded store is a fleet of one: shard 0, one member, in the answer and the metrics;
+    // its clock is the only one, which it cuts buckets on.
     let ready: serde_json::Value = r.json().await.unwrap();
     assert_eq!(
         ready,
-        json!({"status": "ready", "store": "embedded", "shard": 0, "members": 1})
+        json!({"status": "ready", "store": "embedded", "shard": 0, "members": 1,
+               "clock": {"source": "local"}})
     );
     assert_eq!(app.metric("quotad_fleet_members").await, 1.0);
+    assert_eq!(app.metric("quotad_clock_offset_seconds").await, 0.0);
+    assert_eq!(
+        app.metric("quotad_clock_offset_uncertainty_seconds").await,
+        0.0
+    );
     assert_eq!(app.metric("quotad_instance_info{shard=\"0\"}").await, 1.0);
     app.put_quota(
         "acme",

@@ -23,6 +23,7 @@
 //! limiters the fleet is measured against), `fleet` (the instances and the run), `small` (the
 //! small limits' runs), `holds` (reservations' runs); the tests are here.
 
+mod clocks;
 mod first;
 mod fleet;
 mod holds;

@@ -14,7 +14,7 @@ use super::first;
 use super::share::{self, share_use, Fleet};
 use super::state::{Answered, Entry, LimitState, TOKEN_SETTLE_ROUNDS};
 use super::window;
-use crate::domain::{Limit, Mode, OnStoreFailure, Policy, Scope, MAX_LIMITS};
+use crate::domain::{Limit, LimitKind, Mode, OnStoreFailure, Policy, Scope, MAX_LIMITS};
 use crate::metrics::DecisionLabel;
 
 /// The limit that binds an answer.
@@ -104,7 +104,7 @@ pub(super) const IN_FLIGHT_RETRY_MS: i64 = 1_000;
 /// the store (the last units of a limit; until the next sync while the store is failing).
 fn judge(l: &Limit, s: &LimitState, now: i64, cost: u64, fleet: Fleet) -> Verdict {
     let buckets = &s.buckets;
-    let est = window::estimate(l.kind, buckets, s.carry(), now);
+    let est = window::estimate(widened(l.kind, fleet.skew_ms), buckets, s.carry(), now);
     let verdict = |admit, retry, pressing| Verdict {
         est,
         held: 0,
@@ -176,6 +176,22 @@ fn judge(l: &Limit, s: &LimitState, now: i64, cost: u64, fleet: Fleet) -> Verdic
             held: i64::MAX,
             ..verdict(false, Some(fleet.sync_interval_ms), true)
         }
+    }
+}
+
+/// A sliding window as a clock `skew_ms` uncertain must judge it: that much wider, up to one
+/// bucket (which memory keeps: `window::oldest_needed`), so that hits this instance's clock may
+/// have let out of the window early still count. Other kinds as they are.
+fn widened(kind: LimitKind, skew_ms: i64) -> LimitKind {
+    match kind {
+        LimitKind::Sliding {
+            window_ms,
+            grain_ms,
+        } if skew_ms > 0 => LimitKind::Sliding {
+            window_ms: window_ms + skew_ms.min(grain_ms),
+            grain_ms,
+        },
+        k => k,
     }
 }
 

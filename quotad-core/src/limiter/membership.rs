@@ -46,6 +46,9 @@ pub struct Membership {
     cut_since: AtomicI64,
     /// The replication lag from the regions heard, ms.
     lag_ms: AtomicI64,
+    /// How uncertain this instance's reading of the fleet's clock is, ms (`tasks::clock`);
+    /// `i64::MAX` while it has not been read; 0 alone.
+    clock_uncertainty_ms: AtomicI64,
     region: OnceLock<Arc<str>>,
     seen: ArcSwap<Vec<RegionSeen>>,
 }
@@ -71,6 +74,7 @@ impl Membership {
             region_members: AtomicU32::new(1),
             cut_since: AtomicI64::new(0),
             lag_ms: AtomicI64::new(0),
+            clock_uncertainty_ms: AtomicI64::new(0),
             region: OnceLock::new(),
             seen: ArcSwap::from_pointee(Vec::new()),
         }
@@ -92,6 +96,18 @@ impl Membership {
     pub fn shard(&self) -> Option<i16> {
         let s = self.shard.load(Ordering::Relaxed);
         (s >= 0 && self.holds_lease()).then_some(s as i16)
+    }
+
+    /// How uncertain this instance's reading of the fleet's clock is, ms (`i64::MAX`: not read).
+    #[inline]
+    pub fn clock_uncertainty_ms(&self) -> i64 {
+        self.clock_uncertainty_ms.load(Ordering::Relaxed)
+    }
+
+    /// The clock task read the fleet's clock within `ms` (`i64::MAX`: it could not).
+    pub fn set_clock_uncertainty(&self, ms: i64) {
+        self.clock_uncertainty_ms
+            .store(ms.max(0), Ordering::Relaxed);
     }
 
     /// N, as the fleet's roster says (and simulations and tests that move it by hand).

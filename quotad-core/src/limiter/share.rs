@@ -113,6 +113,9 @@ pub(super) struct Fleet {
     /// The fleet's size and `limiter.idle_ms`: a counter's unread budget (`first`).
     pub(super) members: u32,
     pub(super) idle_ms: i64,
+    /// How uncertain this instance's reading of the fleet's clock is (ms): a sliding window
+    /// is judged that much wider, up to a bucket (`decision::judge`).
+    pub(super) skew_ms: i64,
 }
 
 /// A region's budget while another region is unheard: the policy's fixed split, or (`None`)
@@ -430,6 +433,7 @@ impl Shares {
             budget,
             members: self.fleet.members(),
             idle_ms: self.idle_ms,
+            skew_ms: self.fleet.clock_uncertainty_ms(),
         }
     }
 
@@ -457,6 +461,7 @@ impl Shares {
             budget,
             members: self.fleet.members(),
             idle_ms: self.idle_ms,
+            skew_ms: self.fleet.clock_uncertainty_ms(),
         }
     }
 }

@@ -15,7 +15,7 @@ pub use holds::HoldMetrics;
 use per_thread::PerThread;
 use prometheus::core::Collector;
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
@@ -66,6 +66,8 @@ pub struct Metrics {
     memory_cap_checks: IntCounterVec,
     last_units_checks: IntCounter,
     unread_first_checks: IntCounter,
+    clock_offset: Gauge,
+    clock_uncertainty: Gauge,
     unrecorded_hits: IntCounter,
     unrecorded_history: IntCounter,
     unrecorded_audit: IntCounter,
@@ -306,6 +308,19 @@ impl Metrics {
                 "First checks of a counter decided before its first read, within its unread \
                  budget (a limit too large for them to matter): the next sync round reads it.",
             ),
+            clock_offset: Gauge::new(
+                "quotad_clock_offset_seconds",
+                "How far the store's clock, on which buckets are cut, is ahead of this host's \
+                 wall clock (negative: behind); 0 on the embedded store and until it is read.",
+            )
+            .expect("valid metric"),
+            clock_uncertainty: Gauge::new(
+                "quotad_clock_offset_uncertainty_seconds",
+                "How uncertain quotad_clock_offset_seconds is: half the round trip of the best \
+                 reading and the drift since; NaN until the store's clock is read, 0 on the \
+                 embedded store.",
+            )
+            .expect("valid metric"),
             unrecorded_hits: counter(
                 "quotad_unrecorded_hits_total",
                 "Hits admitted (on_store_failure = allow) that could be neither written to the \
@@ -367,6 +382,8 @@ impl Metrics {
             Box::new(self.memory_cap_checks.clone()),
             Box::new(self.last_units_checks.clone()),
             Box::new(self.unread_first_checks.clone()),
+            Box::new(self.clock_offset.clone()),
+            Box::new(self.clock_uncertainty.clone()),
             Box::new(self.unrecorded_hits.clone()),
             Box::new(self.unrecorded_history.clone()),
             Box::new(self.unrecorded_audit.clone()),
@@ -504,6 +521,21 @@ impl Metrics {
     /// A cached check decided through the store at the last units of a limit.
     pub fn last_units_check(&self) {
         self.last_units_checks.inc();
+    }
+
+    /// What the fleet's clock knows of this host's (`tasks::clock`).
+    pub fn clock(&self, state: crate::clock::ClockState) {
+        use crate::clock::ClockState;
+        let (offset, uncertainty) = match state {
+            ClockState::Alone => (0.0, 0.0),
+            ClockState::Unknown => (0.0, f64::NAN),
+            ClockState::Measured {
+                offset_ms,
+                uncertainty_ms,
+            } => (offset_ms as f64 / 1e3, uncertainty_ms as f64 / 1e3),
+        };
+        self.clock_offset.set(offset);
+        self.clock_uncertainty.set(uncertainty);
     }
 
     /// A first check admitted before its counters' read (`limiter::first`).

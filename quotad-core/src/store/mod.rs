@@ -180,6 +180,13 @@ pub trait CounterStore: Send + Sync + 'static {
     /// Succeeds while the store answers (`/readyz`).
     async fn ping(&self) -> StoreResult<()>;
 
+    /// The store's own clock (ms since the epoch), which every instance of a fleet reads alike
+    /// ([`crate::clock::FleetClock`]); None where no other process shares the counts (the
+    /// embedded store), whose clock is then the only one.
+    async fn clock_ms(&self) -> StoreResult<Option<i64>> {
+        Ok(None)
+    }
+
     /// Makes everything written so far durable before shutdown.
     async fn flush(&self) -> StoreResult<()> {
         Ok(())

@@ -12,6 +12,7 @@ use chrono::{DateTime, Utc};
 use super::audit::Audit;
 use super::connection::Cql;
 use super::counters::Counters;
+use super::errors::{internal, map_exec, Op};
 use super::first_reads::FirstReads;
 use super::history::History;
 use super::holds::Holds;
@@ -33,7 +34,12 @@ use crate::store::{
 };
 
 /// The scylla store; cheap to share behind an `Arc` (one session, its own connection pools).
+/// The clock of the node that answers (`CounterStore::clock_ms`): every instance of a fleet
+/// cuts its buckets on it.
+const NODE_CLOCK_CQL: &str = "SELECT toUnixTimestamp(currentTimestamp()) FROM system.local";
+
 pub struct ScyllaStore {
+    cql: Arc<Cql>,
     /// The shard this instance writes, the shards reads sum, the region; the counters hold it
     /// too.
     leases: Arc<Leases>,
@@ -75,7 +81,8 @@ impl ScyllaStore {
             history: History::new(cql.clone()),
             audit: Audit::new(cql.clone()),
             idempotency: Idempotency::new(cql.clone()),
-            holds: Holds::new(cql),
+            holds: Holds::new(cql.clone()),
+            cql,
             leases,
         })
     }
@@ -116,6 +123,16 @@ impl CounterStore for ScyllaStore {
     async fn ping(&self) -> StoreResult<()> {
         // Our own table, not system.local: proves the keyspace and schema answer too.
         self.policies.generation().await.map(|_| ())
+    }
+
+    async fn clock_ms(&self) -> StoreResult<Option<i64>> {
+        let res = (self.cql.session)
+            .query_unpaged(NODE_CLOCK_CQL, ())
+            .await
+            .map_err(|e| map_exec(e, Op::Read))?;
+        let rows = res.into_rows_result().map_err(internal)?;
+        let (ms,) = rows.first_row::<(i64,)>().map_err(internal)?;
+        Ok(Some(ms))
     }
 }
 

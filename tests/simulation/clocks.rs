@@ -14,7 +14,11 @@ use quotad::clock::{ClockState, FleetClock};
 
 const CLOCK_DURATION_MS: i64 = 30_000;
 const READ_EVERY_MS: i64 = 5_000;
+/// A reading's round trip: a fast one, answered halfway (the reading is right).
 const RTT_MS: i64 = 2;
+/// A slow one, whose store read its clock at the very start of the call: the reading is off by
+/// half the round trip, all of its uncertainty.
+const SLOW_RTT_MS: i64 = 400;
 
 /// The true time, as a clock that may be off by `offset` and step by `step` at `step_at`.
 struct Skewed {
@@ -54,6 +58,7 @@ pub(crate) async fn simulate_clocks(
     shape: ClockShape,
     skew: Skew,
     measured: bool,
+    slow: bool,
     seed: u64,
 ) -> f64 {
     let truth = ManualClock::new(T0);
@@ -129,11 +134,15 @@ pub(crate) async fn simulate_clocks(
         let now = T0 + t;
         truth.set(now);
         if measured && t % READ_EVERY_MS == 0 {
-            for (_, _, c, m) in &fleet {
+            for (i, (_, _, c, m)) in fleet.iter().enumerate() {
                 // Asked now, answered a round trip later, the store's clock read halfway; the
                 // uncertainty reaches the check path as `tasks::clock` passes it on.
                 let sent = c.monotonic_ms();
-                c.observe(sent, sent + RTT_MS, now + RTT_MS / 2);
+                if slow && i == 0 {
+                    c.observe(sent, sent + SLOW_RTT_MS, now);
+                } else {
+                    c.observe(sent, sent + RTT_MS, now + RTT_MS / 2);
+                }
                 if let ClockState::Measured { uncertainty_ms, .. } = c.state() {
                     m.set_clock_uncertainty(uncertainty_ms);
                 }
@@ -202,8 +211,8 @@ async fn a_fleet_on_the_stores_clock_keeps_the_bound_whatever_one_instance_clock
         for n in [3usize, 10] {
             let mut line = format!("{name:<13} N={n:<3}");
             for skew in skews {
-                let fixed = simulate_clocks(n, shape, skew, true, seed()).await;
-                let raw = simulate_clocks(n, shape, skew, false, seed()).await;
+                let fixed = simulate_clocks(n, shape, skew, true, false, seed()).await;
+                let raw = simulate_clocks(n, shape, skew, false, false, seed()).await;
                 line += &format!(" {skew:?} {:>6.2}% ({:>6.2}%)", fixed * 100.0, raw * 100.0);
                 if fixed > 0.01 + 1e-9 {
                     failures.push(format!("{name} N={n} {skew:?}: {:.3}%", fixed * 100.0));
@@ -212,8 +221,34 @@ async fn a_fleet_on_the_stores_clock_keeps_the_bound_whatever_one_instance_clock
             println!("{line}");
         }
     }
+    // The skewed instance's readings off by all their uncertainty u (a 400 ms round trip,
+    // u = 201 ms), the others' right: within the written bound, what the fleet admits in 2u
+    // beyond the fleet's own 1%.
+    let u = SLOW_RTT_MS / 2 + 1;
+    for (name, shape) in &shapes[..2] {
+        let ClockShape::Window { window_ms, .. } = *shape else {
+            unreachable!()
+        };
+        let bound = 0.01 + 2.0 * u as f64 / window_ms as f64;
+        for n in [3usize, 10] {
+            for skew in [Skew::Off(1_000), Skew::Off(-1_000)] {
+                let over = simulate_clocks(n, *shape, skew, true, true, seed()).await;
+                println!(
+                    "{name:<13} N={n:<3} {skew:?}, readings {u} ms uncertain: {:.2}% (bound {:.1}%)",
+                    over * 100.0,
+                    bound * 100.0
+                );
+                if over > bound + 1e-9 {
+                    failures.push(format!(
+                        "{name} N={n} {skew:?} uncertain: {:.3}%",
+                        over * 100.0
+                    ));
+                }
+            }
+        }
+    }
     // What the correction is for: uncorrected, a clock a second off overshoots a 1 s window.
-    let raw = simulate_clocks(3, shapes[1].1, Skew::Off(1_000), false, seed()).await;
+    let raw = simulate_clocks(3, shapes[1].1, Skew::Off(1_000), false, false, seed()).await;
     assert!(
         raw > 0.05,
         "uncorrected, +1 s on a 1 s window: {:.3}%",

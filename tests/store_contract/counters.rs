@@ -4,6 +4,25 @@ use super::*;
 
 // ---- checks any store must pass -------------------------------------------------------------
 
+/// The clock a fleet cuts its buckets on: none where one process owns the store (the
+/// embedded store), the store's own where a fleet shares it, which on one machine agrees with
+/// the local clock within a second.
+pub async fn the_clock_is_the_stores_own(store: &dyn Store) {
+    let ms = |t: SystemTime| t.duration_since(UNIX_EPOCH).unwrap().as_millis() as i64;
+    let before = ms(SystemTime::now());
+    let read = store.clock_ms().await.unwrap();
+    let after = ms(SystemTime::now());
+    if store.kind() == "embedded" {
+        assert_eq!(read, None);
+        return;
+    }
+    let read = read.expect("a shared store has a clock");
+    assert!(
+        (before - 1_000..=after + 1_000).contains(&read),
+        "{before} <= {read} <= {after}, within a second"
+    );
+}
+
 pub async fn increments_add_up(store: &dyn Store) {
     let k = key("inc", "k1", "per-second", Grain::Fixed(1_000));
     store

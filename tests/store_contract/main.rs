@@ -52,6 +52,7 @@ macro_rules! every_store {
     ($case:ident) => {
         $case!(leases_hand_out_one_shard_per_instance, Fresh);
         $case!(increments_add_up, Joined);
+        $case!(the_clock_is_the_stores_own, Joined);
         $case!(ranges_hold_only_their_buckets_in_order, Joined);
         $case!(many_keys_in_one_call, Joined);
         $case!(monthly_buckets_count, Joined);

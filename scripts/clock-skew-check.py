@@ -26,7 +26,6 @@ import http.client
 import json
 import os
 import secrets
-import signal
 import subprocess
 import sys
 import tempfile
@@ -34,7 +33,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from quotad_procs import Procs  # noqa: E402
+from quotad_procs import Procs, stop, worst_span  # noqa: E402
 
 BIN = os.environ.get("QUOTAD_BIN", "target/release/quotad")
 NODES = os.environ.get("QUOTAD_NODES", "127.0.0.1:9042")
@@ -60,18 +59,6 @@ def start(port, skew=None):
     p = subprocess.Popen([BIN, "serve"], env=env, stdout=log, stderr=subprocess.STDOUT)
     p.port = port
     return p
-
-
-def stop(fleet):
-    for p in fleet:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    for p in fleet:
-        try:
-            p.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
 
 
 def metric(port, name):
@@ -125,15 +112,6 @@ def load(ports, tenant, rate_per_s):
     for t in threads:
         t.join()
     return sorted(admitted), other
-
-
-def worst_span(times, span):
-    worst, lo = 0, 0
-    for hi in range(len(times)):
-        while times[hi] - times[lo] >= span:
-            lo += 1
-        worst = max(worst, hi - lo + 1)
-    return worst
 
 
 def main():

@@ -5,6 +5,7 @@ one request, and waiting until an instance is ready. Talks only to 127.0.0.1."""
 import http.client
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -75,3 +76,26 @@ class Procs:
                 pass
             time.sleep(0.05)
         sys.exit(f"instance on {p.port} not ready in {deadline}s; see {self.logs}")
+
+
+def stop(fleet):
+    """SIGTERM to every instance still running, then waits for each (SIGKILL after 60 s)."""
+    for p in fleet:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in fleet:
+        try:
+            p.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def worst_span(times, span):
+    """The most of the sorted `times` (seconds) in any span of `span` seconds."""
+    worst, lo = 0, 0
+    for hi in range(len(times)):
+        while times[hi] - times[lo] >= span:
+            lo += 1
+        worst = max(worst, hi - lo + 1)
+    return worst

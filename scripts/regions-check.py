@@ -42,6 +42,9 @@ import tempfile
 import threading
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from quotad_procs import worst_span  # noqa: E402
+
 BIN = os.environ.get("QUOTAD_BIN", "target/release/quotad")
 NODES = os.environ.get("REGION_NODES", "127.0.0.1:9042,127.0.0.2:9042").split(",")
 DCS = os.environ.get("REGION_DCS", "dc1,dc2").split(",")
@@ -163,12 +166,7 @@ class Watcher(threading.Thread):
 
 
 def worst_window(times):
-    worst, lo = 0, 0
-    for hi in range(len(times)):
-        while times[hi] - times[lo] >= WINDOW_S:
-            lo += 1
-        worst = max(worst, hi - lo + 1)
-    return worst
+    return worst_span(times, WINDOW_S)
 
 
 def p99(xs):

@@ -44,15 +44,13 @@ Exit status 0 when every case holds.
 import secrets
 import json
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from quotad_procs import Procs  # noqa: E402
+from quotad_procs import Procs, stop  # noqa: E402
 
 BIN = os.environ.get("QUOTAD_BIN", "target/release/quotad")
 NODES = os.environ.get("QUOTAD_NODES", "127.0.0.1:9042")
@@ -219,15 +217,7 @@ def main():
                              "ok" if r["ok"] else "FAIL",
                              "-" if r["min_retry"] is None else f"{r['min_retry']} s"), flush=True)
     finally:
-        for p in fleet:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in fleet:
-            try:
-                p.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop(fleet)
     exits = [p.returncode for p in fleet]
 
     failed = [(name, mode, r) for (name, mode, r) in results if not r["ok"]]

@@ -105,24 +105,13 @@ pub(crate) async fn simulate_clocks(
         let membership = Arc::new(Membership::alone());
         membership.set_members(n as u32);
         let fleet_view = membership.clone();
-        let metrics = Arc::new(Metrics::new(false));
-        let limiter = Arc::new(Limiter::new(
-            view,
-            clock,
-            metrics.clone(),
-            LimiterConfig {
-                fleet: membership,
-                sync_interval_ms: SYNC_MS,
-                max_sync_delay_ms: SYNC_MS,
-                ..LimiterConfig::default()
-            },
-        ));
-        let syncer = Syncer::new(
-            limiter.clone(),
-            shared.history.clone(),
-            metrics,
-            SyncConfig::default(),
-        );
+        let cfg = LimiterConfig {
+            fleet: membership,
+            sync_interval_ms: SYNC_MS,
+            max_sync_delay_ms: SYNC_MS,
+            ..LimiterConfig::default()
+        };
+        let (limiter, syncer, _) = instance(view, shared.history.clone(), clock, cfg);
         fleet.push((limiter, syncer, fleet_clock, fleet_view));
     }
     let tenant = TenantId::parse("acme").unwrap();

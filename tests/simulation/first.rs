@@ -48,26 +48,14 @@ fn first_instance(
     });
     let membership = Arc::new(Membership::alone());
     membership.set_members(n as u32);
-    let metrics = Arc::new(Metrics::new(false));
-    let limiter = Arc::new(Limiter::new(
-        view,
-        Arc::new(clock.clone()),
-        metrics.clone(),
-        LimiterConfig {
-            fleet: membership,
-            sync_interval_ms: SYNC_MS,
-            max_sync_delay_ms: SYNC_MS,
-            idle_ms: FIRST_IDLE_MS,
-            ..LimiterConfig::default()
-        },
-    ));
-    let syncer = Syncer::new(
-        limiter.clone(),
-        shared.history.clone(),
-        metrics.clone(),
-        SyncConfig::default(),
-    );
-    (limiter, syncer, metrics)
+    let cfg = LimiterConfig {
+        fleet: membership,
+        sync_interval_ms: SYNC_MS,
+        max_sync_delay_ms: SYNC_MS,
+        idle_ms: FIRST_IDLE_MS,
+        ..LimiterConfig::default()
+    };
+    instance(view, shared.history.clone(), Arc::new(clock.clone()), cfg)
 }
 
 /// A counter's value in the metrics' text.

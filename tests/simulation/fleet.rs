@@ -81,20 +81,33 @@ pub(crate) fn limiter_and_syncer(
     membership: &Arc<Membership>,
     max_sync_delay_ms: i64,
 ) -> (Arc<Limiter>, Syncer) {
-    let metrics = Arc::new(Metrics::new(false));
-    let limiter = Arc::new(Limiter::new(
-        store,
-        Arc::new(clock.clone()),
-        metrics.clone(),
-        LimiterConfig {
-            fleet: membership.clone(),
-            sync_interval_ms: SYNC_MS,
-            max_sync_delay_ms,
-            ..LimiterConfig::default()
-        },
-    ));
-    let syncer = Syncer::new(limiter.clone(), history, metrics, SyncConfig::default());
+    let cfg = LimiterConfig {
+        fleet: membership.clone(),
+        sync_interval_ms: SYNC_MS,
+        max_sync_delay_ms,
+        ..LimiterConfig::default()
+    };
+    let (limiter, syncer, _) = instance(store, history, Arc::new(clock.clone()), cfg);
     (limiter, syncer)
+}
+
+/// A limiter over `store` on `clock` with `cfg`, its sync task writing the usage history to
+/// `history`, and its metrics.
+pub(crate) fn instance(
+    store: DynCounterStore,
+    history: Arc<Tally>,
+    clock: Arc<dyn Clock>,
+    cfg: LimiterConfig,
+) -> (Arc<Limiter>, Syncer, Arc<Metrics>) {
+    let metrics = Arc::new(Metrics::new(false));
+    let limiter = Arc::new(Limiter::new(store, clock, metrics.clone(), cfg));
+    let syncer = Syncer::new(
+        limiter.clone(),
+        history,
+        metrics.clone(),
+        SyncConfig::default(),
+    );
+    (limiter, syncer, metrics)
 }
 
 /// One check of cost 1 by `client`, with no resource.

@@ -318,11 +318,13 @@ impl Shares {
 
     /// Sync rounds between two writes of a counter that nothing presses, and between two
     /// reads back of one nobody writes.
-    pub(super) fn round_spans(&self) -> (u8, u8) {
+    /// The write span is the whole delay, whatever it is in rounds (60 s is 240 rounds of
+    /// 250 ms): a cap here would write more often than asked and load the store for nothing.
+    pub(super) fn round_spans(&self) -> (u16, u16) {
         let interval = self.sync_interval_ms.max(1);
-        let write = (self.max_sync_delay_ms / interval).clamp(1, 60) as u32;
+        let write = (self.max_sync_delay_ms / interval).clamp(1, i64::from(u16::MAX)) as u32;
         let read = (write * REFRESH_IDLE_FACTOR).max(REFRESH_IDLE_EVERY);
-        (write as u8, read.min(u8::MAX as u32) as u8)
+        (write as u16, read.min(u32::from(u16::MAX)) as u16)
     }
 
     /// This region's part of a counter read back over `r`, in a fleet of several regions
@@ -469,6 +471,23 @@ impl Shares {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_counter_waits_the_whole_delay_it_is_given() {
+        let spans = |max_sync_delay_ms| {
+            Shares::new(&LimiterConfig {
+                sync_interval_ms: 250,
+                max_sync_delay_ms,
+                ..LimiterConfig::default()
+            })
+            .round_spans()
+        };
+        // Every round; then the delay in rounds, however long, and reads four delays apart.
+        assert_eq!(spans(250), (1, 8));
+        assert_eq!(spans(2_000), (8, 32));
+        assert_eq!(spans(10_000), (40, 160));
+        assert_eq!(spans(60_000), (240, 960));
+    }
 
     #[test]
     fn after_a_reset_no_instance_takes_more_than_an_equal_share() {

@@ -309,7 +309,7 @@ pub(super) struct Entry {
     /// next written.
     pub(super) touched: bool,
     /// Sync rounds since its totals were last read back.
-    pub(super) stale_rounds: u8,
+    pub(super) stale_rounds: u16,
     /// A client entry: the checks admitted on it since the usage history last took them.
     pub(super) answered: Answered,
     /// One state inline (a one-limit policy, a tenant's entry); more spill to the heap.

@@ -69,9 +69,9 @@ pub(super) struct Round {
     /// The sync interval (ms): what a round of the turns' spans is.
     pub(super) interval_ms: i64,
     /// Rounds between two writes of a counter that nothing presses.
-    pub(super) write_every: u8,
+    pub(super) write_every: u16,
     /// Rounds between two reads back of one nobody writes.
-    pub(super) read_every: u8,
+    pub(super) read_every: u16,
     /// More than one instance: what is written is read back in the same round.
     pub(super) fleet: bool,
 }
@@ -132,7 +132,7 @@ impl Table {
         // An entry's turn comes at the instant its hash names within each span of `every`
         // intervals, so the entries a delay lets wait are written a slice a round, not all in
         // one round; a pass that covers that instant (however long since the last) takes it.
-        let turn = |slot: u64, every: u8| {
+        let turn = |slot: u64, every: u16| {
             let span = i64::from(every) * interval_ms.max(1);
             every == 1 || {
                 let phase = (slot % span as u64) as i64;

@@ -129,7 +129,7 @@ impl Table {
     pub(super) fn read_back_soon(&self, key: &CounterKey) {
         let r = self.key_ref(&key.tenant, &key.subject);
         if let Some(e) = lock(self.shard_of(r)).get_mut(&r) {
-            e.stale_rounds = u8::MAX;
+            e.stale_rounds = u16::MAX;
         }
     }
 

@@ -238,6 +238,7 @@ impl Syncer {
             return (refused, 0);
         }
         if refused.is_none() {
+            self.metrics.deferred_hits(hits(rest));
             tracing::warn!(
                 hits = hits(rest),
                 "sync: the round's writes outlasted sync.timeout; the rest waits for the next round"

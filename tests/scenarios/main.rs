@@ -52,6 +52,10 @@ fn rig_with_deadline(store_timeout: Duration) -> Rig {
 }
 
 fn rig_with(cfg: LimiterConfig) -> Rig {
+    rig_syncing(cfg, SyncConfig::default())
+}
+
+fn rig_syncing(cfg: LimiterConfig, sync: SyncConfig) -> Rig {
     let dir = tempfile::tempdir().unwrap();
     let store: DynStore = Arc::new(EmbeddedStore::open(dir.path()).unwrap());
     let faulty = FaultyStore::new(store.clone());
@@ -63,12 +67,7 @@ fn rig_with(cfg: LimiterConfig) -> Rig {
         metrics.clone(),
         cfg,
     ));
-    let syncer = Syncer::new(
-        limiter.clone(),
-        faulty.clone(),
-        metrics.clone(),
-        SyncConfig::default(),
-    );
+    let syncer = Syncer::new(limiter.clone(), faulty.clone(), metrics.clone(), sync);
     Rig {
         _dir: dir,
         metrics,

@@ -95,6 +95,68 @@ async fn while_the_store_is_down_hits_wait_and_are_written_when_it_returns() {
     );
 }
 
+/// A store slower than a round's writes need: what a round cannot send within
+/// `sync.timeout` waits for the next round, counted as deferred, never as uncertain; only the
+/// call cut off in flight is uncertain.
+#[tokio::test]
+async fn what_a_round_cannot_send_in_its_time_waits_for_the_next() {
+    let r = rig_syncing(
+        LimiterConfig {
+            shards: 8,
+            idle_ms: 600_000,
+            store_timeout: Duration::from_secs(10),
+            ..LimiterConfig::default()
+        },
+        SyncConfig {
+            timeout: Duration::from_millis(500),
+            ..SyncConfig::default()
+        },
+    );
+    // Three counters a client: 6,000 clients are five calls of increments (4,096 a call).
+    let p = policy(serde_json::json!({"limits": [
+        {"id": "h", "max": 1000, "period": "hour"},
+        {"id": "d", "max": 1000, "period": "day"},
+        {"id": "m", "max": 1000, "period": "month"}]}));
+    const CLIENTS: usize = 6_000;
+    for i in 0..CLIENTS {
+        let (t, c) = ids("acme", &format!("k{i}"));
+        assert!(check(&r, &p, &t, &c, 1).await.allowed);
+    }
+    // Each call takes over 200 ms: the first lands, at most three start within the 500 ms,
+    // the one in flight at the deadline is cut off (its outcome unknown), the rest wait.
+    r.faulty.set(Fault::Slow);
+    let round = r.syncer.round().await.unwrap();
+    let all = (3 * CLIENTS) as f64;
+    let uncertain = metric(&r, "quotad_store_uncertain_hits_total");
+    let deferred = metric(&r, "quotad_sync_deferred_hits_total");
+    assert!(deferred > 0.0, "{deferred}");
+    assert!(
+        uncertain + deferred < all,
+        "{uncertain} + {deferred} of {all}"
+    );
+    assert_eq!(round.pending_after as f64, deferred);
+    assert_eq!(metric(&r, "quotad_sync_pending_hits"), deferred);
+    // The next round, on a healthy store, writes what waited, and nothing twice.
+    r.faulty.set(Fault::Healthy);
+    let round = r.syncer.round().await.unwrap();
+    assert_eq!(
+        (round.written_hits as f64, round.pending_after),
+        (deferred, 0)
+    );
+    let mut written = 0;
+    for i in 0..CLIENTS {
+        for (id, k) in [("h", 0), ("d", 1), ("m", 2)] {
+            let grain = p.limits[k].kind.grain();
+            written += stored(&r, "acme", &format!("k{i}"), id, grain).await;
+        }
+    }
+    // The call cut off may have landed after all (its outcome was unknown), never twice.
+    assert!(
+        (all - uncertain..=all).contains(&(written as f64)),
+        "{written} of {all}, {uncertain} uncertain"
+    );
+}
+
 /// A round's pass takes the pending hits as written before the write returns
 /// (`Limiter::collect`): a refused write must give them back whole, leave the estimate as it
 /// was, and keep their entry in memory however idle, round after round.

@@ -61,6 +61,7 @@ pub struct Metrics {
     active_counters: IntGauge,
     store_failure_decisions: IntCounterVec,
     uncertain_hits: IntCounter,
+    deferred_hits: IntCounter,
     unsynced_hits_at_exit: IntGauge,
     compensation_failures: IntCounter,
     memory_cap_checks: IntCounterVec,
@@ -283,6 +284,11 @@ impl Metrics {
                 "quotad_store_uncertain_hits_total",
                 "Hits in increments whose outcome is unknown (timed out after sending); never resent.",
             ),
+            deferred_hits: counter(
+                "quotad_sync_deferred_hits_total",
+                "Hits a sync round could not send within sync.timeout, left pending for the next \
+                 round: the store takes fewer writes than sync.max_delay_ms asks for.",
+            ),
             unsynced_hits_at_exit: gauge(
                 "quotad_unsynced_hits_at_exit",
                 "Admitted hits that could not be written before shutdown gave up.",
@@ -377,6 +383,7 @@ impl Metrics {
             Box::new(self.active_counters.clone()),
             Box::new(self.store_failure_decisions.clone()),
             Box::new(self.uncertain_hits.clone()),
+            Box::new(self.deferred_hits.clone()),
             Box::new(self.unsynced_hits_at_exit.clone()),
             Box::new(self.compensation_failures.clone()),
             Box::new(self.memory_cap_checks.clone()),
@@ -499,6 +506,11 @@ impl Metrics {
 
     pub fn uncertain_hits(&self, hits: u64) {
         self.uncertain_hits.inc_by(hits);
+    }
+
+    /// A round's writes outlasted `sync.timeout`: these hits wait for the next round.
+    pub fn deferred_hits(&self, hits: u64) {
+        self.deferred_hits.inc_by(hits);
     }
 
     pub fn unsynced_at_exit(&self, hits: u64) {

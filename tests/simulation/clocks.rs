@@ -173,7 +173,7 @@ async fn a_fleet_on_the_stores_clock_keeps_the_bound_whatever_one_instance_clock
         (
             "100 per 10 s",
             ClockShape::Window {
-                max: 1_000,
+                max: 100,
                 window_ms: 10_000,
             },
         ),

@@ -237,15 +237,16 @@ impl Syncer {
         if rest.is_empty() {
             return (refused, 0);
         }
+        let left = hits(rest);
         if refused.is_none() {
-            self.metrics.deferred_hits(hits(rest));
+            self.metrics.deferred_hits(left);
             tracing::warn!(
-                hits = hits(rest),
+                hits = left,
                 "sync: the round's writes outlasted sync.timeout; the rest waits for the next round"
             );
         }
         self.limiter.unwritten(rest);
-        (refused, hits(rest))
+        (refused, left)
     }
 
     /// Writes the answers checks got since the last write to the usage history. Refused with

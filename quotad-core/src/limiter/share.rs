@@ -322,9 +322,10 @@ impl Shares {
     /// 250 ms): a cap here would write more often than asked and load the store for nothing.
     pub(super) fn round_spans(&self) -> (u16, u16) {
         let interval = self.sync_interval_ms.max(1);
-        let write = (self.max_sync_delay_ms / interval).clamp(1, i64::from(u16::MAX)) as u32;
-        let read = (write * REFRESH_IDLE_FACTOR).max(REFRESH_IDLE_EVERY);
-        (write as u16, read.min(u32::from(u16::MAX)) as u16)
+        let rounds = |n: i64| n.clamp(1, i64::from(u16::MAX)) as u16;
+        let write = rounds(self.max_sync_delay_ms / interval);
+        let read = i64::from(write) * i64::from(REFRESH_IDLE_FACTOR);
+        (write, rounds(read.max(i64::from(REFRESH_IDLE_EVERY))))
     }
 
     /// This region's part of a counter read back over `r`, in a fleet of several regions

@@ -159,7 +159,11 @@ pub async fn run(cli: Cli, memory: Option<MemoryNote>) -> ExitCode {
             match app.run_until_stopped().await {
                 Ok(0) => ExitCode::SUCCESS,
                 Ok(n) => {
-                    tracing::error!(hits = n, "exiting with admitted hits not written");
+                    tracing::error!(
+                        hits = n,
+                        "exiting with admitted hits not known to be written (unwritten, or \
+                         sent with no answer)"
+                    );
                     ExitCode::FAILURE
                 }
                 Err(e) => {

@@ -24,6 +24,9 @@ pub struct Health {
 #[derive(Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Ready {
+    /// `ready`; `degraded` while the store refused or left unanswered part of the last sync
+    /// round's writes (a node down with no quorum for some partitions, or one that stopped
+    /// answering): this instance still serves, unsent hits wait and are sent again.
     #[schema(example = "ready")]
     status: &'static str,
     /// The configured store (`embedded`, `scylla`).
@@ -140,7 +143,11 @@ pub async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, ApiError
     };
     match tokio::time::timeout(deadline, state.store.ping()).await {
         Ok(Ok(())) => Ok(HttpResponse::Ok().json(Ready {
-            status: "ready",
+            status: if state.metrics.store_degraded() {
+                "degraded"
+            } else {
+                "ready"
+            },
             store: state.store.kind(),
             shard,
             members: state.fleet.members(),

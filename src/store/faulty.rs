@@ -7,10 +7,15 @@
 //! It wraps a real store (the embedded one in tests): while healthy every call goes through;
 //! while `Failing` every call returns `Unavailable` before touching the inner store (so nothing
 //! is written); while `Hanging` every call waits forever (callers' deadlines must save them).
+//!
+//! Apart from that, the partitions of some clients can fail alone ([`PartFault`]), as those
+//! of a cluster with a node down do: their increments refused unsent, or sent and left in
+//! doubt, and their reads refused, while every other client's go through.
 
 use crate::store::hold::{Ended, Hold, HoldStore};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -20,8 +25,8 @@ use super::history::{ClientTotal, HistoryStore, Step, UsageDelta, UsagePoint};
 use super::idempotency::{Begun, IdempotencyStore};
 use super::lease::{Claim, LeaseStore, Roster};
 use super::{
-    BucketTotal, CounterRange, CounterStore, Delta, DynStore, PolicyKey, PolicyRecord, PolicyStore,
-    StoreError, StoreResult,
+    BucketTotal, CounterRange, CounterStore, Delta, DynStore, Increments, PolicyKey, PolicyRecord,
+    PolicyStore, Reads, StoreError, StoreResult,
 };
 use crate::domain::TenantId;
 
@@ -35,9 +40,21 @@ pub enum Fault {
     Slow = 3,
 }
 
+/// How one client's partitions fail, apart from the others ([`FaultyStore::fail_part`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PartFault {
+    /// Increments refused before they are sent (nothing written), reads refused.
+    Refused,
+    /// Increments written, but answered as of unknown outcome (a node that applied them and
+    /// did not answer in time); reads refused.
+    Doubtful,
+}
+
 pub struct FaultyStore {
     inner: DynStore,
     fault: AtomicU8,
+    /// Subjects (client ids, or `*`) whose partitions fail alone.
+    parts: Mutex<HashMap<String, PartFault>>,
     /// Calls refused or hung while faulty.
     pub refused: AtomicU64,
     /// Counter reads asked of it, whatever their outcome.
@@ -49,6 +66,7 @@ impl FaultyStore {
         Arc::new(Self {
             inner,
             fault: AtomicU8::new(Fault::Healthy as u8),
+            parts: Mutex::default(),
             refused: AtomicU64::new(0),
             reads: AtomicU64::new(0),
         })
@@ -56,6 +74,20 @@ impl FaultyStore {
 
     pub fn set(&self, f: Fault) {
         self.fault.store(f as u8, Ordering::SeqCst);
+    }
+
+    /// Makes the partitions of `subject` (of any tenant) fail as `f`; None heals them.
+    pub fn fail_part(&self, subject: &str, f: Option<PartFault>) {
+        let mut parts = self.parts.lock().unwrap_or_else(|p| p.into_inner());
+        match f {
+            Some(f) => parts.insert(subject.to_string(), f),
+            None => parts.remove(subject),
+        };
+    }
+
+    fn part_fault(&self, subject: &str) -> Option<PartFault> {
+        let parts = self.parts.lock().unwrap_or_else(|p| p.into_inner());
+        parts.get(subject).copied()
     }
 
     async fn gate(&self) -> StoreResult<()> {
@@ -84,13 +116,62 @@ impl CounterStore for FaultyStore {
         self.inner.kind()
     }
     async fn increment(&self, deltas: &[Delta]) -> StoreResult<()> {
-        self.gate().await?;
-        self.inner.increment(deltas).await
+        let n = deltas.len();
+        self.increment_parts(deltas).await.into_result(n)
     }
     async fn read(&self, ranges: &[CounterRange]) -> StoreResult<Vec<Vec<BucketTotal>>> {
+        self.read_parts(ranges).await.into_result()
+    }
+    async fn increment_parts(&self, deltas: &[Delta]) -> Increments {
+        if let Err(e) = self.gate().await {
+            return Increments::whole(Err(e), deltas.len());
+        }
+        let mut out = Increments::default();
+        let mut go: Vec<usize> = Vec::new();
+        for (i, d) in deltas.iter().enumerate() {
+            match self.part_fault(&d.key.subject) {
+                Some(PartFault::Refused) => out.unsent.push(i),
+                Some(PartFault::Doubtful) => {
+                    out.doubtful.push(i);
+                    go.push(i);
+                }
+                None => go.push(i),
+            }
+        }
+        let sent: Vec<Delta> = go.iter().map(|&i| deltas[i].clone()).collect();
+        let inner = self.inner.increment_parts(&sent).await;
+        out.unsent.extend(inner.unsent.iter().map(|&j| go[j]));
+        out.doubtful.extend(inner.doubtful.iter().map(|&j| go[j]));
+        out.doubtful.sort_unstable();
+        out.doubtful.dedup();
+        out.error = inner.error;
+        if out.error.is_none() && !(out.unsent.is_empty() && out.doubtful.is_empty()) {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+            out.error = Some(StoreError::Unavailable("injected partition failure".into()));
+        }
+        out
+    }
+    async fn read_parts(&self, ranges: &[CounterRange]) -> Reads {
         self.reads.fetch_add(1, Ordering::Relaxed);
-        self.gate().await?;
-        self.inner.read(ranges).await
+        if let Err(e) = self.gate().await {
+            return Reads::whole(Err(e), ranges.len());
+        }
+        let ok: Vec<usize> = (0..ranges.len())
+            .filter(|&i| self.part_fault(&ranges[i].key.subject).is_none())
+            .collect();
+        let asked: Vec<CounterRange> = ok.iter().map(|&i| ranges[i].clone()).collect();
+        let inner = self.inner.read_parts(&asked).await;
+        let mut out = Reads {
+            totals: (0..ranges.len()).map(|_| None).collect(),
+            error: inner.error,
+        };
+        for (j, t) in inner.totals.into_iter().enumerate() {
+            out.totals[ok[j]] = t;
+        }
+        if out.error.is_none() && ok.len() < ranges.len() {
+            out.error = Some(StoreError::Unavailable("injected partition failure".into()));
+        }
+        out
     }
     async fn increment_and_read(
         &self,

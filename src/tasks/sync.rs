@@ -97,6 +97,73 @@ pub struct Round {
     pub pending_after: u64,
 }
 
+/// What one round's writes could not do.
+#[derive(Debug, Default)]
+struct Trouble {
+    /// Hits of increments the store never sent (given back to pending).
+    unsent: u64,
+    /// Hits of increments sent with an outcome nobody knows (never resent).
+    doubtful: u64,
+    /// The first error.
+    first: Option<String>,
+}
+
+/// Episodes of store trouble in the rounds' writes: one log line when one begins (with its
+/// first error) and one when a round writes everything again (how long it lasted, and what it
+/// gave back and left in doubt), rather than a line a round. The lock is never held across an
+/// `.await`.
+#[derive(Debug, Default)]
+struct Episodes(std::sync::Mutex<Option<Episode>>);
+
+#[derive(Debug)]
+struct Episode {
+    since: std::time::Instant,
+    rounds: u64,
+    unsent: u64,
+    doubtful: u64,
+}
+
+impl Episodes {
+    fn round(&self, degraded: bool, t: &Trouble, refused: Option<&StoreError>) {
+        let mut cur = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        match (cur.as_mut(), degraded) {
+            (None, false) => {}
+            (None, true) => {
+                let error = refused.map(ToString::to_string).or_else(|| t.first.clone());
+                tracing::warn!(
+                    error = error.as_deref().unwrap_or(""),
+                    refused_whole = refused.is_some(),
+                    unsent_hits = t.unsent,
+                    doubtful_hits = t.doubtful,
+                    "sync: the store refuses some writes; unsent hits stay pending and are \
+                     sent again, hits in doubt are not resent (one line until it ends)"
+                );
+                *cur = Some(Episode {
+                    since: std::time::Instant::now(),
+                    rounds: 1,
+                    unsent: t.unsent,
+                    doubtful: t.doubtful,
+                });
+            }
+            (Some(e), true) => {
+                e.rounds += 1;
+                e.unsent += t.unsent;
+                e.doubtful += t.doubtful;
+            }
+            (Some(e), false) => {
+                tracing::info!(
+                    secs = e.since.elapsed().as_secs_f64(),
+                    rounds = e.rounds,
+                    unsent_hits_sent_again = e.unsent,
+                    doubtful_hits = e.doubtful,
+                    "sync: the store takes every write again"
+                );
+                *cur = None;
+            }
+        }
+    }
+}
+
 pub struct Syncer {
     limiter: Arc<Limiter>,
     /// Where the usage history goes (the counters go through the limiter's store handle).
@@ -105,6 +172,7 @@ pub struct Syncer {
     cfg: SyncConfig,
     /// OpenTelemetry traces of the rounds, when on.
     traces: Option<Arc<crate::traces::Traces>>,
+    episodes: Episodes,
 }
 
 impl Syncer {
@@ -120,6 +188,7 @@ impl Syncer {
             metrics,
             cfg,
             traces: None,
+            episodes: Episodes::default(),
         }
     }
 
@@ -187,8 +256,11 @@ impl Syncer {
     /// counters, and one call over all of them, were the store slower than the round needs,
     /// would leave every hit not yet sent at its deadline of unknown outcome. So what has not
     /// been sent when the deadline passes goes back to pending, written at the next round
-    /// (`Limiter::unwritten`), and only the call in flight is uncertain. A refusal gives back
-    /// that call and the rest and is returned. Also returns the hits given back.
+    /// (`Limiter::unwritten`), and only the call in flight is uncertain. Within a call, the
+    /// store tells the increments it never sent (back to pending) from those in doubt
+    /// (`CounterStore::increment_parts`): a cluster that refuses some partitions (no quorum
+    /// for them) takes the others. A call refused whole gives back it and the rest and is
+    /// returned. Also returns the hits given back.
     async fn write_counters(&self, deltas: &[Delta]) -> (Option<StoreError>, u64) {
         let store = self.limiter.store();
         let hits = |d: &[Delta]| d.iter().map(|d| d.delta.max(0) as u64).sum::<u64>();
@@ -197,6 +269,9 @@ impl Syncer {
         let mut rest = deltas;
         let mut outcome = "ok";
         let mut refused = None;
+        // Increments a call never sent while it sent others: pending again.
+        let mut unsent: Vec<Delta> = Vec::new();
+        let mut trouble = Trouble::default();
         while !rest.is_empty() {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             if left.is_zero() {
@@ -205,37 +280,57 @@ impl Syncer {
             let cut = chunk_end(rest, INCREMENT_CHUNK);
             let (chunk, tail) = rest.split_at(cut);
             // The snapshot counts as written already (`Limiter::collect`), unless given back.
-            match tokio::time::timeout(left, store.increment(chunk)).await {
-                Ok(Ok(())) => rest = tail,
-                Ok(Err(StoreError::Uncertain(e))) => {
-                    outcome = "uncertain";
-                    self.uncertain(hits(chunk), &e);
-                    rest = tail;
-                    break;
-                }
+            let parts = match tokio::time::timeout(left, store.increment_parts(chunk)).await {
+                Ok(parts) => parts,
                 Err(_) => {
                     outcome = "timeout";
-                    self.uncertain(hits(chunk), "timed out");
+                    trouble.doubtful += hits(chunk);
+                    trouble.first.get_or_insert_with(|| "timed out".into());
                     rest = tail;
                     break;
                 }
-                Ok(Err(e)) => {
-                    outcome = if e.is_transient() {
-                        "unavailable"
-                    } else {
-                        "error"
-                    };
-                    refused = Some(e);
-                    break;
-                }
+            };
+            let Some(e) = parts.error else {
+                rest = tail;
+                continue;
+            };
+            if parts.unsent.len() == chunk.len() {
+                // Refused whole: this call and the rest wait, with back-off.
+                outcome = if e.is_transient() {
+                    "unavailable"
+                } else {
+                    "error"
+                };
+                refused = Some(e);
+                break;
             }
+            let doubtful: u64 = parts.doubtful.iter().map(|&i| hits(&chunk[i..=i])).sum();
+            trouble.doubtful += doubtful;
+            let mut idx = parts.unsent;
+            idx.sort_unstable();
+            trouble.unsent += idx.iter().map(|&i| hits(&chunk[i..=i])).sum::<u64>();
+            unsent.extend(idx.into_iter().map(|i| chunk[i].clone()));
+            trouble.first.get_or_insert_with(|| e.to_string());
+            outcome = if doubtful > 0 { "uncertain" } else { "partial" };
+            rest = tail;
         }
         if !deltas.is_empty() {
             let secs = started.elapsed().as_secs_f64();
             self.metrics.store_op("increment", outcome, secs);
         }
+        if trouble.doubtful > 0 {
+            self.metrics.uncertain_hits(trouble.doubtful);
+        }
+        let mut given_back = 0;
+        if !unsent.is_empty() {
+            given_back += hits(&unsent);
+            self.limiter.unwritten(&unsent);
+        }
+        let degraded = trouble.doubtful + trouble.unsent > 0 || refused.is_some();
+        self.episodes.round(degraded, &trouble, refused.as_ref());
+        self.metrics.set_store_degraded(degraded);
         if rest.is_empty() {
-            return (refused, 0);
+            return (refused, given_back);
         }
         let left = hits(rest);
         if refused.is_none() {
@@ -246,7 +341,7 @@ impl Syncer {
             );
         }
         self.limiter.unwritten(rest);
-        (refused, left)
+        (refused, given_back + left)
     }
 
     /// Writes the answers checks got since the last write to the usage history. Refused with
@@ -339,36 +434,56 @@ impl Syncer {
     }
 
     /// A round's second half: reads totals back (they include every instance's writes).
-    /// A failed read is logged and skipped: the next round reads them again.
+    /// What a failed part of the read did not get is logged and read again at the next round;
+    /// what the other parts got is installed.
     pub async fn read_back(&self, ranges: &[CounterRange]) {
         if ranges.is_empty() {
             return;
         }
         let started = std::time::Instant::now();
-        let res = tokio::time::timeout(self.cfg.timeout, self.limiter.store().read(ranges)).await;
+        let res =
+            tokio::time::timeout(self.cfg.timeout, self.limiter.store().read_parts(ranges)).await;
         let secs = started.elapsed().as_secs_f64();
-        match res {
-            Ok(Ok(totals)) => {
-                self.metrics.store_op("read", "ok", secs);
-                self.limiter.refreshed(ranges, totals);
-            }
-            Ok(Err(e)) => {
-                self.metrics.store_op("read", "error", secs);
-                tracing::warn!(error = %e, "sync: reading totals back failed");
-            }
-            Err(_) => {
-                self.metrics.store_op("read", "timeout", secs);
-                tracing::warn!("sync: reading totals back timed out");
+        let Ok(read) = res else {
+            self.metrics.store_op("read", "timeout", secs);
+            self.limiter.unread(ranges);
+            tracing::warn!("sync: reading totals back timed out");
+            return;
+        };
+        let Some(e) = read.error else {
+            self.metrics.store_op("read", "ok", secs);
+            let totals = read
+                .totals
+                .into_iter()
+                .map(Option::unwrap_or_default)
+                .collect();
+            self.limiter.refreshed(ranges, totals);
+            return;
+        };
+        let (mut got, mut got_totals, mut missed) = (Vec::new(), Vec::new(), Vec::new());
+        for (r, t) in ranges.iter().zip(read.totals) {
+            match t {
+                Some(t) => {
+                    got.push(r.clone());
+                    got_totals.push(t);
+                }
+                None => missed.push(r.clone()),
             }
         }
-    }
-
-    fn uncertain(&self, hits: u64, why: &str) {
-        self.metrics.uncertain_hits(hits);
+        self.metrics.store_op(
+            "read",
+            if got.is_empty() { "error" } else { "partial" },
+            secs,
+        );
+        if !got.is_empty() {
+            self.limiter.refreshed(&got, got_totals);
+        }
+        self.limiter.unread(&missed);
         tracing::warn!(
-            hits,
-            why,
-            "sync: increment outcome unknown; not resent (count may err low)"
+            error = %e,
+            read = got.len(),
+            unread = missed.len(),
+            "sync: reading totals back failed in part; the rest is read again next round"
         );
     }
 
@@ -458,10 +573,8 @@ impl Syncer {
                         t.end_store(r, Some(ranges.len() as u64), None);
                     }
                 }
-                Err(e) => {
-                    failures += 1;
-                    tracing::warn!(error = %e, failures, "sync: write failed; hits stay pending");
-                }
+                // Logged once an episode (`Episodes`).
+                Err(_) => failures += 1,
             }
             if let (Some(t), Some(r)) = (t, round) {
                 t.end_store(r, None, None);
@@ -500,6 +613,17 @@ impl Syncer {
                 {
                     if let Err(e) = self.limiter.store().flush().await {
                         tracing::error!(error = %e, "flushing the store at shutdown failed");
+                    }
+                    // Hits whose writes went out and were never answered may or may not be in
+                    // the store: not "written", whatever the drain did.
+                    let doubtful = self.metrics.uncertain_hits_seen();
+                    if doubtful > 0 {
+                        tracing::error!(
+                            doubtful_hits = doubtful,
+                            "shutdown: every pending hit written, but these hits' writes since \
+                             start had no answer and were not resent: the store may lack them"
+                        );
+                        return doubtful;
                     }
                     tracing::info!("sync: every admitted hit written");
                     return 0;

@@ -411,3 +411,137 @@ async fn a_reset_cancels_the_hits_a_write_under_way_carries() {
     let u = r.limiter.usage(&p, &t, &c, None).await.unwrap();
     assert_eq!(u[0].count, 0, "{u:?}");
 }
+
+/// A cluster with a node down refuses some partitions and takes the others: what it took is
+/// written once, what it refused stays pending (the store is marked degraded meanwhile) and is
+/// written once when it takes it again.
+#[tokio::test]
+async fn hits_a_store_refuses_for_some_clients_wait_while_the_others_are_written() {
+    use quotad::store::faulty::PartFault;
+    let r = rig();
+    let p = policy(serde_json::json!({"limits": [{"id": "d", "max": 1000, "period": "day"}]}));
+    let day = p.limits[0].kind.grain();
+    for c in ["k1", "k2", "k3"] {
+        let (t, c) = ids("acme", c);
+        for _ in 0..3 {
+            assert!(check(&r, &p, &t, &c, 1).await.allowed);
+        }
+    }
+    r.faulty.fail_part("k2", Some(PartFault::Refused));
+    let round = r.syncer.round().await.unwrap();
+    assert_eq!(round.written_hits, 6, "k1 and k3");
+    assert_eq!(round.pending_after, 3, "k2's, refused unsent");
+    assert!(r.metrics.store_degraded());
+    assert_eq!(metric(&r, "quotad_store_uncertain_hits_total"), 0.0);
+    // Refused again, whole (it is all the round has): still pending, nothing written twice.
+    assert!(r.syncer.round().await.is_err());
+    assert_eq!(r.limiter.pending_hits(), 3);
+    r.faulty.fail_part("k2", None);
+    let round = r.syncer.round().await.unwrap();
+    assert_eq!((round.written_hits, round.pending_after), (3, 0));
+    assert!(!r.metrics.store_degraded());
+    for c in ["k1", "k2", "k3"] {
+        assert_eq!(stored(&r, "acme", c, "d", day).await, 3, "{c}");
+        let (t, c) = ids("acme", c);
+        assert_eq!(
+            check(&r, &p, &t, &c, 0).await.binding.unwrap().remaining,
+            997
+        );
+    }
+}
+
+/// An increment sent and never answered may have landed: it is counted as in doubt, never
+/// resent, and a shutdown after it does not say that every hit was written.
+#[tokio::test]
+async fn an_increment_in_doubt_is_not_resent_and_shutdown_says_so() {
+    use quotad::store::faulty::PartFault;
+    let r = rig();
+    let p = policy(serde_json::json!({"limits": [{"id": "d", "max": 1000, "period": "day"}]}));
+    let day = p.limits[0].kind.grain();
+    for c in ["k1", "k2"] {
+        let (t, c) = ids("acme", c);
+        for _ in 0..4 {
+            check(&r, &p, &t, &c, 1).await;
+        }
+    }
+    // The faulty store writes k2's increments and answers them as unknown.
+    r.faulty.fail_part("k2", Some(PartFault::Doubtful));
+    let round = r.syncer.round().await.unwrap();
+    assert_eq!(round.pending_after, 0, "hits in doubt are not pending");
+    assert_eq!(metric(&r, "quotad_store_uncertain_hits_total"), 4.0);
+    r.faulty.fail_part("k2", None);
+    r.syncer.round().await.unwrap();
+    assert_eq!(stored(&r, "acme", "k2", "d", day).await, 4, "never resent");
+    assert_eq!(stored(&r, "acme", "k1", "d", day).await, 4);
+    assert_eq!(
+        r.syncer.drain().await,
+        4,
+        "the drain reports the hits in doubt"
+    );
+}
+
+/// A read back that fails for some clients keeps what it read of the others; the clients
+/// it missed keep their last totals and are read at the next round.
+#[tokio::test]
+async fn a_read_back_that_fails_in_part_keeps_what_it_got() {
+    use quotad::store::faulty::PartFault;
+    // One of a fleet of two: what it writes it reads back in the same round.
+    let fleet = Arc::new(quotad::limiter::Membership::alone());
+    fleet.set_members(2);
+    let r = rig_with(LimiterConfig {
+        shards: 8,
+        store_timeout: Duration::from_secs(10),
+        fleet,
+        ..LimiterConfig::default()
+    });
+    let p = policy(serde_json::json!({"limits": [{"id": "d", "max": 1000, "period": "day"}]}));
+    let day = p.limits[0].kind.grain();
+    for c in ["k1", "k2"] {
+        let (t, c) = ids("acme", c);
+        check(&r, &p, &t, &c, 1).await;
+    }
+    r.syncer.round().await.unwrap();
+    // Another instance counts 10 more of each.
+    let now = r.clock.now_ms();
+    let other: Vec<Delta> = ["k1", "k2"]
+        .iter()
+        .map(|c| Delta {
+            key: CounterKey {
+                tenant: "acme".into(),
+                subject: (*c).into(),
+                limit: "d".into(),
+                grain: day,
+            },
+            start: day.bucket_start(now),
+            delta: 10,
+        })
+        .collect();
+    r.store.increment(&other).await.unwrap();
+    let remaining = |c: &'static str| {
+        let r = &r;
+        let p = &p;
+        async move {
+            let (t, c) = ids("acme", c);
+            check(r, p, &t, &c, 0).await.binding.unwrap().remaining
+        }
+    };
+    r.faulty.fail_part("k2", Some(PartFault::Refused));
+    for c in ["k1", "k2"] {
+        let (t, c) = ids("acme", c);
+        check(&r, &p, &t, &c, 1).await;
+    }
+    r.syncer.round().await.unwrap();
+    assert_eq!(
+        remaining("k1").await,
+        1000 - 12,
+        "read back: the other's 10 in it"
+    );
+    assert_eq!(
+        remaining("k2").await,
+        1000 - 2,
+        "unread: its own view is kept"
+    );
+    r.faulty.fail_part("k2", None);
+    r.syncer.round().await.unwrap();
+    assert_eq!(remaining("k2").await, 1000 - 12, "read at the next round");
+}

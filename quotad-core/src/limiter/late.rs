@@ -115,9 +115,15 @@ impl LateAnswers {
     }
 }
 
-/// Takes hits back out of the store (a denied strict hit). If that fails, the hit stays
-/// counted: the count errs high (towards denial).
-pub(super) async fn undo(store: &DynCounterStore, metrics: &Metrics, deltas: Vec<Delta>) {
+/// How long a compensation that the store refused (nothing written) is tried again.
+const COMPENSATE_FOR: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// Takes hits back out of the store (a denied strict hit). A compensation the store refused
+/// with nothing written is sent again in a task of its own, with back-off, until it lands (for
+/// up to [`COMPENSATE_FOR`]): a node down must not leave denied hits counted. One whose outcome
+/// is unknown is not resent, and the hit may stay counted: the count errs high (towards
+/// denial); `quotad_strict_compensation_failures_total` counts those.
+pub(super) async fn undo(store: &DynCounterStore, metrics: &Arc<Metrics>, deltas: Vec<Delta>) {
     if deltas.is_empty() {
         return;
     }
@@ -128,8 +134,35 @@ pub(super) async fn undo(store: &DynCounterStore, metrics: &Metrics, deltas: Vec
             d
         })
         .collect();
-    if let Err(e) = store.increment(&undo).await {
-        metrics.compensation_failed();
-        tracing::warn!(error = %e, "strict mode: compensating a denied hit failed");
+    match store.increment(&undo).await {
+        Ok(()) => {}
+        Err(StoreError::Unavailable(_)) => {
+            let (store, metrics) = (store.clone(), metrics.clone());
+            tokio::spawn(async move { compensate(&store, &metrics, &undo).await });
+        }
+        Err(e) => {
+            metrics.compensation_failed();
+            tracing::warn!(error = %e, "strict mode: compensating a denied hit failed");
+        }
+    }
+}
+
+/// Sends a refused compensation again until it lands, is in doubt, or [`COMPENSATE_FOR`] ends.
+async fn compensate(store: &DynCounterStore, metrics: &Metrics, undo: &[Delta]) {
+    let until = tokio::time::Instant::now() + COMPENSATE_FOR;
+    let mut wait = std::time::Duration::from_millis(100);
+    loop {
+        tokio::time::sleep(wait).await;
+        match store.increment(undo).await {
+            Ok(()) => return,
+            Err(StoreError::Unavailable(_)) if tokio::time::Instant::now() < until => {
+                wait = (wait * 2).min(std::time::Duration::from_secs(5));
+            }
+            Err(e) => {
+                metrics.compensation_failed();
+                tracing::warn!(error = %e, "strict mode: compensating a denied hit failed");
+                return;
+            }
+        }
     }
 }

@@ -563,6 +563,12 @@ impl Limiter {
         self.table.unwritten(deltas);
     }
 
+    /// Counters a read back did not get: read again at the next round, judged meanwhile on
+    /// what they hold (the last totals and this instance's hits since).
+    pub fn unread(&self, ranges: &[CounterRange]) {
+        self.table.unread(ranges);
+    }
+
     /// Installs totals read back from the store: they include every instance's writes.
     pub fn refreshed(&self, ranges: &[CounterRange], totals: Vec<Vec<BucketTotal>>) {
         let now = self.clock.now_ms();

@@ -255,6 +255,11 @@ impl Table {
     /// round's time: they are pending again (hits admitted since the snapshot are pending
     /// already), and their counters are written at the next round, whatever their turn.
     /// What was reset meanwhile is dropped as unwritten hits are (see `reset`).
+    /// Marks the counters of `ranges` to be read at the next round (a read back missed them).
+    pub(super) fn unread(&self, ranges: &[CounterRange]) {
+        self.each_state(ranges, |r| &r.key, |s, _| s.pressing = true);
+    }
+
     pub(super) fn unwritten(&self, deltas: &[Delta]) {
         self.each_state(
             deltas,

@@ -61,6 +61,7 @@ pub struct Metrics {
     active_counters: IntGauge,
     store_failure_decisions: IntCounterVec,
     uncertain_hits: IntCounter,
+    store_degraded: IntGauge,
     deferred_hits: IntCounter,
     unsynced_hits_at_exit: IntGauge,
     compensation_failures: IntCounter,
@@ -284,6 +285,12 @@ impl Metrics {
                 "quotad_store_uncertain_hits_total",
                 "Hits in increments whose outcome is unknown (timed out after sending); never resent.",
             ),
+            store_degraded: gauge(
+                "quotad_store_degraded",
+                "1 while the last sync round's writes were refused or left in doubt, whole or in \
+                 part (a node down with no quorum for some partitions, or one that stopped \
+                 answering); 0 when the store took every write.",
+            ),
             deferred_hits: counter(
                 "quotad_sync_deferred_hits_total",
                 "Hits a sync round could not send within sync.timeout, left pending for the next \
@@ -383,6 +390,7 @@ impl Metrics {
             Box::new(self.active_counters.clone()),
             Box::new(self.store_failure_decisions.clone()),
             Box::new(self.uncertain_hits.clone()),
+            Box::new(self.store_degraded.clone()),
             Box::new(self.deferred_hits.clone()),
             Box::new(self.unsynced_hits_at_exit.clone()),
             Box::new(self.compensation_failures.clone()),
@@ -504,8 +512,23 @@ impl Metrics {
             .inc();
     }
 
+    /// Whether the last sync round's writes were refused or left in doubt, in part or whole
+    /// (`/readyz` says so).
+    pub fn set_store_degraded(&self, degraded: bool) {
+        self.store_degraded.set(i64::from(degraded));
+    }
+
+    pub fn store_degraded(&self) -> bool {
+        self.store_degraded.get() != 0
+    }
+
     pub fn uncertain_hits(&self, hits: u64) {
         self.uncertain_hits.inc_by(hits);
+    }
+
+    /// Hits counted by [`Metrics::uncertain_hits`] since start.
+    pub fn uncertain_hits_seen(&self) -> u64 {
+        self.uncertain_hits.get()
     }
 
     /// A round's writes outlasted `sync.timeout`: these hits wait for the next round.

@@ -143,6 +143,93 @@ impl StoreError {
 
 pub type StoreResult<T> = Result<T, StoreError>;
 
+/// What became of the increments of one call that a store sends in several requests
+/// ([`CounterStore::increment_parts`]), by their place in the call's slice. An increment in
+/// neither list landed.
+#[derive(Debug, Default)]
+pub struct Increments {
+    /// Never sent (no connection, refused before it ran): safe to send again.
+    pub unsent: Vec<usize>,
+    /// Sent, with an outcome nobody knows: it may have landed, and is never resent.
+    pub doubtful: Vec<usize>,
+    /// The first error of the requests that failed; None when every increment landed.
+    pub error: Option<StoreError>,
+}
+
+impl Increments {
+    /// The parts of a call that the store answered as a whole (`n` increments).
+    pub fn whole(result: StoreResult<()>, n: usize) -> Self {
+        match result {
+            Ok(()) => Increments::default(),
+            Err(e @ StoreError::Uncertain(_)) => Increments {
+                doubtful: (0..n).collect(),
+                error: Some(e),
+                ..Increments::default()
+            },
+            Err(e) => Increments {
+                unsent: (0..n).collect(),
+                error: Some(e),
+                ..Increments::default()
+            },
+        }
+    }
+
+    /// The call's outcome as one result, for a caller that cannot resend a part: once any
+    /// part landed or is in doubt, resending the rest could count twice, so a failure is then
+    /// `Uncertain` whatever the parts' errors were.
+    pub fn into_result(self, n: usize) -> StoreResult<()> {
+        let Some(e) = self.error else {
+            return Ok(());
+        };
+        let failed = self.unsent.len() + self.doubtful.len();
+        if self.doubtful.is_empty() && failed >= n {
+            return Err(e);
+        }
+        Err(StoreError::Uncertain(format!(
+            "{} of {n} increments landed, {} in doubt, {} not sent: {e}",
+            n.saturating_sub(failed),
+            self.doubtful.len(),
+            self.unsent.len()
+        )))
+    }
+}
+
+/// What a read of many ranges got ([`CounterStore::read_parts`]): each range's buckets, or
+/// None where the part of the read that serves it failed.
+#[derive(Debug, Default)]
+pub struct Reads {
+    pub totals: Vec<Option<Vec<BucketTotal>>>,
+    /// The first error of the requests that failed; None when every range was read.
+    pub error: Option<StoreError>,
+}
+
+impl Reads {
+    /// The read of `n` ranges that the store answered as a whole.
+    pub fn whole(result: StoreResult<Vec<Vec<BucketTotal>>>, n: usize) -> Self {
+        match result {
+            Ok(t) => Reads {
+                totals: t.into_iter().map(Some).collect(),
+                error: None,
+            },
+            Err(e) => Reads {
+                totals: (0..n).map(|_| None).collect(),
+                error: Some(e),
+            },
+        }
+    }
+
+    /// Every range's buckets, or the first error when any range went unread.
+    pub fn into_result(self) -> StoreResult<Vec<Vec<BucketTotal>>> {
+        let error = self.error;
+        let all: Option<Vec<Vec<BucketTotal>>> = self.totals.into_iter().collect();
+        match (all, error) {
+            (Some(all), _) => Ok(all),
+            (None, Some(e)) => Err(e),
+            (None, None) => Err(StoreError::Unavailable("a part of the read failed".into())),
+        }
+    }
+}
+
 /// Durable counters: what the limiter and the sync task need.
 #[async_trait]
 pub trait CounterStore: Send + Sync + 'static {
@@ -155,9 +242,22 @@ pub trait CounterStore: Send + Sync + 'static {
     /// (increments are for buckets the clock has reached).
     async fn increment(&self, deltas: &[Delta]) -> StoreResult<()>;
 
+    /// [`CounterStore::increment`], telling apart the increments that were never sent from
+    /// those in doubt, for a store that sends a call in several requests that can fail apart
+    /// (a cluster with a node down). The default answers for the call as a whole.
+    async fn increment_parts(&self, deltas: &[Delta]) -> Increments {
+        Increments::whole(self.increment(deltas).await, deltas.len())
+    }
+
     /// Reads the buckets of each range; one vector per range, in order, sorted by start,
     /// holding only buckets that exist.
     async fn read(&self, ranges: &[CounterRange]) -> StoreResult<Vec<Vec<BucketTotal>>>;
+
+    /// [`CounterStore::read`], keeping what was read when a part of it fails. The default
+    /// answers for the read as a whole.
+    async fn read_parts(&self, ranges: &[CounterRange]) -> Reads {
+        Reads::whole(self.read(ranges).await, ranges.len())
+    }
 
     /// Increments, then reads back the ranges, as one step where the store can (strict mode).
     /// The default is `increment` followed by `read`.
@@ -167,7 +267,14 @@ pub trait CounterStore: Send + Sync + 'static {
         ranges: &[CounterRange],
     ) -> StoreResult<Vec<Vec<BucketTotal>>> {
         self.increment(deltas).await?;
-        self.read(ranges).await
+        // The increments landed: a read that fails now must not say "nothing written", or
+        // the caller would write again what the store has counted.
+        self.read(ranges).await.map_err(|e| match e {
+            StoreError::Unavailable(m) => {
+                StoreError::Uncertain(format!("counted, but the read back failed: {m}"))
+            }
+            e => e,
+        })
     }
 
     /// Deletes buckets no window can need any more at `now_ms` (see
@@ -264,3 +371,53 @@ pub type DynCounterStore = Arc<dyn CounterStore>;
 pub type DynPolicyStore = Arc<dyn PolicyStore>;
 /// The usage history of a [`DynStore`].
 pub type DynHistoryStore = Arc<dyn history::HistoryStore>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unavailable() -> StoreError {
+        StoreError::Unavailable("no connection".into())
+    }
+
+    #[test]
+    fn a_call_with_parts_landed_or_in_doubt_fails_as_uncertain_for_a_caller_that_cannot_resend() {
+        assert!(Increments::whole(Ok(()), 3).into_result(3).is_ok());
+        let none_sent = Increments::whole(Err(unavailable()), 3);
+        assert_eq!(none_sent.unsent, [0, 1, 2]);
+        assert!(matches!(
+            none_sent.into_result(3),
+            Err(StoreError::Unavailable(_))
+        ));
+        let some_sent = Increments {
+            unsent: vec![1],
+            doubtful: vec![],
+            error: Some(unavailable()),
+        };
+        assert!(matches!(
+            some_sent.into_result(3),
+            Err(StoreError::Uncertain(_))
+        ));
+        let in_doubt = Increments::whole(Err(StoreError::Uncertain("timed out".into())), 2);
+        assert_eq!(in_doubt.doubtful, [0, 1]);
+        assert!(matches!(
+            in_doubt.into_result(2),
+            Err(StoreError::Uncertain(_))
+        ));
+    }
+
+    #[test]
+    fn a_read_with_a_part_unread_is_an_error_as_a_whole() {
+        let t = vec![BucketTotal::alone(0, 4)];
+        let read = Reads {
+            totals: vec![Some(t.clone()), None],
+            error: Some(unavailable()),
+        };
+        assert!(matches!(
+            read.into_result(),
+            Err(StoreError::Unavailable(_))
+        ));
+        let all = Reads::whole(Ok(vec![t.clone(), vec![]]), 2);
+        assert_eq!(all.into_result().unwrap(), vec![t, vec![]]);
+    }
+}

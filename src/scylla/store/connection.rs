@@ -5,16 +5,29 @@
 //!
 //! [`Cql::connect`] builds it from the options; with several data centres and no
 //! `store.local_dc`, the session prefers the data centre of the contact points.
+//!
+//! Routing. A request about partitions that share a replica goes to that replica first, so
+//! that no coordinator forwards it and the coordinator leads its own counter updates; when
+//! that node cannot take it, it goes on wherever the session's own policy would send it
+//! ([`NodeFirst`]). The driver moves to the next node of that plan by itself when a node has
+//! no connection (nothing was sent); after a request was sent, only the retry policy decides,
+//! and it never resends a counter update. A replica that has no connection, or that let a
+//! request time out in the last [`SUSPECT_FOR`], is not chosen first ([`Suspects`]): a node
+//! that was killed is seen at once (its connections close), one that is paused only by its
+//! silence.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use futures::stream::{self, StreamExt, TryStreamExt};
 use scylla::client::execution_profile::{ExecutionProfile, ExecutionProfileHandle};
 use scylla::client::session::Session;
-use scylla::cluster::Node;
-use scylla::policies::load_balancing::{NodeIdentifier, SingleTargetLoadBalancingPolicy};
+use scylla::cluster::{ClusterState, Node, NodeRef};
+use scylla::policies::load_balancing::{FallbackPlan, LoadBalancingPolicy, RoutingInfo};
+use scylla::policies::speculative_execution::SimpleSpeculativeExecutionPolicy;
+use scylla::routing::Shard;
 use scylla::statement::batch::{Batch, BatchType};
 use scylla::statement::prepared::PreparedStatement;
 use scylla::statement::SerialConsistency;
@@ -39,10 +52,82 @@ pub(super) struct Cql {
     keyspace: String,
     /// The local data centre: a request sent to one replica goes to one of it.
     local_dc: Option<String>,
-    /// An execution profile per node (by address) that sends a request to that node alone,
-    /// with the default profile's settings otherwise: for reads of many partitions that all
-    /// live there ([`Cql::replica_for`]). At most one per node of the cluster.
+    /// An execution profile per node (by address) that sends a request to that node first
+    /// ([`NodeFirst`]), with the default profile's settings otherwise: for requests about
+    /// many partitions that all live there ([`Cql::replica_for`]). At most one per node.
     to_node: Mutex<HashMap<SocketAddr, ExecutionProfileHandle>>,
+    /// Nodes not to send requests to first for a while.
+    suspects: Suspects,
+}
+
+/// How long a node that let a request time out is not chosen first: about a paused node's
+/// silence, after which one request finds out whether it answers again.
+pub(super) const SUSPECT_FOR: Duration = Duration::from_secs(5);
+
+/// How long an idempotent request (a read) waits for its node before the same request is
+/// also sent to the next node of its plan: a paused replica then costs a read this much.
+const SPECULATE_AFTER: Duration = Duration::from_millis(200);
+
+/// Nodes that let a request time out lately, until when (monotonic).
+#[derive(Debug, Default)]
+struct Suspects(Mutex<HashMap<SocketAddr, Instant>>);
+
+impl Suspects {
+    fn mark(&self, addr: SocketAddr) {
+        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        map.insert(addr, Instant::now() + SUSPECT_FOR);
+    }
+
+    fn holds(&self, addr: SocketAddr) -> bool {
+        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        match map.get(&addr) {
+            Some(until) if *until > Instant::now() => true,
+            Some(_) => {
+                map.remove(&addr);
+                false
+            }
+            None => false,
+        }
+    }
+}
+
+/// A node's address as the maps above key it.
+fn addr_of(node: &Node) -> SocketAddr {
+    SocketAddr::new(node.address.ip(), node.address.port())
+}
+
+/// A load-balancing policy that tries one node first and then the nodes `then` would try,
+/// in its order (the first statement's replicas in the local data centre, when token-aware).
+#[derive(Debug)]
+struct NodeFirst {
+    node: Arc<Node>,
+    then: Arc<dyn LoadBalancingPolicy>,
+}
+
+impl LoadBalancingPolicy for NodeFirst {
+    fn pick<'a>(
+        &'a self,
+        _request: &'a RoutingInfo,
+        _cluster: &'a ClusterState,
+    ) -> Option<(NodeRef<'a>, Option<Shard>)> {
+        Some((&self.node, None))
+    }
+
+    fn fallback<'a>(
+        &'a self,
+        request: &'a RoutingInfo,
+        cluster: &'a ClusterState,
+    ) -> FallbackPlan<'a> {
+        let rest = self.then.fallback(request, cluster);
+        Box::new(
+            std::iter::once((&self.node, None))
+                .chain(rest.filter(move |(n, _)| !Arc::ptr_eq(n, &self.node))),
+        )
+    }
+
+    fn name(&self) -> String {
+        format!("NodeFirst({})", self.node.address)
+    }
 }
 
 /// The table whose partitions [`Cql::replica_for`] locates.
@@ -96,10 +181,17 @@ impl Cql {
     /// missing schema, `Unavailable` when the cluster cannot be reached.
     pub(super) async fn connect(opts: &ScyllaOptions) -> StoreResult<(Cql, Option<String>)> {
         opts.validate().map_err(StoreError::Internal)?;
+        // Speculative execution applies to idempotent statements only (reads, deletes): a
+        // counter update is sent once.
+        let speculate = SimpleSpeculativeExecutionPolicy {
+            max_retry_count: 2,
+            retry_interval: SPECULATE_AFTER,
+        };
         let profile = ExecutionProfile::builder()
             .consistency(opts.consistency)
             .serial_consistency(Some(SerialConsistency::LocalSerial))
             .request_timeout(Some(opts.request_timeout))
+            .speculative_execution_policy(Some(Arc::new(speculate)))
             .build()
             .into_handle();
         let build = |dc: Option<String>| {
@@ -135,14 +227,16 @@ impl Cql {
             keyspace: opts.keyspace.clone(),
             local_dc: local_dc.clone(),
             to_node: Mutex::default(),
+            suspects: Suspects::default(),
         };
         Ok((cql, local_dc))
     }
 
-    /// The replica a request about the counters of (tenant, subject) is best sent to: the
-    /// first of the partition's replicas in the local data centre (of any, without one) in
-    /// the driver's ring order, so that every partition of one token range goes to the same
-    /// node and the ranges' first replicas spread the load over the nodes. None when the
+    /// The replica a request about the counters of (tenant, subject) is best sent to first:
+    /// the first of the partition's replicas in the local data centre (of any, without one)
+    /// in the driver's ring order that has a connection and is not a suspect, so that the
+    /// partitions of one token range go to the same node and the ranges' first replicas
+    /// spread the load over the nodes; while none qualifies, the first. None when the
     /// driver's token map does not know the table (yet): the request is then sent as the
     /// driver routes it.
     pub(super) fn replica_for(&self, tenant: &str, subject: &str) -> Option<Arc<Node>> {
@@ -153,15 +247,19 @@ impl Cql {
         let local = |n: &&(Arc<Node>, _)| {
             self.local_dc.is_none() || n.0.datacenter.as_deref() == self.local_dc.as_deref()
         };
+        let healthy = |n: &&(Arc<Node>, _)| {
+            local(n) && n.0.is_connected() && !self.suspects.holds(addr_of(&n.0))
+        };
         replicas
             .iter()
-            .find(local)
+            .find(healthy)
+            .or_else(|| replicas.iter().find(local))
             .or(replicas.first())
             .map(|(n, _)| n.clone())
     }
 
-    /// `st`, sent to the replica of (tenant, subject) that [`Cql::replica_for`] names (as
-    /// the driver routes it, when none is known).
+    /// `st`, sent first to the replica of (tenant, subject) that [`Cql::replica_for`] names
+    /// (as the driver routes it, when none is known).
     pub(super) fn to_replica(
         &self,
         st: &PreparedStatement,
@@ -175,23 +273,30 @@ impl Cql {
         st
     }
 
-    /// The profile that sends a request to `node` alone (no other node coordinates it, nor
-    /// is tried after it), with the default profile's settings otherwise.
+    /// The profile that sends a request to `node` first and then where the default profile's
+    /// policy would ([`NodeFirst`]), with the default profile's settings otherwise.
     pub(super) fn on_node(&self, node: &Arc<Node>) -> ExecutionProfileHandle {
         let mut map = self.to_node.lock().unwrap_or_else(|p| p.into_inner());
-        map.entry(SocketAddr::new(node.address.ip(), node.address.port()))
+        map.entry(addr_of(node))
             .or_insert_with(|| {
-                self.session
-                    .get_default_execution_profile_handle()
+                let default = self.session.get_default_execution_profile_handle();
+                let then = default.to_profile().get_load_balancing_policy().clone();
+                default
                     .pointee_to_builder()
-                    .load_balancing_policy(SingleTargetLoadBalancingPolicy::new(
-                        NodeIdentifier::Node(node.clone()),
-                        None,
-                    ))
+                    .load_balancing_policy(Arc::new(NodeFirst {
+                        node: node.clone(),
+                        then,
+                    }))
                     .build()
                     .into_handle()
             })
             .clone()
+    }
+
+    /// Notes that a request sent to `node` first had no answer in time: it is not chosen
+    /// first for [`SUSPECT_FOR`].
+    pub(super) fn suspect(&self, node: &Node) {
+        self.suspects.mark(addr_of(node));
     }
 
     /// Runs a prepared lightweight transaction; returns its `[applied]`.
@@ -235,7 +340,7 @@ impl Cql {
         V: scylla::serialize::row::SerializeRow,
     {
         let profile = node.map(|n| self.on_node(n));
-        match values {
+        let res = match values {
             [] => Ok(()),
             [one] => {
                 let res = match profile {
@@ -260,7 +365,12 @@ impl Cql {
                     .map(|_| ())
                     .map_err(|e| map_exec(e, Op::Write))
             }
+        };
+        // Sent and not answered: the node it went to first may be paused or overloaded.
+        if let (Err(StoreError::Uncertain(_)), Some(n)) = (&res, node) {
+            self.suspect(n);
         }
+        res
     }
 
     /// Runs statements that are safe to repeat (deletes, index rows) in parallel; the first

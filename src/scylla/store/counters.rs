@@ -30,12 +30,11 @@ use std::net::SocketAddr;
 use std::ops::Range;
 use std::sync::Arc;
 
-use futures::stream::{self, StreamExt, TryStreamExt};
+use futures::stream::{self, StreamExt};
 use scylla::cluster::Node;
 use scylla::value::Counter;
 
 use super::connection::Cql;
-use super::errors::combine_write_outcomes;
 use super::lease::Leases;
 use super::legacy::Legacy;
 #[cfg(doc)]
@@ -46,7 +45,7 @@ use super::statements::{
     ReadSpanValues, ReadStartsValues,
 };
 use crate::store::lease::slot_of;
-use crate::store::{BucketTotal, CounterRange, Delta, StoreError, StoreResult};
+use crate::store::{BucketTotal, CounterRange, Delta, Increments, Reads, StoreError, StoreResult};
 
 /// Most rows in one COUNTER batch. Cassandra and ScyllaDB refuse a batch of several
 /// partitions past `batch_size_fail_threshold_in_kb` (50 KiB by default): a batch stays well
@@ -219,61 +218,122 @@ impl Counters {
         }
     }
 
-    /// Writes the increments: COUNTER batches of many clients, each sent to a replica of all
-    /// its clients' partitions (see the module comment).
-    pub(super) async fn increment(&self, deltas: &[Delta]) -> StoreResult<()> {
-        let shard = self.leases.shard().ok_or_else(|| {
-            StoreError::Unavailable("this instance holds no shard lease; nothing written".into())
-        })?;
-        let clients = group_by_client(deltas)?;
+    /// Writes the increments: COUNTER batches of many clients, each sent first to a replica
+    /// of all its clients' partitions (see the module comment). Says which increments were
+    /// never sent and which are in doubt, by batch: one batch's failure is not another's.
+    pub(super) async fn increment(&self, deltas: &[Delta]) -> Increments {
+        let Some(shard) = self.leases.shard() else {
+            let e = StoreError::Unavailable(
+                "this instance holds no shard lease; nothing written".into(),
+            );
+            return Increments::whole(Err(e), deltas.len());
+        };
+        let clients = match group_by_client(deltas) {
+            Ok(c) => c,
+            Err(e) => return Increments::whole(Err(e), deltas.len()),
+        };
         let nodes: Vec<Option<Arc<Node>>> = clients
             .iter()
             .map(|c| self.cql.replica_for(c.tenant, c.subject))
             .collect();
         let places: Vec<Place> = nodes.iter().map(place_of).collect();
-        let batches: Vec<(Option<&Arc<Node>>, Vec<IncrementValues<'_>>)> = pack(&clients, &places)
-            .into_iter()
+        let packed = pack(&clients, &places);
+        let batches: Vec<(Option<&Arc<Node>>, Vec<IncrementValues<'_>>)> = packed
+            .iter()
             .map(|b| {
                 let node = nodes[b[0].0].as_ref();
                 let values = b
-                    .into_iter()
+                    .iter()
                     .flat_map(|(i, rows)| {
-                        let c = &clients[i];
-                        c.rows[rows].iter().map(move |&(start, limit, grain, d)| {
-                            (Counter(d), c.tenant, c.subject, start, limit, grain, shard)
-                        })
+                        let c = &clients[*i];
+                        c.rows[rows.clone()]
+                            .iter()
+                            .map(move |&(start, limit, grain, d)| {
+                                (Counter(d), c.tenant, c.subject, start, limit, grain, shard)
+                            })
                     })
                     .collect();
                 (node, values)
             })
             .collect();
         // By index: a closure over references trips the compiler's lifetime inference here.
-        let outcomes: Vec<StoreResult<()>> = stream::iter(0..batches.len())
+        let outcomes: Vec<(usize, StoreResult<()>)> = stream::iter(0..batches.len())
             .map(|i| {
                 let (node, values) = &batches[i];
-                self.cql
-                    .counter_batch_on(&self.cql.st.increment, values, *node)
+                async move {
+                    let res = self
+                        .cql
+                        .counter_batch_on(&self.cql.st.increment, values, *node)
+                        .await;
+                    (i, res)
+                }
             })
             .buffer_unordered(self.cql.max_concurrency)
             .collect()
             .await;
-        combine_write_outcomes(outcomes)
+        let mut out = Increments::default();
+        let failed: Vec<(usize, StoreError)> = outcomes
+            .into_iter()
+            .filter_map(|(i, r)| r.err().map(|e| (i, e)))
+            .collect();
+        if failed.is_empty() {
+            return out;
+        }
+        // Which increments each failed batch carried: a batch holds rows of clients, and a
+        // row sums every increment of its cell.
+        let mut of_row: HashMap<(&str, &str, i64, &str, i64), Vec<usize>> = HashMap::new();
+        for (i, d) in deltas.iter().enumerate() {
+            let k = &d.key;
+            of_row
+                .entry((&k.tenant, &k.subject, d.start, &k.limit, k.grain.code()))
+                .or_default()
+                .push(i);
+        }
+        for (b, e) in failed {
+            let list = match e {
+                StoreError::Uncertain(_) => &mut out.doubtful,
+                _ => &mut out.unsent,
+            };
+            for (i, rows) in &packed[b] {
+                let c = &clients[*i];
+                for &(start, limit, grain, _) in &c.rows[rows.clone()] {
+                    if let Some(idx) = of_row.get(&(c.tenant, c.subject, start, limit, grain)) {
+                        list.extend_from_slice(idx);
+                    }
+                }
+            }
+            out.error.get_or_insert(e);
+        }
+        out
     }
 
     /// Reads the ranges, a query per place's clients (see the module comment).
-    pub(super) async fn read(&self, ranges: &[CounterRange]) -> StoreResult<Vec<Vec<BucketTotal>>> {
+    /// A query that fails fails only the ranges it serves: the others are kept.
+    pub(super) async fn read(&self, ranges: &[CounterRange]) -> Reads {
         let mine = self.leases.shard().map_or(-1, i32::from);
         let region = self.leases.region_slot();
         let queries = plan_reads(ranges, |t, s| place_of(&self.cql.replica_for(t, s)));
         let queries = &queries;
-        let answers: Vec<(usize, Vec<Row>)> = stream::iter(0..queries.len())
-            .map(|q| async move { Ok::<_, StoreError>((q, self.ask(&queries[q]).await?)) })
+        let answers: Vec<(usize, StoreResult<Vec<Row>>)> = stream::iter(0..queries.len())
+            .map(|q| async move { (q, self.ask(&queries[q]).await) })
             .buffer_unordered(self.cql.max_concurrency)
-            .try_collect()
-            .await?;
+            .collect()
+            .await;
         let mut sums: Vec<BTreeMap<i64, BucketTotal>> = vec![BTreeMap::new(); ranges.len()];
+        let mut failed = vec![false; ranges.len()];
+        let mut error = None;
         for (q, rows) in answers {
             let query = &queries[q];
+            let rows = match rows {
+                Ok(rows) => rows,
+                Err(e) => {
+                    for &i in &query.ranges {
+                        failed[i] = true;
+                    }
+                    error.get_or_insert(e);
+                    continue;
+                }
+            };
             // The query's ranges by client, for rows that say whose they are.
             let mut of: HashMap<&str, Vec<usize>> = HashMap::new();
             if query.subjects.len() > 1 {
@@ -305,11 +365,17 @@ impl Counters {
                 }
             }
         }
-        self.legacy.add_to(ranges, &mut sums).await?;
-        Ok(sums
-            .into_iter()
-            .map(|m| m.into_values().collect())
-            .collect())
+        if let Err(e) = self.legacy.add_to(ranges, &mut sums).await {
+            return Reads::whole(Err(e), ranges.len());
+        }
+        Reads {
+            totals: sums
+                .into_iter()
+                .zip(failed)
+                .map(|(m, failed)| (!failed).then(|| m.into_values().collect()))
+                .collect(),
+            error,
+        }
     }
 
     async fn ask(&self, q: &Query<'_>) -> StoreResult<Vec<Row>> {

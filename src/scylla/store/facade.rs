@@ -29,8 +29,8 @@ use crate::store::hold::{Ended, Hold, HoldStore};
 use crate::store::idempotency::{Begun, IdempotencyStore};
 use crate::store::lease::{Claim, LeaseStore, RegionBeat, Roster};
 use crate::store::{
-    BucketTotal, CounterRange, CounterStore, Delta, PolicyKey, PolicyRecord, PolicyStore,
-    StoreError, StoreResult,
+    BucketTotal, CounterRange, CounterStore, Delta, Increments, PolicyKey, PolicyRecord,
+    PolicyStore, Reads, StoreError, StoreResult,
 };
 
 /// The scylla store; cheap to share behind an `Arc` (one session, its own connection pools).
@@ -100,6 +100,11 @@ impl CounterStore for ScyllaStore {
     }
 
     async fn increment(&self, deltas: &[Delta]) -> StoreResult<()> {
+        let parts = self.counters.increment(deltas).await;
+        parts.into_result(deltas.len())
+    }
+
+    async fn increment_parts(&self, deltas: &[Delta]) -> Increments {
         self.counters.increment(deltas).await
     }
 
@@ -112,8 +117,12 @@ impl CounterStore for ScyllaStore {
         if one_client {
             self.first_reads.read(ranges).await
         } else {
-            self.counters.read(ranges).await
+            self.counters.read(ranges).await.into_result()
         }
+    }
+
+    async fn read_parts(&self, ranges: &[CounterRange]) -> Reads {
+        self.counters.read(ranges).await
     }
 
     async fn delete_expired(&self, now_ms: i64, budget: usize) -> StoreResult<u64> {

@@ -90,19 +90,19 @@ impl FirstReads {
             for w in &batch {
                 all.extend(w.ranges.iter().cloned());
             }
-            match self.counters.read(&all).await {
-                Ok(mut totals) => {
-                    // Each caller's answers, from the back: no copies.
-                    for w in batch.into_iter().rev() {
-                        let mine = totals.split_off(totals.len() - w.ranges.len());
-                        let _ = w.answer.send(Ok(mine));
-                    }
-                }
-                Err(e) => {
-                    for w in batch {
-                        let _ = w.answer.send(Err(copy(&e)));
-                    }
-                }
+            // Each caller's answer, from the back (no copies): its ranges, or the error of
+            // the part of the read that failed one of them.
+            let read = self.counters.read(&all).await;
+            let mut totals = read.totals;
+            for w in batch.into_iter().rev() {
+                let mine = totals.split_off(totals.len() - w.ranges.len());
+                let answer = mine.into_iter().collect::<Option<Vec<_>>>().ok_or_else(|| {
+                    read.error.as_ref().map_or_else(
+                        || StoreError::Unavailable("a part of the read failed".into()),
+                        copy,
+                    )
+                });
+                let _ = w.answer.send(answer);
             }
         }
     }

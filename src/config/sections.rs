@@ -108,7 +108,8 @@ pub struct StoreSettings {
     /// [`StoreSettings::check_timeout`] picks one for the store's kind.
     pub timeout_ms: Option<DurationMs>,
     /// Cassandra/Scylla driver timeout of one request (sync batches included). A counter write
-    /// that runs out of it is uncertain and never resent.
+    /// that runs out of it is uncertain and never resent; longer than the server's own write
+    /// and read timeouts (5 s by default), so that a slow node answers for itself.
     pub request_timeout_ms: DurationMs,
     /// Cassandra/Scylla consistency level, e.g. `local_quorum`, `quorum`, `one`.
     pub consistency: String,
@@ -150,7 +151,7 @@ impl Default for StoreSettings {
             nodes: vec!["127.0.0.1:9042".into()],
             keyspace: "quota".into(),
             timeout_ms: None,
-            request_timeout_ms: DurationMs(2_000),
+            request_timeout_ms: DurationMs(6_000),
             consistency: "local_quorum".into(),
             max_concurrency: DEFAULT_MAX_CONCURRENCY,
             shard: None,

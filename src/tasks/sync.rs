@@ -60,8 +60,12 @@ const JANITOR_MAX_BUSY: Duration = Duration::from_secs(1);
 #[derive(Clone, Debug)]
 pub struct SyncConfig {
     pub interval: Duration,
-    /// Deadline of one batch write or read.
+    /// Deadline of a round's writes (no call starts after it) and of its read.
     pub timeout: Duration,
+    /// How long one write call, once sent, may take: past `timeout` no call starts, but the
+    /// one in flight may finish, since cutting it off would leave every increment it carried
+    /// in doubt. Longer than the store's own request timeout, which then decides first.
+    pub call_timeout: Duration,
     /// How often old buckets are deleted from the store, and how many at most each time.
     pub janitor_interval: Duration,
     pub janitor_budget: usize,
@@ -79,6 +83,7 @@ impl Default for SyncConfig {
         Self {
             interval: Duration::from_millis(250),
             timeout: Duration::from_secs(5),
+            call_timeout: Duration::from_secs(10),
             janitor_interval: Duration::from_secs(60),
             janitor_budget: 10_000,
             history_interval: Duration::from_millis(250),
@@ -280,7 +285,8 @@ impl Syncer {
             let cut = chunk_end(rest, INCREMENT_CHUNK);
             let (chunk, tail) = rest.split_at(cut);
             // The snapshot counts as written already (`Limiter::collect`), unless given back.
-            let parts = match tokio::time::timeout(left, store.increment_parts(chunk)).await {
+            let call = self.cfg.call_timeout.max(left);
+            let parts = match tokio::time::timeout(call, store.increment_parts(chunk)).await {
                 Ok(parts) => parts,
                 Err(_) => {
                     outcome = "timeout";

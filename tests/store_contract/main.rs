@@ -41,7 +41,9 @@
 //! history, the audit log and their retention), `fleet` (leases, idempotency keys, overrides,
 //! credits), `holds` (reservations), `regions`, `small` (small cached limits exact on fleets of two and three),
 //! `stalls` (strict checks of two instances while the node is paused: it also needs
-//! `QUOTAD_TEST_SCYLLA_PID`, the node's process id on this machine), `upgrade` and `tls`. This
+//! `QUOTAD_TEST_SCYLLA_PID`, the node's process id on this machine), `replicas` (increments
+//! through a replica of three killed or paused mid-round: `QUOTAD_TEST_SCYLLA_VICTIM_PID` and
+//! `QUOTAD_TEST_SCYLLA_RESTART`), `upgrade` and `tls`. This
 //! file holds the helpers, the list of cases and the tests that are not one case on one store.
 
 /// The cases every store must pass, listed once: `$case!(check, setup)` for each, where
@@ -78,6 +80,7 @@ mod fleet;
 mod history;
 mod holds;
 mod regions;
+mod replicas;
 mod scylla;
 mod small;
 mod stalls;
@@ -375,6 +378,24 @@ async fn an_upgrade_keeps_the_counts_of_the_old_layout() {
 async fn strict_checks_hold_through_node_pauses() {
     in_migrated_keyspace("s", |_, opts| async move {
         stalls::strict_checks_hold_through_node_pauses(&opts).await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a cluster of three replicas on this machine: set QUOTAD_TEST_SCYLLA_NODES, QUOTAD_TEST_SCYLLA_REPLICATION (three replicas), QUOTAD_TEST_SCYLLA_VICTIM_PID (a node's process id) and QUOTAD_TEST_SCYLLA_RESTART (a command that starts it again), run with --ignored"]
+async fn increments_outlive_a_replica_killed_mid_round() {
+    in_migrated_keyspace("k", |_, opts| async move {
+        replicas::increments_outlive_a_replica_lost_mid_round(&opts, replicas::Loss::Kill).await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a cluster of three replicas on this machine: set QUOTAD_TEST_SCYLLA_NODES, QUOTAD_TEST_SCYLLA_REPLICATION (three replicas) and QUOTAD_TEST_SCYLLA_VICTIM_PID (a node's process id), run with --ignored"]
+async fn increments_outlive_a_replica_paused_mid_round() {
+    in_migrated_keyspace("p", |_, opts| async move {
+        replicas::increments_outlive_a_replica_lost_mid_round(&opts, replicas::Loss::Pause).await;
     })
     .await;
 }

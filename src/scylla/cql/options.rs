@@ -43,7 +43,7 @@ impl Default for ScyllaOptions {
             nodes: vec!["127.0.0.1:9042".into()],
             keyspace: "quota".into(),
             consistency: Consistency::LocalQuorum,
-            request_timeout: Duration::from_millis(2_000),
+            request_timeout: Duration::from_millis(6_000),
             connect_timeout: Duration::from_secs(5),
             replication: "{'class': 'SimpleStrategy', 'replication_factor': 1}".into(),
             local_dc: None,

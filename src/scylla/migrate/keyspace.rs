@@ -104,6 +104,24 @@ fn quoted_word(s: &str) -> Option<String> {
     ok.then(|| w.to_owned())
 }
 
+/// Refuses a replication map that cannot serve the cluster's data centres (`dcs`, as its
+/// nodes name them): `SimpleStrategy` on a cluster of several places replicas with no regard
+/// to data centres, so that `LOCAL_QUORUM` finds too few replicas in a data centre and
+/// `quotad serve` fails ("alive: 0"). The message names the `--datacenters` to use.
+pub fn check_replication(replication: &str, dcs: &[String]) -> Result<(), String> {
+    if dcs.len() > 1 && replication.contains("'SimpleStrategy'") {
+        let spec: Vec<String> = dcs.iter().map(|d| format!("{d}:3")).collect();
+        return Err(format!(
+            "the cluster has several data centres ({}), and SimpleStrategy ignores them: \
+             LOCAL_QUORUM would find too few replicas in each; create the keyspace with \
+             `quotad migrate --datacenters {}` (each data centre's replication factor)",
+            dcs.join(", "),
+            spec.join(",")
+        ));
+    }
+    Ok(())
+}
+
 /// The keyspace statement. `replication` must come from [`render_replication`] and `ks` must
 /// have passed [`crate::scylla::cql::validate_keyspace`].
 pub fn create_keyspace_cql(ks: &str, replication: &str, server: ServerKind) -> String {
@@ -152,6 +170,17 @@ mod tests {
     use super::*;
     use crate::scylla::cql::ScyllaOptions;
     use crate::scylla::migrate::split_statements;
+
+    #[test]
+    fn simple_strategy_is_refused_on_a_cluster_of_several_data_centres() {
+        let simple = "{'class': 'SimpleStrategy', 'replication_factor': 3}";
+        let dcs = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+        assert!(check_replication(simple, &dcs(&["dc1"])).is_ok());
+        let e = check_replication(simple, &dcs(&["eu", "us"])).unwrap_err();
+        assert!(e.contains("--datacenters eu:3,us:3"), "{e}");
+        let nts = "{'class': 'NetworkTopologyStrategy', 'eu': 3, 'us': 3}";
+        assert!(check_replication(nts, &dcs(&["eu", "us"])).is_ok());
+    }
 
     #[test]
     fn replication_is_parsed_and_rendered_canonically() {

@@ -69,6 +69,12 @@ pub async fn run(
     if ks_exists {
         writeln!(out, "keyspace {ks} exists")?;
     } else {
+        let mut dcs: Vec<String> = (session.get_cluster_state().get_nodes_info().iter())
+            .filter_map(|n| n.datacenter.clone())
+            .collect();
+        dcs.sort_unstable();
+        dcs.dedup();
+        keyspace::check_replication(&replication, &dcs).map_err(MigrateError::Config)?;
         create_keyspace(&session, ks, &replication, server, dry_run, out).await?;
     }
 

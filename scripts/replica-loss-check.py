@@ -1,0 +1,388 @@
+#!/usr/bin/env python3
+"""A fleet on a three-replica cluster loses a node: every admitted hit still counted, every
+limit still held.
+
+Two quotad instances (release build, default settings but the store) share a fresh keyspace
+of replication factor 3 (`quotad migrate --datacenters DC:3`) on a cluster of three nodes of
+one data centre. 16 callers send four kinds of traffic for DUR seconds, half to each instance:
+
+- far:    FAR_CLIENTS clients of 1,000,000 an hour, paced to FAR_RATE checks a second in all
+          (4 callers): what is admitted must reach the store;
+- strict: one client of 200 an hour, `"consistency": "strict"` (2 callers);
+- small:  SMALL_CLIENTS clients of 5 an hour (2 callers, turn about): none may get a 6th;
+- hot:    one client of 1000 per sliding 10 s, as fast as 8 callers go (about 10x): within
+          1% of 1000 in every 10 s span, and admitted all the while.
+
+A fault, at FAULT_AT seconds: `kill` (SIGKILL the node NODE, start it again DOWN_FOR seconds
+later), `kill-first` (the same to the first contact point), `pause` (SIGSTOP the node NODE for
+DOWN_FOR seconds), or `none`. FAULTS runs several, one after another, each in a keyspace of
+its own. After the traffic the script waits for the node to answer again, scrapes the
+instances' metrics, stops them with SIGTERM (their exit status and last words are kept), and
+reads what the store counted through a fresh instance (`GET /v1/usage`). It prints a table:
+
+    fault | far admitted/stored | strict admitted/stored | small 4/5/6/7/8 | hot worst span;
+    least while down | 5xx | /readyz not ready/degraded | uncertain hits | exits
+
+It talks only to 127.0.0.x. Usage (needs the cluster and a built binary):
+
+    cargo build --release
+    NODE_PID_CMD='pid-of-node {n}' NODE_START_CMD='start-node {n}' \\
+        FAULTS=none,kill,kill-first,pause python3 scripts/replica-loss-check.py
+
+`{n}` in NODE_PID_CMD and NODE_START_CMD is the last number of the node's address (3 for
+127.0.0.3); NODE_PID_CMD prints the node's process id, NODE_START_CMD starts it again and
+returns once it answers CQL. Environment: QUOTAD_BIN (target/release/quotad), QUOTAD_NODES
+(127.0.0.3:9042,127.0.0.4:9042,127.0.0.5:9042; the first is the first contact point), DC
+(dc1), NODE (the node `kill` and `pause` take: 127.0.0.4 for kill, 127.0.0.5 for pause), DUR
+(90), FAULT_AT (30), DOWN_FOR (25 for a kill, 10 for a pause), FAR_CLIENTS (2000), FAR_RATE
+(250), SMALL_CLIENTS (45), PORT (18380, the first of three), QUOTAD_CPUS (a `taskset` list
+for the instances, e.g. 0). Exit status 0 when every row holds.
+"""
+
+import http.client
+import json
+import os
+import secrets
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from quotad_procs import Procs, worst_span  # noqa: E402
+
+BIN = os.environ.get("QUOTAD_BIN", "target/release/quotad")
+NODES = os.environ.get("QUOTAD_NODES", "127.0.0.3:9042,127.0.0.4:9042,127.0.0.5:9042")
+DC = os.environ.get("DC", "dc1")
+DUR = float(os.environ.get("DUR", "90"))
+FAULT_AT = float(os.environ.get("FAULT_AT", "30"))
+FAR_CLIENTS = int(os.environ.get("FAR_CLIENTS", "2000"))
+FAR_RATE = float(os.environ.get("FAR_RATE", "250"))
+SMALL_CLIENTS = int(os.environ.get("SMALL_CLIENTS", "45"))
+PORT = int(os.environ.get("PORT", "18380"))
+CPUS = os.environ.get("QUOTAD_CPUS", "")
+PID_CMD = os.environ.get("NODE_PID_CMD", "")
+START_CMD = os.environ.get("NODE_START_CMD", "")
+FAULTS = [f for f in os.environ.get("FAULTS", os.environ.get("FAULT", "kill")).split(",") if f]
+TOKEN = secrets.token_hex(16)
+HOT_MAX, HOT_SPAN = 1000, 10.0
+STRICT_MAX, SMALL_MAX = 200, 5
+
+
+def node_of(addr):
+    """The last number of a node's address (`127.0.0.4:9042` -> 4)."""
+    return addr.split(":")[0].rsplit(".", 1)[1]
+
+
+def fault_node(fault):
+    if fault == "kill-first":
+        return node_of(NODES.split(",")[0])
+    default = "127.0.0.4" if fault == "kill" else "127.0.0.5"
+    return node_of(os.environ.get("NODE", default))
+
+
+def node_pid(n):
+    out = subprocess.run(PID_CMD.format(n=n), shell=True, capture_output=True, text=True)
+    pid = out.stdout.strip()
+    if out.returncode != 0 or not pid.isdigit():
+        sys.exit(f"NODE_PID_CMD gave no pid for node {n}: {out.stdout} {out.stderr}")
+    return int(pid)
+
+
+class Procs2(Procs):
+    """The fleet helper, with the instances pinned to QUOTAD_CPUS when set."""
+
+    def start(self, port):
+        p = super().start(port) if not CPUS else self._start_pinned(port)
+        return p
+
+    def _start_pinned(self, port):
+        e = self.env()
+        e["QUOTAD__SERVER__BIND"] = f"127.0.0.1:{port}"
+        log = open(os.path.join(self.logs, f"quotad-{port}.log"), "w")
+        p = subprocess.Popen(["taskset", "-c", CPUS, self.bin, "serve"], env=e, stdout=log,
+                             stderr=subprocess.STDOUT)
+        p.port = port
+        return p
+
+    def migrate_rf(self):
+        out = subprocess.run([self.bin, "migrate", "--datacenters", f"{DC}:3"], env=self.env(),
+                             capture_output=True, text=True)
+        if out.returncode != 0:
+            sys.exit(f"quotad migrate failed:\n{out.stdout}\n{out.stderr}")
+
+
+class Caller:
+    """One caller: a kept-alive connection per instance, a request at a time."""
+
+    def __init__(self, ports):
+        self.ports, self.conns = ports, {}
+
+    def check(self, port, tenant, client):
+        body = json.dumps({"tenant": tenant, "client": client})
+        for attempt in (0, 1):
+            c = self.conns.get(port)
+            if c is None:
+                c = self.conns[port] = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            try:
+                c.request("POST", "/v1/check", body=body,
+                          headers={"Content-Type": "application/json"})
+                r = c.getresponse()
+                r.read()
+                return r.status
+            except (OSError, http.client.HTTPException):
+                c.close()
+                self.conns.pop(port, None)
+                if attempt:
+                    return None
+        return None
+
+
+def run_traffic(ports, tenants, t0, stop_at):
+    """The 16 callers; returns what each kind saw."""
+    seen = {k: {"admitted": 0, "statuses": {}} for k in ("far", "strict", "small", "hot")}
+    seen["small"]["per_client"] = {}
+    seen["hot"]["times"] = []
+    lock = threading.Lock()
+
+    def note(kind, status, client=None, at=None):
+        with lock:
+            s = seen[kind]
+            s["statuses"][status] = s["statuses"].get(status, 0) + 1
+            if status == 200:
+                s["admitted"] += 1
+                if kind == "small":
+                    s["per_client"][client] = s["per_client"].get(client, 0) + 1
+                if kind == "hot":
+                    s["times"].append(at)
+
+    def far(i):
+        c, k, every = Caller(ports), 0, 4 / FAR_RATE
+        nxt = time.monotonic()
+        while time.monotonic() < stop_at:
+            client = f"c{(k * 4 + i) % FAR_CLIENTS}"
+            note("far", c.check(ports[(k + i) % 2], tenants["far"], client))
+            k += 1
+            nxt += every
+            time.sleep(max(0.0, nxt - time.monotonic()))
+
+    def strict(i):
+        c, k = Caller(ports), 0
+        while time.monotonic() < stop_at:
+            note("strict", c.check(ports[(k + i) % 2], tenants["strict"], "s1"))
+            k += 1
+            time.sleep(0.1)
+
+    def small(i):
+        c, k = Caller(ports), 0
+        while time.monotonic() < stop_at:
+            client = f"k{(k * 2 + i) % SMALL_CLIENTS}"
+            note("small", c.check(ports[(k + i) % 2], tenants["small"], client), client)
+            k += 1
+            time.sleep(0.05)
+
+    def hot(i):
+        c, k = Caller(ports), 0
+        while time.monotonic() < stop_at:
+            st = c.check(ports[(k + i) % 2], tenants["hot"], "hot")
+            note("hot", st, at=time.monotonic() - t0)
+            k += 1
+
+    threads = ([threading.Thread(target=far, args=(i,)) for i in range(4)]
+               + [threading.Thread(target=strict, args=(i,)) for i in range(2)]
+               + [threading.Thread(target=small, args=(i,)) for i in range(2)]
+               + [threading.Thread(target=hot, args=(i,)) for i in range(8)])
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return seen
+
+
+def watch_ready(procs, ports, stop, out):
+    """Polls /readyz of every instance each second: counts of 200 ready, 200 degraded, other."""
+    while not stop.is_set():
+        for p in ports:
+            try:
+                status, _, body = procs.request(p, "GET", "/readyz", timeout=2)
+                key = (body.get("status") if status == 200 and isinstance(body, dict)
+                       else str(status))
+            except OSError:
+                key = "no answer"
+            out[key] = out.get(key, 0) + 1
+        stop.wait(1)
+
+
+def inject(fault, t0, times):
+    """Runs the fault; records (down from, back at) in seconds since t0."""
+    if fault == "none":
+        return
+    n = fault_node(fault)
+    time.sleep(max(0.0, t0 + FAULT_AT - time.monotonic()))
+    pid = node_pid(n)
+    down_for = float(os.environ.get("DOWN_FOR", "10" if fault == "pause" else "25"))
+    if fault == "pause":
+        os.kill(pid, signal.SIGSTOP)
+        times["down"] = time.monotonic() - t0
+        time.sleep(down_for)
+        os.kill(pid, signal.SIGCONT)
+        times["back"] = time.monotonic() - t0
+        return
+    os.kill(pid, signal.SIGKILL)
+    times["down"] = time.monotonic() - t0
+    time.sleep(down_for)
+    subprocess.run(START_CMD.format(n=n), shell=True, capture_output=True)
+    times["back"] = time.monotonic() - t0
+
+
+def metric(procs, port, name):
+    try:
+        status, _, text = procs.request(port, "GET", "/metrics", timeout=5)
+    except OSError:
+        return 0.0
+    for line in (text or "").splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return 0.0
+
+
+def least_in_spans(times, lo, hi, span):
+    """The fewest of `times` in any span of `span` seconds that starts in [lo, hi - span]
+    (the one starting at lo when the range is shorter than a span)."""
+    starts = [lo + i * 0.5 for i in range(max(1, int((hi - span - lo) / 0.5) + 1))]
+    return min(sum(1 for t in times if s <= t < s + span) for s in starts)
+
+
+def trial(fault):
+    ks = f"quotad_loss_{fault.replace('-', '_')}_{os.getpid()}"
+    logs = tempfile.mkdtemp(prefix=f"quotad-loss-{fault}-")
+    procs = Procs2(BIN, NODES, ks, TOKEN, logs)
+    procs.migrate_rf()
+    fleet = [procs.start(PORT), procs.start(PORT + 1)]
+    ports = [PORT, PORT + 1]
+    for p in fleet:
+        procs.wait_ready(p)
+    tag = os.getpid()
+    tenants = {k: f"{k}-{tag}" for k in ("far", "strict", "small", "hot")}
+    policies = {
+        "far": {"limits": [{"id": "hour", "max": 1_000_000, "window": "1h"}]},
+        "strict": {"limits": [{"id": "hour", "max": STRICT_MAX, "window": "1h"}],
+                   "consistency": "strict"},
+        "small": {"limits": [{"id": "hour", "max": SMALL_MAX, "window": "1h"}]},
+        "hot": {"limits": [{"id": "ten", "max": HOT_MAX, "window": "10s"}]},
+    }
+    for k, body in policies.items():
+        status, _, answer = procs.request(PORT, "PUT", f"/v1/quotas/{tenants[k]}", body)
+        assert status in (200, 201), (status, answer)
+    time.sleep(3)  # both instances see the policies (quotas.refresh_ms) and each other
+    t0 = time.monotonic()
+    times, ready, stop = {}, {}, threading.Event()
+    faulting = threading.Thread(target=inject, args=(fault, t0, times))
+    watching = threading.Thread(target=watch_ready, args=(procs, ports, stop, ready))
+    faulting.start()
+    watching.start()
+    seen = run_traffic(ports, tenants, t0, t0 + DUR)
+    faulting.join()  # the node answers CQL again
+    time.sleep(5)
+    stop.set()
+    watching.join()
+    uncertain = sum(metric(procs, p, "quotad_store_uncertain_hits_total") for p in ports)
+    for p in fleet:
+        p.send_signal(signal.SIGTERM)
+    exits = []
+    for p in fleet:
+        try:
+            exits.append(p.wait(timeout=120))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            exits.append("killed")
+    # What the store counted, through an instance that admitted none of it.
+    reader = procs.start(PORT + 2)
+    procs.wait_ready(reader)
+
+    def count(tenant, client):
+        status, _, body = procs.request(PORT + 2, "GET", f"/v1/usage/{tenant}/{client}")
+        assert status == 200, (status, body)
+        return sum(lim["count"] for lim in body["limits"])
+
+    stored = {
+        "far": sum(count(tenants["far"], f"c{i}") for i in range(FAR_CLIENTS)),
+        "strict": count(tenants["strict"], "s1"),
+    }
+    reader.send_signal(signal.SIGTERM)
+    reader.wait(timeout=60)
+    last_words = []
+    for port in ports:
+        with open(os.path.join(logs, f"quotad-{port}.log")) as f:
+            words = [ln for ln in f if "every admitted hit written" in ln or "shutdown:" in ln]
+        last_words.append(words[-1].strip()[-160:] if words else "(nothing said)")
+    hot = sorted(seen["hot"]["times"])
+    worst = worst_span(hot, HOT_SPAN)
+    lo, hi = times.get("down", FAULT_AT), times.get("back", FAULT_AT + HOT_SPAN)
+    least = least_in_spans(hot, lo, hi, HOT_SPAN) if fault != "none" else None
+    small_hist = [sum(1 for n in seen["small"]["per_client"].values() if n == k)
+                  for k in range(4, 9)]
+    fivexx = sum(n for s in seen.values() for st, n in s["statuses"].items()
+                 if st is None or st >= 500)
+    row = {
+        "fault": fault,
+        "far": (seen["far"]["admitted"], stored["far"]),
+        "strict": (seen["strict"]["admitted"], stored["strict"]),
+        "small": small_hist,
+        "small_over": max(seen["small"]["per_client"].values(), default=0),
+        "hot": (worst, least, len(hot), sum(seen["hot"]["statuses"].values())),
+        "5xx": fivexx,
+        "ready": ready,
+        "uncertain": uncertain,
+        "exits": exits,
+        "words": last_words,
+        "times": times,
+        "logs": logs,
+    }
+    far_a, far_s = row["far"]
+    row["ok"] = {
+        "far stored within 0.1%": abs(far_a - far_s) <= 0.001 * max(far_a, 1),
+        "strict at most 200": row["strict"][0] <= STRICT_MAX,
+        "no 6th of 5": row["small_over"] <= SMALL_MAX,
+        "hot within 1%": worst <= HOT_MAX * 1.01,
+        "hot admitted while down": least is None or least >= HOT_MAX * 0.5,
+        "no 5xx": fivexx == 0,
+    }
+    return row
+
+
+def main():
+    if not os.path.exists(BIN):
+        sys.exit(f"{BIN} is missing: build it first (cargo build --release)")
+    if any(f != "none" for f in FAULTS) and not (PID_CMD and START_CMD):
+        sys.exit("NODE_PID_CMD and NODE_START_CMD are needed for a fault")
+    rows = []
+    for fault in FAULTS:
+        r = trial(fault)
+        rows.append(r)
+        print(json.dumps({k: v for k, v in r.items()}, default=str), flush=True)
+    print()
+    head = ("| fault | far admitted / stored | strict admitted / stored | small 4/5/6/7/8 "
+            "| hot worst 10 s; least while down (admitted of sent) | 5xx | /readyz "
+            "| uncertain hits | exits | checks |")
+    print(head)
+    print("|" + "---|" * 10)
+    for r in rows:
+        worst, least, adm, sent = r["hot"]
+        ready = ", ".join(f"{k} {v}" for k, v in sorted(r["ready"].items()))
+        failed = [k for k, ok in r["ok"].items() if not ok]
+        print(f"| {r['fault']} | {r['far'][0]:,} / {r['far'][1]:,} | {r['strict'][0]} / "
+              f"{r['strict'][1]} | {' / '.join(map(str, r['small']))} | {worst:,}; "
+              f"{'-' if least is None else f'{least:,}'} ({adm:,} of {sent:,}) | {r['5xx']} "
+              f"| {ready} | {r['uncertain']:,.0f} | {r['exits']} "
+              f"| {'ok' if not failed else 'FAIL: ' + '; '.join(failed)} |")
+    for r in rows:
+        print(f"{r['fault']}: down/back {r['times']}; last words {r['words']}; logs {r['logs']}")
+    return 0 if all(all(r["ok"].values()) for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

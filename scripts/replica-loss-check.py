@@ -52,7 +52,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from quotad_procs import Procs, worst_span  # noqa: E402
+from quotad_procs import Procs  # noqa: E402
 
 BIN = os.environ.get("QUOTAD_BIN", "target/release/quotad")
 NODES = os.environ.get("QUOTAD_NODES", "127.0.0.3:9042,127.0.0.4:9042,127.0.0.5:9042")
@@ -249,6 +249,17 @@ def metric(procs, port, name):
     return 0.0
 
 
+def worst_span_at(times, span):
+    """The most of the sorted `times` in any span of `span` seconds, and when that span began."""
+    worst, at, lo = 0, 0.0, 0
+    for hi in range(len(times)):
+        while times[hi] - times[lo] >= span:
+            lo += 1
+        if hi - lo + 1 > worst:
+            worst, at = hi - lo + 1, times[lo]
+    return worst, at
+
+
 def least_in_spans(times, lo, hi, span):
     """The fewest of `times` in any span of `span` seconds that starts in [lo, hi - span]
     (the one starting at lo when the range is shorter than a span)."""
@@ -320,7 +331,9 @@ def trial(fault):
             words = [ln for ln in f if "every admitted hit written" in ln or "shutdown:" in ln]
         last_words.append(words[-1].strip()[-160:] if words else "(nothing said)")
     hot = sorted(seen["hot"]["times"])
-    worst = worst_span(hot, HOT_SPAN)
+    worst, worst_at = worst_span_at(hot, HOT_SPAN)
+    tens = [sum(1 for t in hot if k * HOT_SPAN <= t < (k + 1) * HOT_SPAN)
+            for k in range(int(DUR // HOT_SPAN))]
     lo, hi = times.get("down", FAULT_AT), times.get("back", FAULT_AT + HOT_SPAN)
     least = least_in_spans(hot, lo, hi, HOT_SPAN) if fault != "none" else None
     small_hist = [sum(1 for n in seen["small"]["per_client"].values() if n == k)
@@ -334,6 +347,8 @@ def trial(fault):
         "small": small_hist,
         "small_over": max(seen["small"]["per_client"].values(), default=0),
         "hot": (worst, least, len(hot), sum(seen["hot"]["statuses"].values())),
+        "hot_worst_at": round(worst_at, 1),
+        "hot_by_10s": tens,
         "5xx": fivexx,
         "ready": ready,
         "uncertain": uncertain,

@@ -477,9 +477,6 @@ fn sync_config(settings: &Settings) -> SyncConfig {
     SyncConfig {
         interval: settings.sync.interval_ms.get(),
         timeout: settings.sync.timeout_ms.get(),
-        // A call the store's driver ends first (scylla); the embedded store answers at once.
-        call_timeout: (settings.store.request_timeout_ms.get() + std::time::Duration::from_secs(1))
-            .max(settings.sync.timeout_ms.get()),
         janitor_interval: settings.sync.janitor_interval_ms.get(),
         janitor_budget: 10_000,
         history_interval: settings.history_write_interval(),

@@ -16,6 +16,7 @@ use crate::store::hold::{Ended, Hold, HoldStore};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -117,12 +118,12 @@ impl CounterStore for FaultyStore {
     }
     async fn increment(&self, deltas: &[Delta]) -> StoreResult<()> {
         let n = deltas.len();
-        self.increment_parts(deltas).await.into_result(n)
+        self.increment_parts(deltas, None).await.into_result(n)
     }
     async fn read(&self, ranges: &[CounterRange]) -> StoreResult<Vec<Vec<BucketTotal>>> {
-        self.read_parts(ranges).await.into_result()
+        self.read_parts(ranges, None).await.into_result()
     }
-    async fn increment_parts(&self, deltas: &[Delta]) -> Increments {
+    async fn increment_parts(&self, deltas: &[Delta], deadline: Option<Instant>) -> Increments {
         if let Err(e) = self.gate().await {
             return Increments::whole(Err(e), deltas.len());
         }
@@ -139,7 +140,7 @@ impl CounterStore for FaultyStore {
             }
         }
         let sent: Vec<Delta> = go.iter().map(|&i| deltas[i].clone()).collect();
-        let inner = self.inner.increment_parts(&sent).await;
+        let inner = self.inner.increment_parts(&sent, deadline).await;
         out.unsent.extend(inner.unsent.iter().map(|&j| go[j]));
         out.doubtful.extend(inner.doubtful.iter().map(|&j| go[j]));
         out.doubtful.sort_unstable();
@@ -151,7 +152,7 @@ impl CounterStore for FaultyStore {
         }
         out
     }
-    async fn read_parts(&self, ranges: &[CounterRange]) -> Reads {
+    async fn read_parts(&self, ranges: &[CounterRange], deadline: Option<Instant>) -> Reads {
         self.reads.fetch_add(1, Ordering::Relaxed);
         if let Err(e) = self.gate().await {
             return Reads::whole(Err(e), ranges.len());
@@ -160,7 +161,7 @@ impl CounterStore for FaultyStore {
             .filter(|&i| self.part_fault(&ranges[i].key.subject).is_none())
             .collect();
         let asked: Vec<CounterRange> = ok.iter().map(|&i| ranges[i].clone()).collect();
-        let inner = self.inner.read_parts(&asked).await;
+        let inner = self.inner.read_parts(&asked, deadline).await;
         let mut out = Reads {
             totals: (0..ranges.len()).map(|_| None).collect(),
             error: inner.error,

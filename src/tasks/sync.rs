@@ -54,18 +54,19 @@ fn chunk_end(deltas: &[Delta], most: usize) -> usize {
     i
 }
 
+/// How long past a round's deadline a store call may run before the sync stops waiting for
+/// it (a store cuts off its own requests at the deadline).
+const CUT_OFF_MARGIN: Duration = Duration::from_millis(500);
+
 /// The longest the janitor keeps going at one wake-up (sync rounds wait meanwhile).
 const JANITOR_MAX_BUSY: Duration = Duration::from_secs(1);
 
 #[derive(Clone, Debug)]
 pub struct SyncConfig {
     pub interval: Duration,
-    /// Deadline of a round's writes (no call starts after it) and of its read.
+    /// Deadline of a round's writes and of its read: no call starts after it, and a request
+    /// it cuts off leaves only its own increments in doubt (`CounterStore::increment_parts`).
     pub timeout: Duration,
-    /// How long one write call, once sent, may take: past `timeout` no call starts, but the
-    /// one in flight may finish, since cutting it off would leave every increment it carried
-    /// in doubt. Longer than the store's own request timeout, which then decides first.
-    pub call_timeout: Duration,
     /// How often old buckets are deleted from the store, and how many at most each time.
     pub janitor_interval: Duration,
     pub janitor_budget: usize,
@@ -83,7 +84,6 @@ impl Default for SyncConfig {
         Self {
             interval: Duration::from_millis(250),
             timeout: Duration::from_secs(5),
-            call_timeout: Duration::from_secs(10),
             janitor_interval: Duration::from_secs(60),
             janitor_budget: 10_000,
             history_interval: Duration::from_millis(250),
@@ -285,8 +285,10 @@ impl Syncer {
             let cut = chunk_end(rest, INCREMENT_CHUNK);
             let (chunk, tail) = rest.split_at(cut);
             // The snapshot counts as written already (`Limiter::collect`), unless given back.
-            let call = self.cfg.call_timeout.max(left);
-            let parts = match tokio::time::timeout(call, store.increment_parts(chunk)).await {
+            // The store cuts off what is not answered by the deadline, request by request;
+            // the margin is for a store that does not.
+            let parts = store.increment_parts(chunk, Some(deadline));
+            let parts = match tokio::time::timeout(left + CUT_OFF_MARGIN, parts).await {
                 Ok(parts) => parts,
                 Err(_) => {
                     outcome = "timeout";
@@ -447,8 +449,9 @@ impl Syncer {
             return;
         }
         let started = std::time::Instant::now();
-        let res =
-            tokio::time::timeout(self.cfg.timeout, self.limiter.store().read_parts(ranges)).await;
+        let deadline = started + self.cfg.timeout;
+        let read = self.limiter.store().read_parts(ranges, Some(deadline));
+        let res = tokio::time::timeout(self.cfg.timeout + CUT_OFF_MARGIN, read).await;
         let secs = started.elapsed().as_secs_f64();
         let Ok(read) = res else {
             self.metrics.store_op("read", "timeout", secs);

@@ -94,7 +94,7 @@ pub async fn increments_outlive_a_replica_lost_mid_round(opts: &ScyllaOptions, l
                 delta: 1 + waiting[i],
             })
             .collect();
-        let parts = store.increment_parts(&deltas).await;
+        let parts = store.increment_parts(&deltas, None).await;
         let mut out = vec![0u8; CLIENTS];
         for &i in &parts.unsent {
             out[i] = 1;

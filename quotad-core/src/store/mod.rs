@@ -22,6 +22,7 @@ pub mod idempotency;
 pub mod lease;
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -244,8 +245,11 @@ pub trait CounterStore: Send + Sync + 'static {
 
     /// [`CounterStore::increment`], telling apart the increments that were never sent from
     /// those in doubt, for a store that sends a call in several requests that can fail apart
-    /// (a cluster with a node down). The default answers for the call as a whole.
-    async fn increment_parts(&self, deltas: &[Delta]) -> Increments {
+    /// (a cluster with a node down). A request not answered by `deadline` is given up on,
+    /// its increments in doubt, while the others keep what they got: one node that stopped
+    /// answering does not hold up a whole call. The default answers for the call as a whole.
+    async fn increment_parts(&self, deltas: &[Delta], deadline: Option<Instant>) -> Increments {
+        let _ = deadline;
         Increments::whole(self.increment(deltas).await, deltas.len())
     }
 
@@ -253,9 +257,10 @@ pub trait CounterStore: Send + Sync + 'static {
     /// holding only buckets that exist.
     async fn read(&self, ranges: &[CounterRange]) -> StoreResult<Vec<Vec<BucketTotal>>>;
 
-    /// [`CounterStore::read`], keeping what was read when a part of it fails. The default
-    /// answers for the read as a whole.
-    async fn read_parts(&self, ranges: &[CounterRange]) -> Reads {
+    /// [`CounterStore::read`], keeping what was read when a part of it fails, or is not
+    /// answered by `deadline`. The default answers for the read as a whole.
+    async fn read_parts(&self, ranges: &[CounterRange], deadline: Option<Instant>) -> Reads {
+        let _ = deadline;
         Reads::whole(self.read(ranges).await, ranges.len())
     }
 

@@ -29,6 +29,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::ops::Range;
 use std::sync::Arc;
+use std::time::Instant;
 
 use futures::stream::{self, StreamExt};
 use scylla::cluster::Node;
@@ -198,6 +199,23 @@ fn plan_reads<'a>(
     out
 }
 
+/// `request`'s outcome, or, when `deadline` passes first, `Uncertain` (a write may land
+/// still; a read changed nothing).
+async fn by<T>(
+    deadline: Option<Instant>,
+    request: impl std::future::Future<Output = StoreResult<T>>,
+) -> StoreResult<T> {
+    let Some(d) = deadline else {
+        return request.await;
+    };
+    match tokio::time::timeout_at(d.into(), request).await {
+        Ok(res) => res,
+        Err(_) => Err(StoreError::Uncertain(
+            "no answer by the caller's deadline".into(),
+        )),
+    }
+}
+
 /// A row read back, with the client it belongs to when the query read several.
 type Row = (Option<String>, CounterRow);
 
@@ -220,8 +238,13 @@ impl Counters {
 
     /// Writes the increments: COUNTER batches of many clients, each sent first to a replica
     /// of all its clients' partitions (see the module comment). Says which increments were
-    /// never sent and which are in doubt, by batch: one batch's failure is not another's.
-    pub(super) async fn increment(&self, deltas: &[Delta]) -> Increments {
+    /// never sent and which are in doubt, by batch: one batch's failure is not another's. A
+    /// batch not answered by `deadline` is given up on, in doubt.
+    pub(super) async fn increment(
+        &self,
+        deltas: &[Delta],
+        deadline: Option<Instant>,
+    ) -> Increments {
         let Some(shard) = self.leases.shard() else {
             let e = StoreError::Unavailable(
                 "this instance holds no shard lease; nothing written".into(),
@@ -261,10 +284,14 @@ impl Counters {
             .map(|i| {
                 let (node, values) = &batches[i];
                 async move {
-                    let res = self
+                    let write = self
                         .cql
-                        .counter_batch_on(&self.cql.st.increment, values, *node)
-                        .await;
+                        .counter_batch_on(&self.cql.st.increment, values, *node);
+                    let res = by(deadline, write).await;
+                    // Cut off unanswered: the node it went to first may have stopped.
+                    if let (Err(StoreError::Uncertain(_)), Some(n)) = (&res, node) {
+                        self.cql.suspect(n);
+                    }
                     (i, res)
                 }
             })
@@ -309,13 +336,13 @@ impl Counters {
 
     /// Reads the ranges, a query per place's clients (see the module comment).
     /// A query that fails fails only the ranges it serves: the others are kept.
-    pub(super) async fn read(&self, ranges: &[CounterRange]) -> Reads {
+    pub(super) async fn read(&self, ranges: &[CounterRange], deadline: Option<Instant>) -> Reads {
         let mine = self.leases.shard().map_or(-1, i32::from);
         let region = self.leases.region_slot();
         let queries = plan_reads(ranges, |t, s| place_of(&self.cql.replica_for(t, s)));
         let queries = &queries;
         let answers: Vec<(usize, StoreResult<Vec<Row>>)> = stream::iter(0..queries.len())
-            .map(|q| async move { (q, self.ask(&queries[q]).await) })
+            .map(|q| async move { (q, by(deadline, self.ask(&queries[q])).await) })
             .buffer_unordered(self.cql.max_concurrency)
             .collect()
             .await;

@@ -4,7 +4,7 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -100,12 +100,12 @@ impl CounterStore for ScyllaStore {
     }
 
     async fn increment(&self, deltas: &[Delta]) -> StoreResult<()> {
-        let parts = self.counters.increment(deltas).await;
+        let parts = self.counters.increment(deltas, None).await;
         parts.into_result(deltas.len())
     }
 
-    async fn increment_parts(&self, deltas: &[Delta]) -> Increments {
-        self.counters.increment(deltas).await
+    async fn increment_parts(&self, deltas: &[Delta], deadline: Option<Instant>) -> Increments {
+        self.counters.increment(deltas, deadline).await
     }
 
     async fn read(&self, ranges: &[CounterRange]) -> StoreResult<Vec<Vec<BucketTotal>>> {
@@ -117,12 +117,12 @@ impl CounterStore for ScyllaStore {
         if one_client {
             self.first_reads.read(ranges).await
         } else {
-            self.counters.read(ranges).await.into_result()
+            self.counters.read(ranges, None).await.into_result()
         }
     }
 
-    async fn read_parts(&self, ranges: &[CounterRange]) -> Reads {
-        self.counters.read(ranges).await
+    async fn read_parts(&self, ranges: &[CounterRange], deadline: Option<Instant>) -> Reads {
+        self.counters.read(ranges, deadline).await
     }
 
     async fn delete_expired(&self, now_ms: i64, budget: usize) -> StoreResult<u64> {

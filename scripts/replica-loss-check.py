@@ -334,7 +334,9 @@ def trial(fault):
     worst, worst_at = worst_span_at(hot, HOT_SPAN)
     tens = [sum(1 for t in hot if k * HOT_SPAN <= t < (k + 1) * HOT_SPAN)
             for k in range(int(DUR // HOT_SPAN))]
-    lo, hi = times.get("down", FAULT_AT), times.get("back", FAULT_AT + HOT_SPAN)
+    # While the node was down, within the traffic's time.
+    lo = times.get("down", FAULT_AT)
+    hi = min(times.get("back", FAULT_AT + HOT_SPAN), DUR)
     least = least_in_spans(hot, lo, hi, HOT_SPAN) if fault != "none" else None
     small_hist = [sum(1 for n in seen["small"]["per_client"].values() if n == k)
                   for k in range(4, 9)]

@@ -13,9 +13,10 @@
 //! includes the others' hits up to the last tick. Without this, an instance reading between the
 //! others' writes misses up to a whole interval of their hits, and the fleet overshoots by that.
 //!
-//! The first round after each `history_interval` also writes the usage history: what every check
-//! was answered, summed per (tenant, client, hour) in memory (`crate::history`), with the same
-//! rules as the hits. Its write costs a row per active client whatever the interval, so a longer
+//! The first round after each `history_interval` also takes the usage history: what every check
+//! was answered, summed per (tenant, client, hour) in memory (`crate::history`), written with
+//! the same rules as the hits by a task beside the rounds (`history_writer`), once the round's
+//! read back is done. Its write costs a row per active client whatever the interval, so a longer
 //! interval divides its load; shutdown writes all of it.
 //!
 //! When a write fails with nothing written, the hits stay pending and are tried again with
@@ -29,14 +30,12 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::history::checks_in;
+use super::history_writer::HistoryWriter;
 use crate::limiter::Limiter;
 use crate::metrics::Metrics;
 use crate::store::history::UsageDelta;
 use crate::store::{CounterRange, Delta, DynHistoryStore, StoreError};
 
-/// Most usage-history rows written in one store call.
-const HISTORY_CHUNK: usize = 16_384;
 /// Most counter increments written in one store call (a call sends them as batches of many
 /// partitions, several at once).
 const INCREMENT_CHUNK: usize = 4_096;
@@ -171,8 +170,8 @@ impl Episodes {
 
 pub struct Syncer {
     limiter: Arc<Limiter>,
-    /// Where the usage history goes (the counters go through the limiter's store handle).
-    store: DynHistoryStore,
+    /// Writes the usage history (the counters go through the limiter's store handle).
+    history: Arc<HistoryWriter>,
     metrics: Arc<Metrics>,
     cfg: SyncConfig,
     /// OpenTelemetry traces of the rounds, when on.
@@ -188,8 +187,13 @@ impl Syncer {
         cfg: SyncConfig,
     ) -> Self {
         Self {
+            history: Arc::new(HistoryWriter::new(
+                limiter.clone(),
+                store,
+                metrics.clone(),
+                cfg.timeout,
+            )),
             limiter,
-            store,
             metrics,
             cfg,
             traces: None,
@@ -207,8 +211,9 @@ impl Syncer {
     /// written, whatever `sync.max_delay_ms` allows (shutdown's drain, tests). On a failed
     /// write the hits stay pending and the error is returned.
     pub async fn round(&self) -> Result<Round, StoreError> {
-        let (ranges, mut round) = self.write_round(true, true).await?;
+        let (ranges, mut round, answers) = self.write_round(true, true).await?;
         self.read_back(&ranges).await;
+        self.history.write(answers).await;
         round.pending_after = self.limiter.pending_hits();
         Ok(round)
     }
@@ -217,16 +222,19 @@ impl Syncer {
     /// the pending hits of the counters that are due (`Limiter::collect`) and the usage
     /// history; returns the counters to read back.
     pub async fn write(&self) -> Result<(Vec<CounterRange>, Round), StoreError> {
-        self.write_round(true, false).await
+        let (ranges, round, answers) = self.write_round(true, false).await?;
+        self.history.write(answers).await;
+        Ok((ranges, round))
     }
 
-    /// [`Syncer::write`], with the usage history only when `history` (it is due), and every
-    /// counter's hits when `all`.
+    /// Writes the pending hits of the counters that are due (every counter's when `all`);
+    /// returns the counters to read back, and with `history` (it is due) what the client
+    /// entries summed for the usage history, for the caller to write.
     async fn write_round(
         &self,
         history: bool,
         all: bool,
-    ) -> Result<(Vec<CounterRange>, Round), StoreError> {
+    ) -> Result<(Vec<CounterRange>, Round, Vec<UsageDelta>), StoreError> {
         let mut batch = self
             .limiter
             .collect(self.limiter.clock().now_ms(), history, all);
@@ -246,14 +254,11 @@ impl Syncer {
             self.limiter.history().restore(answers);
             return Err(e);
         }
-        if history {
-            self.write_history(answers).await;
-        }
         let round = Round {
             written_hits: written,
             pending_after: 0,
         };
-        Ok((batch.ranges, round))
+        Ok((batch.ranges, round, answers))
     }
 
     /// Writes a snapshot's increments, in calls of at most [`INCREMENT_CHUNK`] (a counter's
@@ -350,95 +355,6 @@ impl Syncer {
         }
         self.limiter.unwritten(rest);
         (refused, given_back + left)
-    }
-
-    /// Writes the answers checks got since the last write to the usage history. Refused with
-    /// nothing written: they go back, to be tried at the next write. Outcome unknown: not resent
-    /// (increments), counted in `quotad_history_unrecorded_checks_total`.
-    async fn write_history(&self, answers: Vec<UsageDelta>) {
-        let history = self.limiter.history();
-        self.export_dropped();
-        // The rows, and what the client entries summed (a row and an entry's sum may be of the
-        // same client and hour: the store adds them up).
-        let mut deltas = history.drain();
-        deltas.extend(answers);
-        // In calls of at most HISTORY_CHUNK rows: a call's time grows with its rows, and a
-        // write interval's worth of distinct clients (a flood of new ids) in one call could
-        // outlast `sync.timeout` while the store is fine. The calls together get one
-        // `sync.timeout` too, so that counter writes (and shutdown) do not wait on a long
-        // history: what is left waits for the next write.
-        let deadline = std::time::Instant::now() + self.cfg.timeout;
-        while !deltas.is_empty() {
-            if std::time::Instant::now() >= deadline {
-                history.restore(deltas);
-                return;
-            }
-            // From the tail: nothing left is copied.
-            let chunk = deltas.split_off(deltas.len().saturating_sub(HISTORY_CHUNK));
-            if !self.write_history_chunk(chunk).await {
-                // The store is failing or slow: what was not sent waits for the next write.
-                if !deltas.is_empty() {
-                    history.restore(deltas);
-                }
-                return;
-            }
-        }
-    }
-
-    /// Exports (and logs) the checks whose answers found no room in memory since the last time.
-    fn export_dropped(&self) {
-        let dropped = self.limiter.history().take_dropped();
-        if dropped > 0 {
-            self.metrics.unrecorded_history(dropped);
-            tracing::warn!(
-                checks = dropped,
-                "usage history: no room in memory for these checks' answers"
-            );
-        }
-    }
-
-    async fn write_history_chunk(&self, deltas: Vec<UsageDelta>) -> bool {
-        let started = std::time::Instant::now();
-        let res = tokio::time::timeout(self.cfg.timeout, self.store.add_usage(&deltas)).await;
-        let secs = started.elapsed().as_secs_f64();
-        match res {
-            Ok(Ok(())) => {
-                self.metrics.store_op("add_usage", "ok", secs);
-                true
-            }
-            Ok(Err(StoreError::Uncertain(e))) => {
-                self.metrics.store_op("add_usage", "uncertain", secs);
-                self.history_lost(&deltas, &e);
-                false
-            }
-            Err(_) => {
-                self.metrics.store_op("add_usage", "timeout", secs);
-                self.history_lost(&deltas, "timed out");
-                false
-            }
-            Ok(Err(e)) if e.is_transient() => {
-                self.metrics.store_op("add_usage", "unavailable", secs);
-                tracing::warn!(error = %e, "sync: writing usage history failed; kept for the next write");
-                self.limiter.history().restore(deltas);
-                false
-            }
-            Ok(Err(e)) => {
-                // Not a passing outage (a schema or data error): retrying would fail alike.
-                self.metrics.store_op("add_usage", "error", secs);
-                self.history_lost(&deltas, &e.to_string());
-                false
-            }
-        }
-    }
-
-    fn history_lost(&self, deltas: &[UsageDelta], why: &str) {
-        let checks = checks_in(deltas);
-        self.metrics.unrecorded_history(checks);
-        tracing::warn!(
-            checks,
-            why,
-            "sync: these checks' answers may be missing from the usage history; not resent"
-        );
     }
 
     /// A round's second half: reads totals back (they include every instance's writes).
@@ -552,25 +468,25 @@ impl Syncer {
         let mut failures: u32 = 0;
         let mut next_janitor = tokio::time::Instant::now() + self.cfg.janitor_interval;
         let mut next_history = tokio::time::Instant::now() + self.cfg.history_interval;
+        let mut history_task: Option<tokio::task::JoinHandle<()>> = None;
         loop {
             tokio::select! {
                 _ = tokio::time::sleep(self.until_next_tick(failures)) => {}
                 _ = shutdown.wait_for(|stop| *stop) => break,
             }
-            let history = tokio::time::Instant::now() >= next_history;
+            // Due, and the last one done: a slow store's history write may outlast rounds.
+            let history = tokio::time::Instant::now() >= next_history
+                && history_task.as_ref().is_none_or(|t| t.is_finished());
             let t = self.traces.as_deref();
             let round = t.map(|t| t.start_span("sync_round", None, None));
             let write = t.zip(round.as_ref()).map(|(t, r)| t.child(r, "sync.write"));
             let written = self.write_round(history, false).await;
             if let (Some(t), Some(w)) = (t, write) {
-                let hits = written.as_ref().ok().map(|(_, r)| r.written_hits);
+                let hits = written.as_ref().ok().map(|(_, r, _)| r.written_hits);
                 t.end_store(w, hits, written.as_ref().err().map(ToString::to_string));
             }
             match written {
-                Ok((ranges, _)) => {
-                    if history {
-                        next_history = tokio::time::Instant::now() + self.cfg.history_interval;
-                    }
+                Ok((ranges, _, answers)) => {
                     failures = 0;
                     tokio::select! {
                         _ = tokio::time::sleep(self.settle()) => {}
@@ -580,6 +496,15 @@ impl Syncer {
                     self.read_back(&ranges).await;
                     if let (Some(t), Some(r)) = (t, read) {
                         t.end_store(r, Some(ranges.len() as u64), None);
+                    }
+                    // Beside the rounds, after this one's read back: a history write takes
+                    // a row per active client, seconds on a slow store, and a read back that
+                    // waited on it would leave every counter that much staler.
+                    if history {
+                        next_history = tokio::time::Instant::now() + self.cfg.history_interval;
+                        let writer = self.history.clone();
+                        history_task =
+                            Some(tokio::spawn(async move { writer.write(answers).await }));
                     }
                 }
                 // Logged once an episode (`Episodes`).
@@ -592,6 +517,9 @@ impl Syncer {
                 self.janitor().await;
                 next_janitor = tokio::time::Instant::now() + self.cfg.janitor_interval;
             }
+        }
+        if let Some(t) = history_task {
+            let _ = t.await;
         }
         self.drain().await
     }
@@ -643,11 +571,11 @@ impl Syncer {
             if tokio::time::Instant::now() >= deadline {
                 let left = self.limiter.pending_hits();
                 self.metrics.unsynced_at_exit(left);
-                self.export_dropped();
+                self.history.export_dropped();
                 let mut unrecorded = self.limiter.history().drain();
                 unrecorded.extend(self.limiter.take_answers());
                 if !unrecorded.is_empty() {
-                    self.history_lost(&unrecorded, "shutdown gave up");
+                    self.history.lost(&unrecorded, "shutdown gave up");
                 }
                 tracing::error!(hits = left, "shutdown: could not write these admitted hits");
                 return left;

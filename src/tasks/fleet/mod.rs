@@ -20,6 +20,10 @@ use crate::limiter::Membership;
 use crate::metrics::Metrics;
 use crate::store::lease::{Claim, LeaseStore, Roster};
 
+/// How long start-up keeps trying to claim a shard while the store fails for now (a cluster
+/// that is busy, or has a node down): past it, start-up fails and says why.
+const JOIN_PATIENCE: Duration = Duration::from_secs(30);
+
 /// How the fleet task runs.
 #[derive(Clone, Debug)]
 pub struct FleetConfig {
@@ -111,18 +115,32 @@ impl Fleet {
             fleet.region = Some((region, slot));
         }
         let started = Instant::now();
-        match fleet
-            .call(
-                fleet
-                    .store
-                    .claim(&fleet.owner, fleet.cfg.pin, None, fleet.cfg.lease_ttl),
-            )
-            .await
-        {
-            Ok(Claim::Held(shard)) => fleet.hold(shard, started),
-            Ok(Claim::Taken { shard, owner }) => return Err(JoinError::PinTaken { shard, owner }),
-            Ok(Claim::Full) => return Err(JoinError::Full),
-            Err(e) => return Err(JoinError::Store(e)),
+        let mut wait = Duration::from_millis(100);
+        loop {
+            let claim = fleet
+                .store
+                .claim(&fleet.owner, fleet.cfg.pin, None, fleet.cfg.lease_ttl);
+            let failed = match tokio::time::timeout(fleet.cfg.timeout, claim).await {
+                Ok(Ok(Claim::Held(shard))) => {
+                    fleet.hold(shard, started);
+                    break;
+                }
+                Ok(Ok(Claim::Taken { shard, owner })) => {
+                    return Err(JoinError::PinTaken { shard, owner })
+                }
+                Ok(Ok(Claim::Full)) => return Err(JoinError::Full),
+                Ok(Err(e)) if !e.is_transient() => return Err(JoinError::Store(e.to_string())),
+                Ok(Err(e)) => e.to_string(),
+                Err(_) => "timed out".to_string(),
+            };
+            // A busy or partly down cluster: a claim that failed for now, or timed out, is
+            // tried again (one that landed holds a shard that nobody renews: it expires).
+            if started.elapsed() >= JOIN_PATIENCE {
+                return Err(JoinError::Store(failed));
+            }
+            tracing::warn!(error = %failed, "claiming a shard failed; trying again");
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(Duration::from_secs(2));
         }
         fleet.refresh_roster().await;
         fleet.region_round().await;

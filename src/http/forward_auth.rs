@@ -125,7 +125,7 @@ fn cost(req: &HttpRequest, header: Option<&HeaderName>) -> Result<u64, ApiError>
 pub async fn forward_auth(req: HttpRequest) -> Result<HttpResponse, ApiError> {
     let state = AppState::of(&req)?;
     let fa = &state.forward_auth;
-    let who = state.auth.checker_in(&req, &fa.token)?;
+    let who = state.auth.checker_in(&req, &fa.token).await?;
     let tenant = TenantId::parse_field(required(&req, &fa.tenant)?, fa.tenant.as_str())?;
     let client = ClientId::parse_field(required(&req, &fa.client)?, fa.client.as_str())?;
     let cost = cost(&req, fa.cost.as_ref())?;

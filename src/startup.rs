@@ -161,6 +161,7 @@ impl Application {
             &admin_token,
             settings.auth.check_token.expose(),
             &settings.auth.tokens,
+            metrics.clone(),
         );
         let traces = crate::traces::Traces::start(&settings.traces, settings.metrics.tenant_labels)
             .map_err(StartError)?

@@ -20,8 +20,8 @@ mod values;
 pub use auth::{AuthSettings, Role, TokenSettings};
 pub use sections::{
     AuditSettings, FleetSettings, ForwardAuthSettings, GrpcSettings, HistorySettings,
-    LimiterSettings, LogSettings, MetricsSettings, QuotaSettings, ServerSettings, StoreKind,
-    StoreSettings, SyncSettings, TlsSettings, TracesSettings, HEADER_BYTES_CEILING,
+    LimiterSettings, LogSettings, MetricsSettings, QuotaSettings, ResourceSource, ServerSettings,
+    StoreKind, StoreSettings, SyncSettings, TlsSettings, TracesSettings, HEADER_BYTES_CEILING,
     SCYLLA_MAX_SYNC_DELAY_MS,
 };
 pub use values::{DurationMs, Secret};

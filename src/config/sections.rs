@@ -395,8 +395,9 @@ impl Default for AuditSettings {
 
 const DAY_MS: u64 = 86_400_000;
 
-/// `/v1/forward-auth`: where a proxy's subrequest carries the tenant, the client and the cost,
-/// and what a denial answers.
+/// `/v1/forward-auth`: where a proxy's subrequest carries the tenant, the client, the cost and
+/// the original request, and what a denial answers. Whatever quotad reads here, the proxy must
+/// set itself: a header the caller sent and the proxy passed on is the caller's to choose.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ForwardAuthSettings {
@@ -404,8 +405,17 @@ pub struct ForwardAuthSettings {
     pub tenant_header: String,
     /// The request header naming the client.
     pub client_header: String,
-    /// The request header with the cost (absent: 1).
-    pub cost_header: String,
+    /// The request header with the cost; unset (the default): every request costs 1 and no
+    /// header is read, since the shipped proxy setups pass their callers' headers on and a
+    /// caller would pick its own cost (0 to pass for ever, a tenant's whole budget to deny
+    /// everyone else). Set it only where the proxy itself sets or clears that header.
+    pub cost_header: Option<String>,
+    /// Where the original request's method and URI are read, in order: `original`
+    /// (`X-Original-Method` + `X-Original-URI`, as the nginx example sets them) and `forwarded`
+    /// (`X-Forwarded-Method` + `X-Forwarded-Uri`, as Traefik sets them). The first source with
+    /// either header present is used, both of its headers together, never one from each.
+    #[serde(deserialize_with = "comma_list")]
+    pub resource_from: Vec<String>,
     /// The request header with a check token, when check tokens are configured (the
     /// `Authorization` header of a forwarded request is the end user's, not the proxy's).
     pub token_header: String,
@@ -419,9 +429,40 @@ impl Default for ForwardAuthSettings {
         Self {
             tenant_header: "X-Quota-Tenant".into(),
             client_header: "X-Quota-Client".into(),
-            cost_header: "X-Quota-Cost".into(),
+            cost_header: None,
+            resource_from: vec!["original".into(), "forwarded".into()],
             token_header: "X-Quota-Token".into(),
             deny_status: 429,
+        }
+    }
+}
+
+/// A pair of headers in which a proxy names the original request's method and URI
+/// (`forward_auth.resource_from`): read as a pair, so that the method of one request and the
+/// path of another are never put together.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResourceSource {
+    /// `X-Original-Method` + `X-Original-URI` (nginx, as the example sets them).
+    Original,
+    /// `X-Forwarded-Method` + `X-Forwarded-Uri` (Traefik's ForwardAuth).
+    Forwarded,
+}
+
+impl ResourceSource {
+    /// As `forward_auth.resource_from` names it.
+    pub fn parse(name: &str) -> Option<ResourceSource> {
+        match name {
+            "original" => Some(ResourceSource::Original),
+            "forwarded" => Some(ResourceSource::Forwarded),
+            _ => None,
+        }
+    }
+
+    /// The method header and the URI header, in lower case.
+    pub fn headers(self) -> (&'static str, &'static str) {
+        match self {
+            ResourceSource::Original => ("x-original-method", "x-original-uri"),
+            ResourceSource::Forwarded => ("x-forwarded-method", "x-forwarded-uri"),
         }
     }
 }

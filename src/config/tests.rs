@@ -49,6 +49,23 @@ fn the_contract_environment_variables_work() {
 }
 
 #[test]
+fn forward_auth_reads_no_cost_unless_named_and_both_proxies_pairs_in_order() {
+    let s = Settings::load_from(None, env(&[])).unwrap();
+    assert_eq!(s.forward_auth.cost_header, None);
+    assert_eq!(s.forward_auth.resource_from, ["original", "forwarded"]);
+    let s = Settings::load_from(
+        None,
+        env(&[
+            ("QUOTAD__FORWARD_AUTH__COST_HEADER", "X-Cost"),
+            ("QUOTAD__FORWARD_AUTH__RESOURCE_FROM", "forwarded"),
+        ]),
+    )
+    .unwrap();
+    assert_eq!(s.forward_auth.cost_header.as_deref(), Some("X-Cost"));
+    assert_eq!(s.forward_auth.resource_from, ["forwarded"]);
+}
+
+#[test]
 fn the_header_limit_defaults_to_16_kib_and_reads_from_the_environment() {
     let s = Settings::load_from(None, env(&[])).unwrap();
     assert_eq!(s.server.max_header_bytes, 16_384);
@@ -102,6 +119,22 @@ fn unknown_keys_and_bad_values_are_named() {
         (
             ("QUOTAD__FORWARD_AUTH__TENANT_HEADER", "bad header"),
             "forward_auth.tenant_header",
+        ),
+        (
+            ("QUOTAD__FORWARD_AUTH__COST_HEADER", "bad header"),
+            "forward_auth.cost_header",
+        ),
+        (
+            ("QUOTAD__FORWARD_AUTH__RESOURCE_FROM", "original,x-real-uri"),
+            "forward_auth.resource_from",
+        ),
+        (
+            ("QUOTAD__FORWARD_AUTH__RESOURCE_FROM", "forwarded,forwarded"),
+            "forward_auth.resource_from",
+        ),
+        (
+            ("QUOTAD__FORWARD_AUTH__RESOURCE_FROM", ","),
+            "forward_auth.resource_from",
         ),
         (("QUOTAD__AUDIT__RETENTION", "0"), "audit.retention"),
         (

@@ -345,14 +345,34 @@ impl Settings {
     fn validate_forward_auth(&self) -> Result<(), ConfigError> {
         let f = &self.forward_auth;
         for (key, name) in [
-            ("forward_auth.tenant_header", &f.tenant_header),
-            ("forward_auth.client_header", &f.client_header),
-            ("forward_auth.cost_header", &f.cost_header),
-            ("forward_auth.token_header", &f.token_header),
+            ("forward_auth.tenant_header", Some(&f.tenant_header)),
+            ("forward_auth.client_header", Some(&f.client_header)),
+            ("forward_auth.cost_header", f.cost_header.as_ref()),
+            ("forward_auth.token_header", Some(&f.token_header)),
         ] {
+            let Some(name) = name else { continue };
             if actix_web::http::header::HeaderName::from_bytes(name.as_bytes()).is_err() {
                 return bad(key, format!("{name:?} is not a header name"));
             }
+        }
+        let mut sources = Vec::new();
+        for name in &f.resource_from {
+            let Some(s) = super::ResourceSource::parse(name) else {
+                return bad(
+                    "forward_auth.resource_from",
+                    format!("{name:?} is not a source: \"original\" or \"forwarded\""),
+                );
+            };
+            if sources.contains(&s) {
+                return bad("forward_auth.resource_from", format!("{name:?} twice"));
+            }
+            sources.push(s);
+        }
+        if sources.is_empty() {
+            return bad(
+                "forward_auth.resource_from",
+                "name at least one source: \"original\", \"forwarded\" or both, in order".into(),
+            );
         }
         if !(400..=499).contains(&f.deny_status) {
             return bad(

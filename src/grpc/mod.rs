@@ -236,7 +236,11 @@ impl RateLimiter {
             .get("authorization")
             .and_then(|v| v.to_str().ok())
             .map(|v| v.strip_prefix("Bearer ").unwrap_or(v).trim().to_owned());
-        let who = self.auth.checker_with(token.as_deref()).map_err(refused)?;
+        let who = self
+            .auth
+            .checker_with(token.as_deref())
+            .await
+            .map_err(refused)?;
         let req = request.into_inner();
         within_bounds(&req)?;
         let tenant = TenantId::parse_field(&req.domain, "domain").map_err(invalid)?;

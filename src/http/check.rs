@@ -256,7 +256,7 @@ impl<'a> Answer<'a> {
 )]
 pub async fn check(req: HttpRequest, payload: web::Payload) -> Result<HttpResponse, ApiError> {
     let state = AppState::of(&req)?;
-    let who = state.auth.checker(&req)?;
+    let who = state.auth.checker(&req).await?;
     let body = json_body(&req, payload).await?;
     let dto: CheckDto = parse_json(&body)?;
     let (p, reserve) = validate_reserving(dto, None, None)?;
@@ -401,7 +401,7 @@ struct BatchAnswer<'a> {
 )]
 pub async fn batch(req: HttpRequest, payload: web::Payload) -> Result<HttpResponse, ApiError> {
     let state = AppState::of(&req)?;
-    let who = state.auth.checker(&req)?;
+    let who = state.auth.checker(&req).await?;
     let body = json_body(&req, payload).await?;
     let dto: BatchDto = parse_json(&body)?;
     if dto.checks.is_empty() || dto.checks.len() > MAX_BATCH {

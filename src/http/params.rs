@@ -19,8 +19,8 @@ pub struct Managed {
 }
 
 impl Managed {
-    fn of(req: &HttpRequest) -> Result<Self, ApiError> {
-        let who = AppState::of(req)?.auth.admin(req)?;
+    async fn of(req: &HttpRequest) -> Result<Self, ApiError> {
+        let who = AppState::of(req)?.auth.admin(req).await?;
         let (tenant, client) = path_ids(req)?;
         who.may_manage(tenant.as_str())?;
         Ok(Managed {
@@ -31,12 +31,14 @@ impl Managed {
     }
 }
 
+// The futures are boxed: a token's first check may wait for an argon2 run (`crate::auth`).
 impl actix_web::FromRequest for Managed {
     type Error = ApiError;
-    type Future = std::future::Ready<Result<Self, ApiError>>;
+    type Future = futures::future::LocalBoxFuture<'static, Result<Self, ApiError>>;
 
     fn from_request(req: &HttpRequest, _: &mut actix_web::dev::Payload) -> Self::Future {
-        std::future::ready(Managed::of(req))
+        let req = req.clone();
+        Box::pin(async move { Managed::of(&req).await })
     }
 }
 
@@ -46,12 +48,11 @@ pub struct Admin(pub Principal);
 
 impl actix_web::FromRequest for Admin {
     type Error = ApiError;
-    type Future = std::future::Ready<Result<Self, ApiError>>;
+    type Future = futures::future::LocalBoxFuture<'static, Result<Self, ApiError>>;
 
     fn from_request(req: &HttpRequest, _: &mut actix_web::dev::Payload) -> Self::Future {
-        std::future::ready(
-            AppState::of(req).and_then(|s| s.auth.admin(req).map(Admin).map_err(ApiError::from)),
-        )
+        let req = req.clone();
+        Box::pin(async move { Ok(Admin(AppState::of(&req)?.auth.admin(&req).await?)) })
     }
 }
 

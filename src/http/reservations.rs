@@ -93,8 +93,8 @@ fn path_id(req: &HttpRequest) -> Result<String, ApiError> {
 }
 
 /// The caller's view of tenants: whether it may see a reservation of `tenant`.
-fn may_see(state: &AppState, req: &HttpRequest) -> Result<impl Fn(&str) -> bool, ApiError> {
-    let who = state.auth.checker(req)?;
+async fn may_see(state: &AppState, req: &HttpRequest) -> Result<impl Fn(&str) -> bool, ApiError> {
+    let who = state.auth.checker(req).await?;
     Ok(move |t: &str| who.as_ref().is_none_or(|w| w.may_check(t).is_ok()))
 }
 
@@ -130,7 +130,7 @@ fn refused(id: &str, e: HoldError) -> ApiError {
 pub async fn get(req: HttpRequest) -> Result<HttpResponse, ApiError> {
     let state = AppState::of(&req)?;
     let id = path_id(&req)?;
-    let may = may_see(state, &req)?;
+    let may = may_see(state, &req).await?;
     let h = state
         .holds
         .get(&id, may)
@@ -162,7 +162,7 @@ pub async fn get(req: HttpRequest) -> Result<HttpResponse, ApiError> {
 pub async fn settle(req: HttpRequest, payload: web::Payload) -> Result<HttpResponse, ApiError> {
     let state = AppState::of(&req)?;
     let id = path_id(&req)?;
-    let may = may_see(state, &req)?;
+    let may = may_see(state, &req).await?;
     let body = json_body(&req, payload).await?;
     let dto: SettleDto = parse_json(&body)?;
     let Some(cost) = dto.cost else {
@@ -201,7 +201,7 @@ pub async fn settle(req: HttpRequest, payload: web::Payload) -> Result<HttpRespo
 pub async fn release(req: HttpRequest) -> Result<HttpResponse, ApiError> {
     let state = AppState::of(&req)?;
     let id = path_id(&req)?;
-    let may = may_see(state, &req)?;
+    let may = may_see(state, &req).await?;
     let h = state
         .holds
         .end(&id, None, may)

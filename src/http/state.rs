@@ -8,7 +8,7 @@ use actix_web::http::StatusCode;
 
 use crate::auth::Auth;
 use crate::checks::CheckService;
-use crate::config::ForwardAuthSettings;
+use crate::config::{ForwardAuthSettings, ResourceSource};
 use crate::limiter::{Limiter, Membership};
 use crate::metrics::Metrics;
 use crate::policy::PolicyCache;
@@ -55,7 +55,10 @@ impl AppState {
 pub struct ForwardAuth {
     pub(super) tenant: HeaderName,
     pub(super) client: HeaderName,
-    pub(super) cost: HeaderName,
+    /// None: the cost is 1 and no header is read (`forward_auth.cost_header` unset).
+    pub(super) cost: Option<HeaderName>,
+    /// Where the original request's method and URI are looked for, in order.
+    pub(super) resource_from: Vec<ResourceSource>,
     pub token: HeaderName,
     pub(super) deny: StatusCode,
 }
@@ -68,7 +71,12 @@ impl ForwardAuth {
         ForwardAuth {
             tenant: name(&s.tenant_header),
             client: name(&s.client_header),
-            cost: name(&s.cost_header),
+            cost: s.cost_header.as_deref().map(name),
+            resource_from: s
+                .resource_from
+                .iter()
+                .filter_map(|n| ResourceSource::parse(n))
+                .collect(),
             token: name(&s.token_header),
             deny: StatusCode::from_u16(s.deny_status).unwrap_or(StatusCode::TOO_MANY_REQUESTS),
         }

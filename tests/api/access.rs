@@ -465,3 +465,48 @@ async fn the_audit_log_filters_by_action_client_and_actor() {
         assert_error(r, 400, "invalid_argument").await;
     }
 }
+
+/// A wrong token whose SHA-256 starts as a salted entry's salt does (found in about 65,536
+/// tries, as an attacker would) costs one argon2 run the first time and none after, on
+/// `/v1/check` and forward-auth alike; the right token costs one run in all.
+#[tokio::test]
+async fn a_wrong_token_costs_at_most_one_argon2_run_however_often_it_is_sent() {
+    let app = app().await;
+    let salt = quotad::auth::digest(ANY_CHECK);
+    let wrong = (0u64..)
+        .map(|i| format!("attacker-{i}"))
+        .find(|t| quotad::auth::digest(t)[..2] == salt[..2])
+        .unwrap();
+    for _ in 0..3 {
+        assert_eq!(
+            send(&app, reqwest::Method::POST, "/v1/check", Some(ANY_CHECK)).await,
+            200
+        );
+    }
+    for _ in 0..10 {
+        assert_eq!(
+            send(&app, reqwest::Method::POST, "/v1/check", Some(&wrong)).await,
+            401
+        );
+        let r = app
+            .http
+            .get(app.url("/v1/forward-auth"))
+            .header("X-Quota-Tenant", "acme")
+            .header("X-Quota-Client", "k")
+            .header("X-Quota-Token", &wrong)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 401);
+    }
+    assert_eq!(hash_runs(&app).await, (1.0, 1.0));
+}
+
+/// `quotad_token_hash_runs_total`: (verified, refused).
+async fn hash_runs(app: &TestApp) -> (f64, f64) {
+    let runs = |o: &str| format!("quotad_token_hash_runs_total{{outcome=\"{o}\"}}");
+    (
+        app.metric(&runs("verified")).await,
+        app.metric(&runs("refused")).await,
+    )
+}

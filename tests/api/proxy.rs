@@ -112,14 +112,20 @@ async fn forward_auth_answers_with_a_status_and_headers_and_no_body() {
     assert_eq!(send().await.unwrap().status(), 200);
     assert_eq!(send().await.unwrap().status(), 429);
 
-    // A cost, a denial that consumed nothing, a tenant without a quota, and bad headers.
-    let costly = [
-        ("X-Quota-Tenant", "shop"),
-        ("X-Quota-Client", "k3"),
-        ("X-Quota-Cost", "3"),
-    ];
-    assert_eq!(ask(&app, "POST", &costly).await.status(), 200);
-    assert_eq!(ask(&app, "POST", &costly).await.status(), 429);
+    // A cost header is not read unless the operator named one (`costs_are_read_only_...`):
+    // a cost of 3 still costs 1, and a bad one is no error.
+    let costly = |cost: &'static str| {
+        [
+            ("X-Quota-Tenant", "shop"),
+            ("X-Quota-Client", "k3"),
+            ("X-Quota-Cost", cost),
+        ]
+    };
+    let r = ask(&app, "POST", &costly("3")).await;
+    assert_eq!(r.headers()["ratelimit-remaining"], "2");
+    assert_eq!(ask(&app, "POST", &costly("-1")).await.status(), 200);
+
+    // A tenant without a quota, and bad headers.
     let r = ask(
         &app,
         "GET",
@@ -139,9 +145,26 @@ async fn forward_auth_answers_with_a_status_and_headers_and_no_body() {
             vec![
                 ("X-Quota-Tenant", "shop"),
                 ("X-Quota-Client", "k"),
-                ("X-Quota-Cost", "-1"),
+                ("X-Original-URI", "/orders"),
             ],
-            "x-quota-cost",
+            "x-original-method",
+        ),
+        (
+            vec![
+                ("X-Quota-Tenant", "shop"),
+                ("X-Quota-Client", "k"),
+                ("X-Forwarded-Method", "POST"),
+            ],
+            "x-forwarded-uri",
+        ),
+        (
+            vec![
+                ("X-Quota-Tenant", "shop"),
+                ("X-Quota-Client", "k"),
+                ("X-Original-Method", "PO ST"),
+                ("X-Original-URI", "/orders"),
+            ],
+            "x-original-method",
         ),
     ] {
         let r = ask(&app, "GET", &headers).await;
@@ -149,6 +172,75 @@ async fn forward_auth_answers_with_a_status_and_headers_and_no_body() {
         let v: serde_json::Value = r.json().await.unwrap();
         assert_eq!(v["error"]["field"], field, "{v}");
     }
+}
+
+/// With `forward_auth.cost_header` set, the cost is read from it, checked, and a denial
+/// consumes nothing.
+#[tokio::test]
+async fn costs_are_read_only_from_a_cost_header_the_operator_named() {
+    let app = spawn_with(|s| s.forward_auth.cost_header = Some("X-Cost".into())).await;
+    shop(&app).await;
+    let costly = |cost: &'static str| {
+        [
+            ("X-Quota-Tenant", "shop"),
+            ("X-Quota-Client", "k3"),
+            ("X-Cost", cost),
+            ("X-Quota-Cost", "0"),
+        ]
+    };
+    assert_eq!(ask(&app, "POST", &costly("3")).await.status(), 200);
+    assert_eq!(ask(&app, "POST", &costly("3")).await.status(), 429);
+    let r = ask(&app, "POST", &costly("-1")).await;
+    assert_eq!(r.status(), 400);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["field"], "x-cost", "{v}");
+}
+
+/// The method and URI come from one source, the first `forward_auth.resource_from` names
+/// that is present, never one header from each; the method's case is folded.
+#[tokio::test]
+async fn the_resource_comes_from_one_pair_of_headers_in_the_configured_order() {
+    let app = spawn_app().await;
+    login_limit(&app).await;
+    let at = |client: &'static str, extra: &[(&'static str, &'static str)]| {
+        let mut h = vec![("X-Quota-Tenant", "site"), ("X-Quota-Client", client)];
+        h.extend_from_slice(extra);
+        h
+    };
+    // `post` is POST: the second meets the limit of 1.
+    let lower = at(
+        "a",
+        &[("X-Original-Method", "post"), ("X-Original-URI", "/login")],
+    );
+    assert_eq!(ask(&app, "GET", &lower).await.status(), 200);
+    assert_eq!(ask(&app, "GET", &lower).await.status(), 429);
+    // The original pair is read first, whole: a forwarded URI does not replace its path.
+    let both = at(
+        "b",
+        &[
+            ("X-Original-Method", "POST"),
+            ("X-Original-URI", "/login"),
+            ("X-Forwarded-Method", "GET"),
+            ("X-Forwarded-Uri", "/elsewhere"),
+        ],
+    );
+    assert_eq!(ask(&app, "GET", &both).await.status(), 200);
+    assert_eq!(ask(&app, "GET", &both).await.status(), 429);
+
+    // Told to read Traefik's pair only, a caller's X-Original-* are not looked at.
+    let traefik = spawn_with(|s| s.forward_auth.resource_from = vec!["forwarded".into()]).await;
+    login_limit(&traefik).await;
+    let spoofed = at(
+        "c",
+        &[
+            ("X-Forwarded-Method", "POST"),
+            ("X-Forwarded-Uri", "/login"),
+            ("X-Original-Method", "GET"),
+            ("X-Original-URI", "/elsewhere"),
+        ],
+    );
+    assert_eq!(ask(&traefik, "GET", &spoofed).await.status(), 200);
+    assert_eq!(ask(&traefik, "GET", &spoofed).await.status(), 429);
 }
 
 /// Tenant `site`: a limit of 1 an hour on `POST /login`.
@@ -295,98 +387,137 @@ impl Drop for Nginx {
     }
 }
 
+/// The upstream of the nginx tests: answers every request, and counts what reaches it.
+struct Upstream {
+    port: u16,
+    reached: Arc<AtomicUsize>,
+    handle: actix_web::dev::ServerHandle,
+}
+
+impl Upstream {
+    fn start() -> Upstream {
+        let reached = Arc::new(AtomicUsize::new(0));
+        let counter = reached.clone();
+        let server = actix_web::HttpServer::new(move || {
+            let counter = counter.clone();
+            actix_web::App::new().default_service(actix_web::web::to(move || {
+                counter.fetch_add(1, Ordering::SeqCst);
+                async { actix_web::HttpResponse::Ok().body("hello from upstream") }
+            }))
+        })
+        .workers(1)
+        .bind("127.0.0.1:0")
+        .unwrap();
+        let port = server.addrs()[0].port();
+        let run = server.run();
+        let handle = run.handle();
+        tokio::spawn(run);
+        Upstream {
+            port,
+            reached,
+            handle,
+        }
+    }
+
+    fn reached(&self) -> usize {
+        self.reached.load(Ordering::SeqCst)
+    }
+}
+
+/// `examples/nginx/nginx.conf` as shipped, with this test's ports and private paths, running in
+/// front of `up` and asking `app`; stopped when dropped.
+struct NginxExample {
+    base: String,
+    _nginx: Nginx,
+    _dir: tempfile::TempDir,
+}
+
+impl NginxExample {
+    async fn start(nginx: &std::path::Path, app: &TestApp, up: &Upstream) -> NginxExample {
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let example = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/examples/nginx/nginx.conf"
+        ))
+        .unwrap();
+        let d = dir.path().display();
+        let is_root = std::process::Command::new("id")
+            .arg("-u")
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+            .unwrap_or(false);
+        let head = format!(
+            "daemon off;\nworker_processes 1;\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\n{}",
+            if is_root { "user root;\n" } else { "" }
+        );
+        let paths = format!(
+            "http {{\n    access_log off;\n    client_body_temp_path {d}/body;\n    \
+             proxy_temp_path {d}/proxy;\n    fastcgi_temp_path {d}/fastcgi;\n    \
+             uwsgi_temp_path {d}/uwsgi;\n    scgi_temp_path {d}/scgi;\n"
+        );
+        let conf = head
+            + &example
+                .replace("127.0.0.1:9000", &format!("127.0.0.1:{}", up.port))
+                .replace("listen 8088;", &format!("listen 127.0.0.1:{port};"))
+                .replace("http://127.0.0.1:8080/", &format!("{}/", app.base))
+                .replacen("http {\n", &paths, 1);
+        let conf_path = dir.path().join("nginx.conf");
+        std::fs::write(&conf_path, &conf).unwrap();
+        let check = std::process::Command::new(nginx)
+            .args(["-t", "-q", "-p"])
+            .arg(dir.path())
+            .arg("-c")
+            .arg(&conf_path)
+            .output()
+            .unwrap();
+        assert!(
+            check.status.success(),
+            "nginx -t: {}\n{conf}",
+            String::from_utf8_lossy(&check.stderr)
+        );
+        let nginx = Nginx(
+            std::process::Command::new(nginx)
+                .arg("-p")
+                .arg(dir.path())
+                .arg("-c")
+                .arg(&conf_path)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        let base = format!("http://127.0.0.1:{port}");
+        let http = reqwest::Client::new();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while http
+            .get(format!("{base}/health"))
+            .header("X-Api-Key", "probe")
+            .send()
+            .await
+            .is_err()
+        {
+            assert!(std::time::Instant::now() < deadline, "nginx did not start");
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        NginxExample {
+            base,
+            _nginx: nginx,
+            _dir: dir,
+        }
+    }
+}
+
 #[tokio::test]
 async fn nginx_passes_three_requests_a_second_and_answers_the_fourth_429_with_retry_after() {
     let Some(nginx) = nginx() else { return };
     let app = spawn_with(|s| s.forward_auth.deny_status = 403).await;
     shop(&app).await;
-
-    // The upstream: counts what reaches it.
-    let reached = Arc::new(AtomicUsize::new(0));
-    let counter = reached.clone();
-    let upstream = actix_web::HttpServer::new(move || {
-        let counter = counter.clone();
-        actix_web::App::new().default_service(actix_web::web::to(move || {
-            counter.fetch_add(1, Ordering::SeqCst);
-            async { actix_web::HttpResponse::Ok().body("hello from upstream") }
-        }))
-    })
-    .workers(1)
-    .bind("127.0.0.1:0")
-    .unwrap();
-    let up_port = upstream.addrs()[0].port();
-    let up = upstream.run();
-    let up_handle = up.handle();
-    tokio::spawn(up);
-
-    // examples/nginx/nginx.conf as shipped, with this test's ports and private paths.
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let example = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/examples/nginx/nginx.conf"
-    ))
-    .unwrap();
-    let d = dir.path().display();
-    let is_root = std::process::Command::new("id")
-        .arg("-u")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
-        .unwrap_or(false);
-    let head = format!(
-        "daemon off;\nworker_processes 1;\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\n{}",
-        if is_root { "user root;\n" } else { "" }
-    );
-    let paths = format!(
-        "http {{\n    access_log off;\n    client_body_temp_path {d}/body;\n    \
-         proxy_temp_path {d}/proxy;\n    fastcgi_temp_path {d}/fastcgi;\n    \
-         uwsgi_temp_path {d}/uwsgi;\n    scgi_temp_path {d}/scgi;\n"
-    );
-    let conf = head
-        + &example
-            .replace("127.0.0.1:9000", &format!("127.0.0.1:{up_port}"))
-            .replace("listen 8088;", &format!("listen 127.0.0.1:{port};"))
-            .replace("http://127.0.0.1:8080/", &format!("{}/", app.base))
-            .replacen("http {\n", &paths, 1);
-    let conf_path = dir.path().join("nginx.conf");
-    std::fs::write(&conf_path, &conf).unwrap();
-    let check = std::process::Command::new(&nginx)
-        .args(["-t", "-q", "-p"])
-        .arg(dir.path())
-        .arg("-c")
-        .arg(&conf_path)
-        .output()
-        .unwrap();
-    assert!(
-        check.status.success(),
-        "nginx -t: {}\n{conf}",
-        String::from_utf8_lossy(&check.stderr)
-    );
-    let _nginx = Nginx(
-        std::process::Command::new(&nginx)
-            .arg("-p")
-            .arg(dir.path())
-            .arg("-c")
-            .arg(&conf_path)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let base = format!("http://127.0.0.1:{port}");
+    let up = Upstream::start();
+    let proxy = NginxExample::start(&nginx, &app, &up).await;
+    let base = &proxy.base;
     let http = reqwest::Client::new();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while http
-        .get(format!("{base}/health"))
-        .header("X-Api-Key", "probe")
-        .send()
-        .await
-        .is_err()
-    {
-        assert!(std::time::Instant::now() < deadline, "nginx did not start");
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    let before = reached.load(Ordering::SeqCst);
+    let before = up.reached();
 
     // Four requests of one client within a second: three reach the upstream, the fourth is 429.
     let mut answers = Vec::new();
@@ -414,6 +545,113 @@ async fn nginx_passes_three_requests_a_second_and_answers_the_fourth_429_with_re
     assert_eq!(answers[2].2.as_deref(), Some("0"), "{answers:?}");
     let retry = answers[3].1.as_deref().map(|r| r.parse::<u64>().unwrap());
     assert!(matches!(retry, Some(1..=2)), "{answers:?}");
-    assert_eq!(reached.load(Ordering::SeqCst) - before, 3, "{answers:?}");
-    up_handle.stop(true).await;
+    assert_eq!(up.reached() - before, 3, "{answers:?}");
+    up.handle.stop(true).await;
+}
+
+/// What a caller may add to its own request, hoping quotad reads it: a cost of its choosing,
+/// another tenant or client, and another method and path in both proxies' spellings.
+const SPOOFS: &[&[(&str, &str)]] = &[
+    &[],
+    &[("X-Quota-Cost", "0")],
+    &[("X-Quota-Cost", "100")],
+    &[("X-Quota-Tenant", "elsewhere")],
+    &[("X-Quota-Client", "someone-else")],
+    &[
+        ("X-Original-Method", "GET"),
+        ("X-Original-URI", "/elsewhere"),
+    ],
+    &[
+        ("X-Forwarded-Method", "GET"),
+        ("X-Forwarded-Uri", "/elsewhere"),
+    ],
+    &[
+        ("X-Original-URI", "/elsewhere"),
+        ("X-Forwarded-Method", "get"),
+    ],
+    &[
+        ("X-Quota-Cost", "0"),
+        ("X-Quota-Tenant", "elsewhere"),
+        ("X-Quota-Client", "someone-else"),
+        ("X-Original-Method", "GET"),
+        ("X-Original-URI", "/elsewhere"),
+        ("X-Forwarded-Method", "GET"),
+        ("X-Forwarded-Uri", "/elsewhere"),
+    ],
+];
+
+/// Through the shipped nginx example, with quotad's defaults and with the cost header turned
+/// on (the example must clear the caller's even then): a limit of 3 a minute on `POST /login`
+/// lets three requests of a client through and refuses the fourth whatever headers the caller
+/// adds, and the tenant's budget counts one for each request admitted. (Fails where the example
+/// passes a caller's headers to quotad and quotad reads its cost from them.)
+#[tokio::test]
+async fn through_nginx_no_header_a_caller_sends_changes_what_is_counted() {
+    let Some(nginx) = nginx() else { return };
+    for cost_on in [false, true] {
+        let app = spawn_with(|s| {
+            s.forward_auth.deny_status = 403;
+            if cost_on {
+                s.forward_auth.cost_header = Some("X-Quota-Cost".into());
+            }
+        })
+        .await;
+        let r = app
+            .put_quota(
+                "shop",
+                json!({"limits": [
+                    {"id": "login", "max": 3, "window": "1m", "resource": "POST /login"},
+                    {"id": "budget", "max": 1000, "window": "1m", "scope": "tenant"}]}),
+            )
+            .await;
+        assert_eq!(r.status(), 201);
+        let up = Upstream::start();
+        let proxy = NginxExample::start(&nginx, &app, &up).await;
+        let http = reqwest::Client::new();
+        let before = up.reached();
+        // nginx's start-up probe is counted there too.
+        let budget_before = login_count(&app, "key-0", "budget").await;
+        for (i, spoof) in SPOOFS.iter().enumerate() {
+            let key = format!("key-{i}");
+            let mut statuses = Vec::new();
+            for _ in 0..4 {
+                let mut req = http
+                    .post(format!("{}/login", proxy.base))
+                    .header("X-Api-Key", &key)
+                    .body("user=attacker");
+                for (k, v) in spoof.iter() {
+                    req = req.header(*k, *v);
+                }
+                statuses.push(req.send().await.unwrap().status().as_u16());
+            }
+            assert_eq!(
+                statuses,
+                [200, 200, 200, 429],
+                "cost header on: {cost_on}, caller sent {spoof:?}"
+            );
+            // The limit counted this client's key, as the example keys it, and nothing else.
+            assert_eq!(login_count(&app, &key, "login").await, 3, "{spoof:?}");
+        }
+        let admitted = 3 * SPOOFS.len() as u64;
+        assert_eq!(up.reached() - before, admitted as usize);
+        assert_eq!(
+            login_count(&app, "key-0", "budget").await - budget_before,
+            admitted,
+            "cost header on: {cost_on}"
+        );
+        up.handle.stop(true).await;
+    }
+}
+
+/// What limit `id` of tenant `shop` counts for client `key` on `POST /login`.
+async fn login_count(app: &TestApp, key: &str, id: &str) -> u64 {
+    let u = app
+        .get_json(&format!("/v1/usage/shop/{key}?resource=POST%20%2Flogin"))
+        .await;
+    let limit = u["limits"]
+        .as_array()
+        .and_then(|ls| ls.iter().find(|l| l["limit_id"] == id));
+    limit
+        .and_then(|l| l["count"].as_u64())
+        .unwrap_or_else(|| panic!("no {id} count in {u}"))
 }

@@ -73,6 +73,9 @@ pub struct Metrics {
     unrecorded_hits: IntCounter,
     unrecorded_history: IntCounter,
     unrecorded_audit: IntCounter,
+    /// argon2 runs of bearer tokens, by outcome: each token that is not a configured one costs
+    /// at most one per process (`auth`), so a rate of `refused` is someone trying tokens.
+    token_hash_runs: IntCounterVec,
     fleet: FleetMetrics,
     holds: HoldMetrics,
     /// The served certificate's not-after, and reloads by outcome: registered by
@@ -350,6 +353,13 @@ impl Metrics {
                 "Changes made but not appended to the audit log (the store failed after the \
                  change); each is logged in full at error level.",
             ),
+            token_hash_runs: counter_vec(
+                "quotad_token_hash_runs_total",
+                "argon2 runs of a bearer token against a salted auth.tokens entry, by outcome \
+                 (verified, refused): each token costs at most one per process, in a pool of \
+                 one thread; refused ones are someone trying tokens.",
+                &["outcome"],
+            ),
             fleet: FleetMetrics::new(&registry),
             holds: HoldMetrics::new(&registry),
             tls_expiry: gauge(
@@ -368,6 +378,9 @@ impl Metrics {
         // alert (deploy/prometheus/alerts.yml) and the dashboard can watch them.
         for cap in ["counters", "tenant_clients"] {
             m.memory_cap_checks.with_label_values(&[cap]);
+        }
+        for outcome in ["verified", "refused"] {
+            m.token_hash_runs.with_label_values(&[outcome]);
         }
         for rule in ["local", "allow", "deny"] {
             for consistency in ["cached", "strict"] {
@@ -402,6 +415,7 @@ impl Metrics {
             Box::new(self.unrecorded_hits.clone()),
             Box::new(self.unrecorded_history.clone()),
             Box::new(self.unrecorded_audit.clone()),
+            Box::new(self.token_hash_runs.clone()),
         ];
         if let Some(t) = &self.tenant_checks {
             all.push(Box::new(t.clone()));
@@ -591,6 +605,18 @@ impl Metrics {
     /// A change that the audit log could not take.
     pub fn unrecorded_audit(&self) {
         self.unrecorded_audit.inc();
+    }
+
+    /// A bearer token was run through argon2: `verified` or not.
+    pub fn token_hash_run(&self, verified: bool) {
+        let outcome = if verified { "verified" } else { "refused" };
+        self.token_hash_runs.with_label_values(&[outcome]).inc();
+    }
+
+    /// The argon2 runs of bearer tokens so far, verified and refused.
+    pub fn token_hash_runs(&self) -> (u64, u64) {
+        let n = |o: &str| self.token_hash_runs.with_label_values(&[o]).get();
+        (n("verified"), n("refused"))
     }
 
     /// The Prometheus text exposition.

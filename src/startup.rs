@@ -314,7 +314,7 @@ async fn join_fleet(
 ) -> Result<Option<Fleet>, StartError> {
     if settings.store.kind != StoreKind::Scylla {
         // What `/readyz` says too: shard 0 of a fleet of one.
-        metrics.fleet(1, Some(0));
+        metrics.fleet().seen(1, Some(0));
         return Ok(None);
     }
     let cfg = FleetConfig {

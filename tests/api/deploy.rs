@@ -67,7 +67,7 @@ async fn every_metric_the_dashboard_and_the_alerts_use_is_exported() {
     // The regions' series exist once a fleet in several data centres has seen a region: here,
     // the metrics of such a fleet's instance.
     let regional = quotad::metrics::Metrics::new(false);
-    regional.region("us", 2, Some((120, true)));
+    regional.fleet().region("us", 2, Some((120, true)));
     for l in regional.render().lines() {
         if let Some(name) = l.strip_prefix("# TYPE quotad_region_") {
             exported.insert(format!("quotad_region_{}", name.split(' ').next().unwrap()));

@@ -102,45 +102,28 @@ impl Fleet {
             watch: regions::Watch::default(),
             cfg,
         };
-        let region = fleet
-            .call(fleet.store.local_region())
-            .await
-            .map_err(JoinError::Store)?;
+        let started = Instant::now();
+        let region = patiently(started, fleet.cfg.timeout, || fleet.store.local_region()).await?;
         if let Some(region) = region {
-            let slot = fleet
-                .call(fleet.store.join_region(&region))
-                .await
-                .map_err(JoinError::Store)?;
+            let slot = patiently(started, fleet.cfg.timeout, || {
+                fleet.store.join_region(&region)
+            })
+            .await?;
             fleet.view.set_region(&region);
             fleet.region = Some((region, slot));
         }
-        let started = Instant::now();
-        let mut wait = Duration::from_millis(100);
-        loop {
-            let claim = fleet
+        // A claim that timed out may have landed: the shard it took is renewed by nobody and
+        // expires, and the next try takes another.
+        let claim = patiently(started, fleet.cfg.timeout, || {
+            fleet
                 .store
-                .claim(&fleet.owner, fleet.cfg.pin, None, fleet.cfg.lease_ttl);
-            let failed = match tokio::time::timeout(fleet.cfg.timeout, claim).await {
-                Ok(Ok(Claim::Held(shard))) => {
-                    fleet.hold(shard, started);
-                    break;
-                }
-                Ok(Ok(Claim::Taken { shard, owner })) => {
-                    return Err(JoinError::PinTaken { shard, owner })
-                }
-                Ok(Ok(Claim::Full)) => return Err(JoinError::Full),
-                Ok(Err(e)) if !e.is_transient() => return Err(JoinError::Store(e.to_string())),
-                Ok(Err(e)) => e.to_string(),
-                Err(_) => "timed out".to_string(),
-            };
-            // A busy or partly down cluster: a claim that failed for now, or timed out, is
-            // tried again (one that landed holds a shard that nobody renews: it expires).
-            if started.elapsed() >= JOIN_PATIENCE {
-                return Err(JoinError::Store(failed));
-            }
-            tracing::warn!(error = %failed, "claiming a shard failed; trying again");
-            tokio::time::sleep(wait).await;
-            wait = (wait * 2).min(Duration::from_secs(2));
+                .claim(&fleet.owner, fleet.cfg.pin, None, fleet.cfg.lease_ttl)
+        })
+        .await?;
+        match claim {
+            Claim::Held(shard) => fleet.hold(shard, started),
+            Claim::Taken { shard, owner } => return Err(JoinError::PinTaken { shard, owner }),
+            Claim::Full => return Err(JoinError::Full),
         }
         fleet.refresh_roster().await;
         fleet.region_round().await;
@@ -199,7 +182,7 @@ impl Fleet {
             Ok(false) => {
                 if started < lease.valid_until {
                     // Our lease should still live, yet the store says another owner has it.
-                    self.metrics.lease_conflict();
+                    self.metrics.fleet().conflict();
                     tracing::error!(
                         shard = lease.shard,
                         "lease taken by another instance while still ours"
@@ -214,7 +197,7 @@ impl Fleet {
                 self.claim_again(started).await;
             }
             Err(e) => {
-                self.metrics.lease_renewal_failed();
+                self.metrics.fleet().renewal_failed();
                 tracing::warn!(shard = lease.shard, error = %e, "lease renewal failed");
                 if started >= lease.valid_until {
                     // It may have ended: stop admitting from its share until renewed.
@@ -241,7 +224,7 @@ impl Fleet {
             }
             Ok(Claim::Full) => tracing::error!("no free shard: the fleet is full"),
             Err(e) => {
-                self.metrics.lease_renewal_failed();
+                self.metrics.fleet().renewal_failed();
                 tracing::warn!(error = %e, "claiming a shard failed")
             }
         }
@@ -275,7 +258,7 @@ impl Fleet {
         if let Some(lease) = self.lease {
             let holder = roster.members.iter().find(|m| m.shard == lease.shard);
             if holder.is_some_and(|m| m.owner != self.owner) {
-                self.metrics.lease_conflict();
+                self.metrics.fleet().conflict();
                 tracing::error!(
                     shard = lease.shard,
                     "another instance holds this instance's shard"
@@ -310,9 +293,9 @@ impl Fleet {
                 .filter(|m| crate::store::lease::slot_of(m.shard) == slot)
                 .count() as u32;
             self.view.set_region_members(here);
-            self.metrics.fleet(n, write);
+            self.metrics.fleet().seen(n, write);
         } else {
-            self.metrics.fleet(self.view.members(), write);
+            self.metrics.fleet().seen(self.view.members(), write);
         }
     }
 
@@ -340,6 +323,31 @@ impl Fleet {
             Ok(Err(e)) => Err(e.to_string()),
             Err(_) => Err("timed out".into()),
         }
+    }
+}
+
+/// Runs a start-up call of the store until it succeeds, fails for good, or [`JOIN_PATIENCE`]
+/// has passed since `started` (each try within `timeout`): a busy or partly down cluster fails
+/// some calls for now, and a lightweight transaction that timed out is tried again.
+async fn patiently<T, F, Fut>(started: Instant, timeout: Duration, call: F) -> Result<T, JoinError>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = crate::store::StoreResult<T>>,
+{
+    let mut wait = Duration::from_millis(100);
+    loop {
+        let failed = match tokio::time::timeout(timeout, call()).await {
+            Ok(Ok(v)) => return Ok(v),
+            Ok(Err(e)) if !e.is_transient() => return Err(JoinError::Store(e.to_string())),
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => "timed out".to_string(),
+        };
+        if started.elapsed() >= JOIN_PATIENCE {
+            return Err(JoinError::Store(failed));
+        }
+        tracing::warn!(error = %failed, "joining the fleet: a store call failed; trying again");
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(Duration::from_secs(2));
     }
 }
 

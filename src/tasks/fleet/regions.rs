@@ -214,7 +214,7 @@ impl Fleet {
             .judge(&beats, (&region, slot), &self.live, now, stale, grace);
         for r in &j.seen {
             let remote = (!r.local).then_some((r.lag_ms, r.cut_off));
-            self.metrics.region(&r.region, r.members, remote);
+            self.metrics.fleet().region(&r.region, r.members, remote);
         }
         self.view.set_regions(j.regions, j.cut_since);
         self.view.set_replication_lag_ms(j.lag_ms);

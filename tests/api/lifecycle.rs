@@ -76,7 +76,10 @@ async fn health_readiness_and_metrics_answer() {
         let text = app.metrics_text().await;
         (text.contains("quotad_sync_pending_hits 0")
             && text.contains("quotad_active_counters 1")
-            && text.contains("quotad_store_operations_total{op=\"increment\",outcome=\"ok\"}"))
+            && text.contains("quotad_store_operations_total{op=\"increment\",outcome=\"ok\"}")
+            // A scrape gathers the families one by one, in name order: one that ran while
+            // the round's first write was recorded can show its count and not its duration.
+            && text.contains("quotad_store_operation_duration_seconds_bucket{op=\"increment\""))
         .then_some(text.clone())
         .ok_or(text)
     })

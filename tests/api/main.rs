@@ -17,6 +17,7 @@ mod helpers;
 mod history;
 mod lifecycle;
 mod memory;
+mod nginx;
 mod openapi;
 mod outage;
 mod proxy;

@@ -10,6 +10,7 @@
 //! at most that plus what was in doubt; with a node of three lost, almost nothing is in doubt
 //! (only what was in flight to it) and nothing is refused for long.
 
+use super::stalls::{pid_from, signal};
 use super::*;
 
 const VICTIM_ENV: &str = "QUOTAD_TEST_SCYLLA_VICTIM_PID";
@@ -27,21 +28,7 @@ pub enum Loss {
 }
 
 fn victim() -> String {
-    let pid = std::env::var(VICTIM_ENV).unwrap_or_default();
-    assert!(
-        pid.parse::<u32>().is_ok(),
-        "{VICTIM_ENV} is not set: name the process id of one node of a three-replica cluster"
-    );
-    pid
-}
-
-fn signal(pid: &str, sig: &str) {
-    let ok = std::process::Command::new("kill")
-        .args([sig, pid])
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok, "kill {sig} {pid}");
+    pid_from(VICTIM_ENV, "one node of a three-replica cluster")
 }
 
 fn restart() {

@@ -20,15 +20,21 @@ const CALLERS: usize = 16;
 const CHECKS: usize = 400;
 
 fn node_pid() -> String {
-    let pid = std::env::var(PID_ENV).unwrap_or_default();
+    pid_from(PID_ENV, "the node to pause (on this machine)")
+}
+
+/// The process id `env` names, or a failure that says what it should name.
+pub(crate) fn pid_from(env: &str, what: &str) -> String {
+    let pid = std::env::var(env).unwrap_or_default();
     assert!(
         pid.parse::<u32>().is_ok(),
-        "{PID_ENV} is not set: name the process id of the node to pause (on this machine)"
+        "{env} is not set: name the process id of {what}"
     );
     pid
 }
 
-fn signal(pid: &str, sig: &str) {
+/// Sends `sig` (`-STOP`, `-KILL`...) to process `pid`.
+pub(crate) fn signal(pid: &str, sig: &str) {
     let ok = std::process::Command::new("kill")
         .args([sig, pid])
         .status()

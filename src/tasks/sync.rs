@@ -463,7 +463,8 @@ impl Syncer {
     }
 
     /// Runs rounds every interval (backing off while the store fails) until `shutdown` turns
-    /// true, then drains.
+    /// true, then drains. Returns the hits not known to be in the store: unwritten, or sent
+    /// and never answered (0: every admitted hit written).
     pub async fn run(self, mut shutdown: watch::Receiver<bool>) -> u64 {
         let mut failures: u32 = 0;
         let mut next_janitor = tokio::time::Instant::now() + self.cfg.janitor_interval;
@@ -521,7 +522,10 @@ impl Syncer {
         if let Some(t) = history_task {
             let _ = t.await;
         }
-        self.drain().await
+        // What the process reports at exit: hits not written, and hits whose writes were sent
+        // and never answered since start.
+        let unwritten = self.drain().await;
+        unwritten.saturating_add(self.metrics.uncertain_hits_seen())
     }
 
     /// The wait until the next round: the interval, doubled per failed write in a row (at most
@@ -552,7 +556,8 @@ impl Syncer {
                         tracing::error!(error = %e, "flushing the store at shutdown failed");
                     }
                     // Hits whose writes went out and were never answered may or may not be in
-                    // the store: not "written", whatever the drain did.
+                    // the store: not "written", whatever the drain did (`Syncer::run` counts
+                    // them in what the process reports at exit).
                     let doubtful = self.metrics.uncertain_hits_seen();
                     if doubtful > 0 {
                         tracing::error!(
@@ -560,9 +565,9 @@ impl Syncer {
                             "shutdown: every pending hit written, but these hits' writes since \
                              start had no answer and were not resent: the store may lack them"
                         );
-                        return doubtful;
+                    } else {
+                        tracing::info!("sync: every admitted hit written");
                     }
-                    tracing::info!("sync: every admitted hit written");
                     return 0;
                 }
                 Ok(_) => {}

@@ -473,10 +473,12 @@ async fn an_increment_in_doubt_is_not_resent_and_shutdown_says_so() {
     r.syncer.round().await.unwrap();
     assert_eq!(stored(&r, "acme", "k2", "d", day).await, 4, "never resent");
     assert_eq!(stored(&r, "acme", "k1", "d", day).await, 4);
+    assert_eq!(r.syncer.drain().await, 0, "every pending hit written");
+    let (_stop, stopped) = tokio::sync::watch::channel(true);
     assert_eq!(
-        r.syncer.drain().await,
+        r.syncer.run(stopped).await,
         4,
-        "the drain reports the hits in doubt"
+        "what a shutdown reports counts the hits in doubt"
     );
 }
 

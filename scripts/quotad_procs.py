@@ -15,9 +15,11 @@ class Procs:
     """Instances of `bin_path` with default settings but the store (scylla on `nodes`,
     `keyspace`) and the admin token; their logs go to `logs`."""
 
-    def __init__(self, bin_path, nodes, keyspace, token, logs):
+    def __init__(self, bin_path, nodes, keyspace, token, logs, cpus=""):
         self.bin, self.nodes, self.keyspace, self.token, self.logs = (
             bin_path, nodes, keyspace, token, logs)
+        # A `taskset -c` list the instances are pinned to; empty: not pinned.
+        self.cpus = cpus
 
     def env(self):
         e = dict(os.environ)
@@ -29,8 +31,9 @@ class Procs:
         })
         return e
 
-    def migrate(self):
-        out = subprocess.run([self.bin, "migrate"], env=self.env(), capture_output=True,
+    def migrate(self, *args):
+        """`quotad migrate` with `args` (e.g. `--datacenters`, `dc1:3`); exits on failure."""
+        out = subprocess.run([self.bin, "migrate", *args], env=self.env(), capture_output=True,
                              text=True)
         if out.returncode != 0:
             sys.exit(f"quotad migrate failed:\n{out.stdout}\n{out.stderr}")
@@ -39,7 +42,9 @@ class Procs:
         e = self.env()
         e["QUOTAD__SERVER__BIND"] = f"127.0.0.1:{port}"
         log = open(os.path.join(self.logs, f"quotad-{port}.log"), "w")
-        p = subprocess.Popen([self.bin, "serve"], env=e, stdout=log, stderr=subprocess.STDOUT)
+        pin = ["taskset", "-c", self.cpus] if self.cpus else []
+        p = subprocess.Popen([*pin, self.bin, "serve"], env=e, stdout=log,
+                             stderr=subprocess.STDOUT)
         p.port = port
         return p
 

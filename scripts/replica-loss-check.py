@@ -43,7 +43,6 @@ import http.client
 import json
 import os
 import secrets
-import shlex
 import signal
 import subprocess
 import sys
@@ -90,29 +89,6 @@ def node_pid(n):
     if out.returncode != 0 or not pid.isdigit():
         sys.exit(f"NODE_PID_CMD gave no pid for node {n}: {out.stdout} {out.stderr}")
     return int(pid)
-
-
-class Procs2(Procs):
-    """The fleet helper, with the instances pinned to QUOTAD_CPUS when set."""
-
-    def start(self, port):
-        p = super().start(port) if not CPUS else self._start_pinned(port)
-        return p
-
-    def _start_pinned(self, port):
-        e = self.env()
-        e["QUOTAD__SERVER__BIND"] = f"127.0.0.1:{port}"
-        log = open(os.path.join(self.logs, f"quotad-{port}.log"), "w")
-        p = subprocess.Popen(["taskset", "-c", CPUS, self.bin, "serve"], env=e, stdout=log,
-                             stderr=subprocess.STDOUT)
-        p.port = port
-        return p
-
-    def migrate_rf(self):
-        out = subprocess.run([self.bin, "migrate", "--datacenters", f"{DC}:3"], env=self.env(),
-                             capture_output=True, text=True)
-        if out.returncode != 0:
-            sys.exit(f"quotad migrate failed:\n{out.stdout}\n{out.stderr}")
 
 
 class Caller:
@@ -270,8 +246,8 @@ def least_in_spans(times, lo, hi, span):
 def trial(fault):
     ks = f"quotad_loss_{fault.replace('-', '_')}_{os.getpid()}"
     logs = tempfile.mkdtemp(prefix=f"quotad-loss-{fault}-")
-    procs = Procs2(BIN, NODES, ks, TOKEN, logs)
-    procs.migrate_rf()
+    procs = Procs(BIN, NODES, ks, TOKEN, logs, cpus=CPUS)
+    procs.migrate("--datacenters", f"{DC}:3")
     fleet = [procs.start(PORT), procs.start(PORT + 1)]
     ports = [PORT, PORT + 1]
     for p in fleet:

@@ -484,6 +484,8 @@ fn sync_config(settings: &Settings) -> SyncConfig {
         drain_timeout: settings.sync.drain_timeout_ms.get(),
         // A tenth of the interval: enough for the fleet's writes of a tick to land.
         settle: settings.sync.interval_ms.get() / 10,
+        // Past the store's own request timeouts, no replica still applies a write.
+        doubt_wait: settings.store.request_timeout_ms.get(),
     }
 }
 

@@ -108,7 +108,7 @@ pub struct StoreSettings {
     /// [`StoreSettings::check_timeout`] picks one for the store's kind.
     pub timeout_ms: Option<DurationMs>,
     /// Cassandra/Scylla driver timeout of one request (sync batches included). A counter write
-    /// that runs out of it is uncertain and never resent; longer than the server's own write
+    /// that runs out of it is in doubt until read back (`tasks::doubts`, which waits this long); longer than the server's own write
     /// and read timeouts (5 s by default), so that a slow node answers for itself.
     pub request_timeout_ms: DurationMs,
     /// Cassandra/Scylla consistency level, e.g. `local_quorum`, `quorum`, `one`.

@@ -49,6 +49,9 @@ pub enum PartFault {
     /// Increments written, but answered as of unknown outcome (a node that applied them and
     /// did not answer in time); reads refused.
     Doubtful,
+    /// Increments not written, answered as of unknown outcome (a node that died before it
+    /// applied them); reads refused.
+    Lost,
 }
 
 pub struct FaultyStore {
@@ -136,6 +139,7 @@ impl CounterStore for FaultyStore {
                     out.doubtful.push(i);
                     go.push(i);
                 }
+                Some(PartFault::Lost) => out.doubtful.push(i),
                 None => go.push(i),
             }
         }

@@ -2,9 +2,12 @@
 //! store, counts back, every `sync.interval_ms`), `retention` (old usage history and audit
 //! entries out), `fleet` (this instance's shard lease, the fleet's size, regions) and `holds`
 //! (reservations nobody ended, expired), `clock` (the fleet's time, from the store's clock);
-//! `history_writer` writes the usage history for `sync`, beside its rounds.
+//! `history_writer` writes the usage history for `sync`, beside its rounds; `doubts` settles
+//! `sync`'s writes of unknown outcome.
 
 pub mod clock;
+pub mod doubts;
+mod episodes;
 pub mod fleet;
 pub mod history_writer;
 pub mod holds;

@@ -21,15 +21,19 @@
 //!
 //! When a write fails with nothing written, the hits stay pending and are tried again with
 //! back-off; they never leave memory unwritten (entries holding pending hits are never evicted).
-//! When a write's outcome is unknown (a timeout after sending), it is NOT resent, because
-//! counter increments are not idempotent: the hits are counted in
-//! `quotad_store_uncertain_hits_total`, and the stored count may err low by at most those.
+//! When a write's outcome is unknown (a timeout after sending), it is NOT resent blindly,
+//! because counter increments are not idempotent: the hits are counted in
+//! `quotad_store_uncertain_hits_total` and held in doubt (`doubts`) until a read of this
+//! instance's own cells at consistency `ALL`, once no replica can still apply them, says
+//! whether they landed; what did not is sent again.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
 
+use super::doubts::{Doubts, Outcome};
+use super::episodes::{Episodes, Trouble};
 use super::history_writer::HistoryWriter;
 use crate::limiter::Limiter;
 use crate::metrics::Metrics;
@@ -76,6 +80,9 @@ pub struct SyncConfig {
     /// Wait between a round's write and its read back, so other instances' writes of the same
     /// tick land first.
     pub settle: Duration,
+    /// How long after a write in doubt no replica can still apply it (above the store's own
+    /// request timeouts): the wait of [`Doubts`].
+    pub doubt_wait: Duration,
 }
 
 impl Default for SyncConfig {
@@ -88,6 +95,7 @@ impl Default for SyncConfig {
             history_interval: Duration::from_millis(250),
             drain_timeout: Duration::from_secs(10),
             settle: Duration::from_millis(25),
+            doubt_wait: Duration::from_secs(6),
         }
     }
 }
@@ -101,73 +109,6 @@ pub struct Round {
     pub pending_after: u64,
 }
 
-/// What one round's writes could not do.
-#[derive(Debug, Default)]
-struct Trouble {
-    /// Hits of increments the store never sent (given back to pending).
-    unsent: u64,
-    /// Hits of increments sent with an outcome nobody knows (never resent).
-    doubtful: u64,
-    /// The first error.
-    first: Option<String>,
-}
-
-/// Episodes of store trouble in the rounds' writes: one log line when one begins (with its
-/// first error) and one when a round writes everything again (how long it lasted, and what it
-/// gave back and left in doubt), rather than a line a round. The lock is never held across an
-/// `.await`.
-#[derive(Debug, Default)]
-struct Episodes(std::sync::Mutex<Option<Episode>>);
-
-#[derive(Debug)]
-struct Episode {
-    since: std::time::Instant,
-    rounds: u64,
-    unsent: u64,
-    doubtful: u64,
-}
-
-impl Episodes {
-    fn round(&self, degraded: bool, t: &Trouble, refused: Option<&StoreError>) {
-        let mut cur = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        match (cur.as_mut(), degraded) {
-            (None, false) => {}
-            (None, true) => {
-                let error = refused.map(ToString::to_string).or_else(|| t.first.clone());
-                tracing::warn!(
-                    error = error.as_deref().unwrap_or(""),
-                    refused_whole = refused.is_some(),
-                    unsent_hits = t.unsent,
-                    doubtful_hits = t.doubtful,
-                    "sync: the store refuses some writes; unsent hits stay pending and are \
-                     sent again, hits in doubt are not resent (one line until it ends)"
-                );
-                *cur = Some(Episode {
-                    since: std::time::Instant::now(),
-                    rounds: 1,
-                    unsent: t.unsent,
-                    doubtful: t.doubtful,
-                });
-            }
-            (Some(e), true) => {
-                e.rounds += 1;
-                e.unsent += t.unsent;
-                e.doubtful += t.doubtful;
-            }
-            (Some(e), false) => {
-                tracing::info!(
-                    secs = e.since.elapsed().as_secs_f64(),
-                    rounds = e.rounds,
-                    unsent_hits_sent_again = e.unsent,
-                    doubtful_hits = e.doubtful,
-                    "sync: the store takes every write again"
-                );
-                *cur = None;
-            }
-        }
-    }
-}
-
 pub struct Syncer {
     limiter: Arc<Limiter>,
     /// Writes the usage history (the counters go through the limiter's store handle).
@@ -177,7 +118,18 @@ pub struct Syncer {
     /// OpenTelemetry traces of the rounds, when on.
     traces: Option<Arc<crate::traces::Traces>>,
     episodes: Episodes,
+    /// Writes in doubt, until settled. The lock is never held across an `.await`.
+    doubts: std::sync::Mutex<Doubts>,
+    /// Hits of sync writes that went into doubt since start (the rest of
+    /// `quotad_store_uncertain_hits_total` is strict checks').
+    doubted: std::sync::atomic::AtomicU64,
 }
+
+/// Most cells held in doubt at once (about 100 bytes each).
+const MOST_DOUBTS: usize = 100_000;
+
+/// Most cells one settling read asks for.
+const DOUBTS_PER_READ: usize = 4_096;
 
 impl Syncer {
     pub fn new(
@@ -186,6 +138,7 @@ impl Syncer {
         metrics: Arc<Metrics>,
         cfg: SyncConfig,
     ) -> Self {
+        let doubts = Doubts::new(cfg.doubt_wait, MOST_DOUBTS);
         Self {
             history: Arc::new(HistoryWriter::new(
                 limiter.clone(),
@@ -198,6 +151,8 @@ impl Syncer {
             cfg,
             traces: None,
             episodes: Episodes::default(),
+            doubts: std::sync::Mutex::new(doubts),
+            doubted: Default::default(),
         }
     }
 
@@ -240,7 +195,7 @@ impl Syncer {
             .collect(self.limiter.clock().now_ms(), history, all);
         let answers = std::mem::take(&mut batch.answers);
         let hits = batch.hits();
-        let (refused, given_back) = self.write_counters(&batch.deltas).await;
+        let (refused, given_back) = self.write_counters(&batch.deltas, &batch.bases).await;
         // The store has answered: the snapshot is written, or back in pending, or uncertain.
         drop(batch.writing.take());
         // What stays pending of the snapshot: what was refused or not sent in time, and the
@@ -271,7 +226,7 @@ impl Syncer {
     /// (`CounterStore::increment_parts`): a cluster that refuses some partitions (no quorum
     /// for them) takes the others. A call refused whole gives back it and the rest and is
     /// returned. Also returns the hits given back.
-    async fn write_counters(&self, deltas: &[Delta]) -> (Option<StoreError>, u64) {
+    async fn write_counters(&self, deltas: &[Delta], bases: &[i64]) -> (Option<StoreError>, u64) {
         let store = self.limiter.store();
         let hits = |d: &[Delta]| d.iter().map(|d| d.delta.max(0) as u64).sum::<u64>();
         let started = std::time::Instant::now();
@@ -282,7 +237,9 @@ impl Syncer {
         // Increments a call never sent while it sent others: pending again.
         let mut unsent: Vec<Delta> = Vec::new();
         let mut trouble = Trouble::default();
+        let mut outcomes = vec![Outcome::Landed; deltas.len()];
         while !rest.is_empty() {
+            let at = deltas.len() - rest.len();
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             if left.is_zero() {
                 break;
@@ -297,6 +254,7 @@ impl Syncer {
                 Ok(parts) => parts,
                 Err(_) => {
                     outcome = "timeout";
+                    outcomes[at..at + chunk.len()].fill(Outcome::Doubtful);
                     trouble.doubtful += hits(chunk);
                     trouble.first.get_or_insert_with(|| "timed out".into());
                     rest = tail;
@@ -317,6 +275,12 @@ impl Syncer {
                 refused = Some(e);
                 break;
             }
+            for &i in &parts.doubtful {
+                outcomes[at + i] = Outcome::Doubtful;
+            }
+            for &i in &parts.unsent {
+                outcomes[at + i] = Outcome::Unsent;
+            }
             let doubtful: u64 = parts.doubtful.iter().map(|&i| hits(&chunk[i..=i])).sum();
             trouble.doubtful += doubtful;
             let mut idx = parts.unsent;
@@ -331,9 +295,14 @@ impl Syncer {
             let secs = started.elapsed().as_secs_f64();
             self.metrics.store_op("increment", outcome, secs);
         }
+        // What was not sent (refused, or past the deadline) is pending again.
+        outcomes[deltas.len() - rest.len()..].fill(Outcome::Unsent);
         if trouble.doubtful > 0 {
             self.metrics.uncertain_hits(trouble.doubtful);
+            self.doubted
+                .fetch_add(trouble.doubtful, std::sync::atomic::Ordering::Relaxed);
         }
+        self.note_doubts(deltas, bases, &outcomes);
         let mut given_back = 0;
         if !unsent.is_empty() {
             given_back += hits(&unsent);
@@ -355,6 +324,87 @@ impl Syncer {
         }
         self.limiter.unwritten(rest);
         (refused, given_back + left)
+    }
+
+    fn doubts(&self) -> std::sync::MutexGuard<'_, Doubts> {
+        self.doubts.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Holds a round's writes in doubt ([`Doubts::note`]); one past the bound is given up on.
+    fn note_doubts(&self, deltas: &[Delta], bases: &[i64], outcomes: &[Outcome]) {
+        let now = std::time::Instant::now();
+        let (given_up, hits) = {
+            let mut d = self.doubts();
+            let given_up = d.note(deltas, bases, outcomes, now);
+            (given_up, d.hits())
+        };
+        self.metrics.doubts().set_in_doubt(hits);
+        if given_up > 0 {
+            self.metrics.doubts().settled(0, 0, given_up);
+            tracing::warn!(
+                hits = given_up,
+                "sync: too many writes in doubt to settle; these hits stay unknown"
+            );
+        }
+    }
+
+    /// Reads back the cells whose writes are in doubt and due ([`Doubts::due`]) at consistency
+    /// `ALL`, and sends again what did not land. Returns the hits still in doubt.
+    pub async fn settle_doubts(&self) -> u64 {
+        let due = self
+            .doubts()
+            .due(std::time::Instant::now(), DOUBTS_PER_READ);
+        if due.is_empty() {
+            return self.doubts().hits();
+        }
+        let deadline = std::time::Instant::now() + self.cfg.timeout;
+        let read = self.limiter.store().read_final(&due, Some(deadline));
+        let totals = match tokio::time::timeout(self.cfg.timeout + CUT_OFF_MARGIN, read).await {
+            Ok(r) => r.totals,
+            Err(_) => vec![None; due.len()],
+        };
+        let settled = self.doubts().read(&due, totals, std::time::Instant::now());
+        let mut resent = 0;
+        if !settled.resend.is_empty() {
+            // Sent directly: the counters may have left the limiter's memory meanwhile.
+            let parts = self
+                .limiter
+                .store()
+                .increment_parts(&settled.resend, Some(deadline))
+                .await;
+            let mut outcomes = vec![Outcome::Landed; settled.resend.len()];
+            for &i in &parts.doubtful {
+                outcomes[i] = Outcome::Doubtful;
+            }
+            for &i in &parts.unsent {
+                outcomes[i] = Outcome::Unsent;
+            }
+            self.doubts()
+                .resent(&settled.resend, &outcomes, std::time::Instant::now());
+            resent = settled.resend.iter().map(|d| d.delta.max(0) as u64).sum();
+        }
+        let left = self.doubts().hits();
+        self.metrics.doubts().set_in_doubt(left);
+        if settled.landed + resent > 0 {
+            self.metrics.doubts().settled(settled.landed, resent, 0);
+            tracing::info!(
+                landed_hits = settled.landed,
+                resent_hits = resent,
+                still_in_doubt = left,
+                "sync: writes in doubt settled by reading them back"
+            );
+        }
+        left
+    }
+
+    /// Hits known to be in doubt at exit, or given up on: strict checks' writes that had no
+    /// answer (never settled), sync writes given up on, and those still in doubt.
+    fn unknown_hits(&self) -> u64 {
+        let doubted = self.doubted.load(std::sync::atomic::Ordering::Relaxed);
+        let strict = self.metrics.uncertain_hits_seen().saturating_sub(doubted);
+        strict
+            .saturating_add(self.metrics.doubts().unknown())
+            .saturating_add(self.doubts().hits())
     }
 
     /// A round's second half: reads totals back (they include every instance's writes).
@@ -498,6 +548,7 @@ impl Syncer {
                     if let (Some(t), Some(r)) = (t, read) {
                         t.end_store(r, Some(ranges.len() as u64), None);
                     }
+                    self.settle_doubts().await;
                     // Beside the rounds, after this one's read back: a history write takes
                     // a row per active client, seconds on a slow store, and a read back that
                     // waited on it would leave every counter that much staler.
@@ -525,7 +576,7 @@ impl Syncer {
         // What the process reports at exit: hits not written, and hits whose writes were sent
         // and never answered since start.
         let unwritten = self.drain().await;
-        unwritten.saturating_add(self.metrics.uncertain_hits_seen())
+        unwritten.saturating_add(self.unknown_hits())
     }
 
     /// The wait until the next round: the interval, doubled per failed write in a row (at most
@@ -555,15 +606,19 @@ impl Syncer {
                     if let Err(e) = self.limiter.store().flush().await {
                         tracing::error!(error = %e, "flushing the store at shutdown failed");
                     }
-                    // Hits whose writes went out and were never answered may or may not be in
-                    // the store: not "written", whatever the drain did (`Syncer::run` counts
-                    // them in what the process reports at exit).
-                    let doubtful = self.metrics.uncertain_hits_seen();
+                    // Writes in doubt are settled while the drain has time; what is left may
+                    // or may not be in the store: not "written" (`Syncer::run` counts it in
+                    // what the process reports at exit).
+                    while self.settle_doubts().await > 0 && tokio::time::Instant::now() < deadline {
+                        tokio::time::sleep(Duration::from_millis(250)).await;
+                    }
+                    let doubtful = self.unknown_hits();
                     if doubtful > 0 {
                         tracing::error!(
                             doubtful_hits = doubtful,
-                            "shutdown: every pending hit written, but these hits' writes since \
-                             start had no answer and were not resent: the store may lack them"
+                            "shutdown: every pending hit written, but these hits' writes had no \
+                             answer and could not be settled by reading them back: the store may \
+                             lack them"
                         );
                     } else {
                         tracing::info!("sync: every admitted hit written");

@@ -131,7 +131,7 @@ fn a_carry_beyond_an_i64_keeps_its_level() {
     let bs = vec![Bucket {
         start,
         stored: 10_000_000_000,
-        pending: 0,
+        ..Bucket::default()
     }];
     let mut carry = Carry {
         at: start - g,

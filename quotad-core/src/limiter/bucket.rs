@@ -14,6 +14,10 @@ pub struct Bucket {
     pub stored: i64,
     /// Hits admitted here and not yet written to the store.
     pub pending: u64,
+    /// This instance's own shard of the bucket in the store, as far as it knows: its part of
+    /// the last read, plus what its rounds sent since. The base against which a write of
+    /// unknown outcome is settled (`tasks::doubts` in the server).
+    pub mine: i64,
 }
 
 impl Bucket {

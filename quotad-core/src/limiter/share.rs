@@ -362,6 +362,7 @@ impl Shares {
                 start: t.start,
                 stored: t.region,
                 pending: 0,
+                mine: 0,
             })
             .collect();
         Some(RegionPart {

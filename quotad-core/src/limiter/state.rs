@@ -520,6 +520,7 @@ pub(super) fn buckets_from(totals: &[BucketTotal]) -> Vec<Bucket> {
             start: t.start,
             stored: t.total,
             pending: 0,
+            mine: t.mine,
         })
         .collect()
 }

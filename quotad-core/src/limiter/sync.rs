@@ -27,6 +27,9 @@ use crate::store::{BucketTotal, CounterKey, CounterRange, Delta};
 #[derive(Debug, Default)]
 pub struct SyncBatch {
     pub deltas: Vec<Delta>,
+    /// For each of `deltas`, this instance's own shard of its bucket before it
+    /// ([`super::bucket::Bucket::mine`]): what the store holds there if the write does not land.
+    pub bases: Vec<i64>,
     pub ranges: Vec<CounterRange>,
     /// The admitted checks the client entries summed for the usage history, when taken.
     pub answers: Vec<UsageDelta>,
@@ -207,6 +210,8 @@ impl Table {
                                 start: b.start,
                                 delta: n as i64,
                             });
+                            batch.bases.push(b.mine);
+                            b.mine = b.mine.saturating_add(n as i64);
                             b.pending -= n;
                             b.stored = b.stored.saturating_add(n as i64);
                             moved += n;
@@ -270,6 +275,7 @@ impl Table {
                     let n = d.delta.max(0);
                     let b = window::bucket_at(&mut s.buckets, d.start);
                     b.stored = b.stored.saturating_sub(n);
+                    b.mine = b.mine.saturating_sub(n);
                     b.pending = b.pending.saturating_add(n as u64);
                     s.settling = s.settling.saturating_sub(n as u64);
                 }
@@ -303,9 +309,12 @@ impl Table {
                     s.read_back(now);
                     for b in s.buckets.iter_mut().filter(|b| b.start >= r.from) {
                         b.stored = 0;
+                        b.mine = 0;
                     }
                     for bt in t {
-                        window::bucket_at(&mut s.buckets, bt.start).stored = bt.total;
+                        let b = window::bucket_at(&mut s.buckets, bt.start);
+                        b.stored = bt.total;
+                        b.mine = bt.mine;
                     }
                     shares.note_read(s, now);
                 }
@@ -369,6 +378,7 @@ impl Table {
                         delta: n as i64,
                     });
                     b.stored = b.stored.saturating_add(n as i64);
+                    b.mine = b.mine.saturating_add(n as i64);
                     s.settling = s.settling.saturating_add(n);
                 }
             });

@@ -236,7 +236,7 @@ mod tests {
         Bucket {
             start,
             stored: n,
-            pending: 0,
+            ..Bucket::default()
         }
     }
 
@@ -408,7 +408,7 @@ mod tests {
             let b = [Bucket {
                 start,
                 stored: 1,
-                pending: 0,
+                ..Bucket::default()
             }];
             let carry = Default::default();
             assert_eq!(estimate(IN_FLIGHT_KIND, &b, carry, taken), 1);

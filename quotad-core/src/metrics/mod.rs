@@ -7,10 +7,12 @@
 //! The two metrics every check writes are kept per thread (`per_thread`), so that the actix
 //! workers do not share their cache lines.
 
+mod doubts;
 mod fleet;
 mod holds;
 mod per_thread;
 
+pub use doubts::DoubtMetrics;
 pub use fleet::FleetMetrics;
 pub use holds::HoldMetrics;
 
@@ -79,6 +81,7 @@ pub struct Metrics {
     /// at most one per process (`auth`), so a rate of `refused` is someone trying tokens.
     token_hash_runs: IntCounterVec,
     fleet: FleetMetrics,
+    doubts: DoubtMetrics,
     holds: HoldMetrics,
     /// The served certificate's not-after, and reloads by outcome: registered by
     /// [`Metrics::tls_on`] only, as a 0 without TLS would read as a certificate long expired.
@@ -199,7 +202,7 @@ impl Metrics {
             ),
             uncertain_hits: counter(
                 "quotad_store_uncertain_hits_total",
-                "Hits in increments whose outcome is unknown (timed out after sending); never resent.",
+                "Hits in increments whose outcome was unknown when answered (timed out after sending); sync writes among them are settled later (quotad_store_doubtful_hits).",
             ),
             store_degraded: gauge(
                 "quotad_store_degraded",
@@ -274,6 +277,7 @@ impl Metrics {
                 &["outcome"],
             ),
             fleet: FleetMetrics::new(&registry),
+            doubts: DoubtMetrics::new(&registry),
             holds: HoldMetrics::new(&registry),
             tls_expiry: gauge(
                 "quotad_tls_cert_expiry_seconds",
@@ -367,6 +371,11 @@ impl Metrics {
     /// Fleet membership: N, this instance's shard, its regions, lease trouble.
     pub fn fleet(&self) -> &FleetMetrics {
         &self.fleet
+    }
+
+    /// Sync writes of unknown outcome and how they were settled.
+    pub fn doubts(&self) -> &DoubtMetrics {
+        &self.doubts
     }
 
     /// Check metrics for the items of one batch, added to the shared ones once, when it is

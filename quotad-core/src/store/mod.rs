@@ -264,6 +264,15 @@ pub trait CounterStore: Send + Sync + 'static {
         Reads::whole(self.read(ranges).await, ranges.len())
     }
 
+    /// [`CounterStore::read_parts`] at a consistency that sees every write any replica took
+    /// (Cassandra's `ALL`), to settle increments of unknown outcome: once no write of them can
+    /// still apply, this instance's own part (`mine`) of each bucket says whether they landed.
+    /// Fails, rather than answer from fewer replicas, while one is down. The default is
+    /// [`CounterStore::read_parts`] (a store of one copy, whose reads see every write).
+    async fn read_final(&self, ranges: &[CounterRange], deadline: Option<Instant>) -> Reads {
+        self.read_parts(ranges, deadline).await
+    }
+
     /// Increments, then reads back the ranges, as one step where the store can (strict mode).
     /// The default is `increment` followed by `read`.
     async fn increment_and_read(

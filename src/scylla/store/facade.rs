@@ -117,12 +117,16 @@ impl CounterStore for ScyllaStore {
         if one_client {
             self.first_reads.read(ranges).await
         } else {
-            self.counters.read(ranges, None).await.into_result()
+            self.counters.read(ranges, None, false).await.into_result()
         }
     }
 
     async fn read_parts(&self, ranges: &[CounterRange], deadline: Option<Instant>) -> Reads {
-        self.counters.read(ranges, deadline).await
+        self.counters.read(ranges, deadline, false).await
+    }
+
+    async fn read_final(&self, ranges: &[CounterRange], deadline: Option<Instant>) -> Reads {
+        self.counters.read(ranges, deadline, true).await
     }
 
     async fn delete_expired(&self, now_ms: i64, budget: usize) -> StoreResult<u64> {

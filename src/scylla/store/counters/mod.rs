@@ -33,6 +33,8 @@ use std::time::Instant;
 
 use futures::stream::{self, StreamExt};
 use scylla::cluster::Node;
+use scylla::statement::prepared::PreparedStatement;
+use scylla::statement::Consistency;
 use scylla::value::Counter;
 
 use super::connection::Cql;
@@ -336,13 +338,19 @@ impl Counters {
 
     /// Reads the ranges, a query per place's clients (see the module comment).
     /// A query that fails fails only the ranges it serves: the others are kept.
-    pub(super) async fn read(&self, ranges: &[CounterRange], deadline: Option<Instant>) -> Reads {
+    /// With `all`, at consistency `ALL` (`CounterStore::read_final`).
+    pub(super) async fn read(
+        &self,
+        ranges: &[CounterRange],
+        deadline: Option<Instant>,
+        all: bool,
+    ) -> Reads {
         let mine = self.leases.shard().map_or(-1, i32::from);
         let region = self.leases.region_slot();
         let queries = plan_reads(ranges, |t, s| place_of(&self.cql.replica_for(t, s)));
         let queries = &queries;
         let answers: Vec<(usize, StoreResult<Vec<Row>>)> = stream::iter(0..queries.len())
-            .map(|q| async move { (q, by(deadline, self.ask(&queries[q])).await) })
+            .map(|q| async move { (q, by(deadline, self.ask(&queries[q], all)).await) })
             .buffer_unordered(self.cql.max_concurrency)
             .collect()
             .await;
@@ -405,7 +413,15 @@ impl Counters {
         }
     }
 
-    async fn ask(&self, q: &Query<'_>) -> StoreResult<Vec<Row>> {
+    async fn ask(&self, q: &Query<'_>, all: bool) -> StoreResult<Vec<Row>> {
+        // A read that settles doubts sees every replica: a copy of the statement at `ALL`.
+        let at = |st: &PreparedStatement| {
+            let mut st = st.clone();
+            if all {
+                st.set_consistency(Consistency::All);
+            }
+            st
+        };
         let mine = |rows: Vec<CounterRow>| rows.into_iter().map(|r| (None, r)).collect();
         let theirs = |rows: Vec<ClientCounterRow>| {
             rows.into_iter()
@@ -418,14 +434,16 @@ impl Counters {
             (Ask::Starts(starts), [subject]) => {
                 let values: ReadStartsValues<'_> = (q.tenant, subject, starts);
                 Ok(mine(
-                    self.cql.read_rows(&self.cql.st.read_starts, values).await?,
+                    self.cql
+                        .read_rows(&at(&self.cql.st.read_starts), values)
+                        .await?,
                 ))
             }
             // Several clients of one place: sent there, paged (a page per 5000 rows).
             (Ask::Starts(starts), subjects) => {
-                let st = self
+                let st = at(&self
                     .cql
-                    .to_replica(&self.cql.st.read_clients, q.tenant, subjects[0]);
+                    .to_replica(&self.cql.st.read_clients, q.tenant, subjects[0]));
                 let values: ReadClientsValues<'_> = (q.tenant, subjects, starts);
                 Ok(theirs(self.cql.read_all(&st, values).await?))
             }
@@ -433,13 +451,16 @@ impl Counters {
             (Ask::Span(from, to), [subject]) => {
                 let values: ReadSpanValues<'_> = (q.tenant, subject, *from, *to);
                 Ok(mine(
-                    self.cql.read_all(&self.cql.st.read_span, values).await?,
+                    self.cql
+                        .read_all(&at(&self.cql.st.read_span), values)
+                        .await?,
                 ))
             }
             (Ask::Span(from, to), subjects) => {
-                let st = self
-                    .cql
-                    .to_replica(&self.cql.st.read_clients_span, q.tenant, subjects[0]);
+                let st =
+                    at(&self
+                        .cql
+                        .to_replica(&self.cql.st.read_clients_span, q.tenant, subjects[0]));
                 let values: ReadClientsSpanValues<'_> = (q.tenant, subjects, *from, *to);
                 Ok(theirs(self.cql.read_all(&st, values).await?))
             }

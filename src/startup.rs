@@ -432,6 +432,7 @@ fn http_server(
     let data = web::Data::new(state);
     let max_header_bytes = settings.server.max_header_bytes;
     let slice = settings.server.worker_slice_us;
+    let body_timeout = settings.server.request_timeout_ms.get();
     let mut server = HttpServer::new(move || {
         // actix-web builds the app once on each worker thread, at its start.
         worker_slice(slice);
@@ -446,6 +447,10 @@ fn http_server(
                     let t = traces.clone().expect("enabled only with traces");
                     http::admin_span(t, req, next)
                 })
+            }))
+            // Around every route and refusal: no body outlives its deadline or its answer.
+            .wrap(middleware::from_fn(move |req, next| {
+                http::body_deadline(body_timeout, req, next)
             }))
             // The last wrapped runs first: every answer, a 431 included, carries the id.
             .wrap(middleware::from_fn(http::request_id))

@@ -1,0 +1,100 @@
+//! Every connection has a deadline and a bound: bodies that never end. Spoken to in raw bytes,
+//! as an attacker would, on real ports.
+
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::helpers::*;
+
+/// Reads until the server closes the connection, for at most `within`; what it sent.
+async fn answer_then_close(what: &str, s: &mut TcpStream, within: Duration) -> String {
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(within, s.read_to_end(&mut answer)).await;
+    let text = String::from_utf8_lossy(&answer).into_owned();
+    assert!(
+        read.is_ok(),
+        "{what}: still open after {within:?}, answer: {text}"
+    );
+    text
+}
+
+/// A chunked body that never ends gets 408 at the deadline on a route that reads it, and its
+/// connection is closed; on a route that takes no body, or one refused before its body is read,
+/// the answer comes at once and the connection is closed too (actix-http alone drains a chunked
+/// body for as long as it lasts). Meanwhile `/healthz` answers.
+#[tokio::test]
+async fn chunked_bodies_that_never_end_are_cut_off_on_every_route() {
+    let app = spawn_with(|s| s.server.request_timeout_ms = quotad::config::DurationMs(1_000)).await;
+    let addr = app.base.trim_start_matches("http://").to_owned();
+    let chunked = |line: &str| {
+        format!(
+            "{line}\r\nHost: q\r\nContent-Type: application/json\r\n\
+             Transfer-Encoding: chunked\r\n\r\na\r\n{{\"tenant\":\r\n"
+        )
+    };
+    let started = Instant::now();
+    let mut checks = Vec::new();
+    for _ in 0..50 {
+        let mut s = TcpStream::connect(&addr).await.unwrap();
+        s.write_all(chunked("POST /v1/check HTTP/1.1").as_bytes())
+            .await
+            .unwrap();
+        checks.push(s);
+    }
+    let mut others = Vec::new();
+    for line in [
+        "GET /healthz HTTP/1.1",
+        "POST /v1/no-such-route HTTP/1.1",
+        "PUT /v1/quotas/acme HTTP/1.1", // no admin token: refused before the body
+    ] {
+        let mut s = TcpStream::connect(&addr).await.unwrap();
+        s.write_all(chunked(line).as_bytes()).await.unwrap();
+        others.push((line, s));
+    }
+    let t = Instant::now();
+    let r = app.http.get(app.url("/healthz")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(
+        t.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        t.elapsed()
+    );
+    for (line, mut s) in others {
+        let answer = answer_then_close(line, &mut s, Duration::from_secs(5)).await;
+        assert!(answer.starts_with("HTTP/1.1 "), "{line}: {answer}");
+        assert!(!answer.starts_with("HTTP/1.1 408"), "{line}: {answer}");
+    }
+    for mut s in checks {
+        let answer = answer_then_close("check", &mut s, Duration::from_secs(10)).await;
+        assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+        assert!(answer.contains("\"code\":\"request_timeout\""), "{answer}");
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "the last 408 came after {:?}",
+        started.elapsed()
+    );
+}
+
+/// A chunked body that does end is read whole, and its connection is kept for the next request.
+#[tokio::test]
+async fn chunked_bodies_that_end_are_answered_and_the_connection_kept() {
+    let app = spawn_app().await;
+    let quota = serde_json::json!({"limits": [{"id": "m", "max": 10, "period": "minute"}]});
+    assert!(app.put_quota("acme", quota).await.status().is_success());
+    let addr = app.base.trim_start_matches("http://").to_owned();
+    let mut s = TcpStream::connect(&addr).await.unwrap();
+    let body = r#"{"tenant":"acme","client":"k"}"#;
+    let req = format!(
+        "POST /v1/check HTTP/1.1\r\nHost: q\r\nContent-Type: application/json\r\n\
+         Transfer-Encoding: chunked\r\n\r\n{:x}\r\n{body}\r\n0\r\n\r\n\
+         GET /healthz HTTP/1.1\r\nHost: q\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let answer = answer_then_close("two requests", &mut s, Duration::from_secs(10)).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert_eq!(answer.matches("HTTP/1.1 200").count(), 2, "{answer}");
+}

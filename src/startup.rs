@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use actix_web::dev::{Server, ServerHandle};
 use actix_web::{middleware, web, App, HttpServer};
+use futures::StreamExt;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -510,8 +511,8 @@ struct GrpcServer {
 }
 
 /// Binds `bind` (port 0 picks a free one) and serves Envoy's rate limit service on it, each
-/// call within `server.request_timeout_ms`; over TLS when given an acceptor, each handshake
-/// within that time too.
+/// call within `server.request_timeout_ms`, each connection within the bounds of
+/// `crate::grpc::conn`; over TLS when given an acceptor, each handshake within that time too.
 fn grpc_server(
     bind: &str,
     state: AppState,
@@ -533,21 +534,21 @@ fn grpc_server(
     let service = crate::grpc::RateLimiter::new(state.checks, state.auth, grpc).service();
     let (stop, mut rx) = watch::channel(false);
     let tls_on = tls.is_some();
+    let idle = grpc.idle_timeout_ms.get();
     let task = tokio::spawn(async move {
-        let router = tonic::transport::Server::builder()
-            .timeout(call_timeout)
-            .concurrency_limit_per_connection(crate::grpc::MAX_CALLS_PER_CONNECTION)
-            .add_service(service);
+        let router = crate::grpc::conn::server(call_timeout).add_service(service);
         let stopped = async move {
             let _ = rx.wait_for(|s| *s).await;
         };
         let res = match tls {
             Some(acceptor) => {
-                let incoming = crate::tls::tls_incoming(listener, acceptor, call_timeout);
+                let incoming = crate::tls::tls_incoming(listener, acceptor, call_timeout)
+                    .map(move |c| c.map(|io| crate::grpc::conn::IdleIo::new(io, idle)));
                 router.serve_with_incoming_shutdown(incoming, stopped).await
             }
             None => {
-                let incoming = tonic::transport::server::TcpIncoming::from(listener);
+                let incoming = tonic::transport::server::TcpIncoming::from(listener)
+                    .map(move |c| c.map(|io| crate::grpc::conn::IdleIo::new(io, idle)));
                 router.serve_with_incoming_shutdown(incoming, stopped).await
             }
         };

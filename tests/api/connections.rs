@@ -1,4 +1,5 @@
-//! Every connection has a deadline and a bound: bodies that never end. Spoken to in raw bytes,
+//! Every connection has a deadline and a bound: bodies that never end, gRPC connections that
+//! send nothing or open no stream, the streams of one gRPC connection. Spoken to in raw bytes,
 //! as an attacker would, on real ports.
 
 use std::time::{Duration, Instant};
@@ -97,4 +98,77 @@ async fn chunked_bodies_that_end_are_answered_and_the_connection_kept() {
     let answer = answer_then_close("two requests", &mut s, Duration::from_secs(10)).await;
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     assert_eq!(answer.matches("HTTP/1.1 200").count(), 2, "{answer}");
+}
+
+/// The client's first bytes of HTTP/2: the connection preface.
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+/// An empty SETTINGS frame (length 0, type 4, no flags, stream 0).
+const EMPTY_SETTINGS: &[u8] = &[0, 0, 0, 4, 0, 0, 0, 0, 0];
+
+/// gRPC connections that send nothing, half a preface, or a preface and no stream are closed
+/// once silent for `grpc.idle_timeout_ms`, and no sooner than most of it.
+#[tokio::test]
+async fn grpc_connections_that_stay_silent_are_closed_at_the_idle_timeout() {
+    let app = spawn_with(|s| {
+        s.server.grpc_bind = Some("127.0.0.1:0".into());
+        s.server.request_timeout_ms = quotad::config::DurationMs(500);
+        s.grpc.idle_timeout_ms = quotad::config::DurationMs(1_500);
+    })
+    .await;
+    let addr = format!("127.0.0.1:{}", app.grpc_port.unwrap());
+    let preface_and_settings = [PREFACE, EMPTY_SETTINGS].concat();
+    let sends: [(&str, &[u8]); 3] = [
+        ("nothing", b""),
+        ("half a preface", &PREFACE[..10]),
+        ("a preface and no stream", &preface_and_settings),
+    ];
+    let mut silent = Vec::new();
+    for (what, bytes) in sends {
+        let mut s = TcpStream::connect(&addr).await.unwrap();
+        s.write_all(bytes).await.unwrap();
+        silent.push((what, s));
+    }
+    let started = Instant::now();
+    for (what, mut s) in silent {
+        let mut sink = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(6), s.read_to_end(&mut sink)).await;
+        assert!(read.is_ok(), "{what}: still open after 6 s");
+        assert!(
+            started.elapsed() >= Duration::from_millis(1_000),
+            "{what}: closed after {:?}",
+            started.elapsed()
+        );
+    }
+}
+
+/// The server's first SETTINGS frame advertises `SETTINGS_MAX_CONCURRENT_STREAMS` of 100.
+#[tokio::test]
+async fn the_grpc_server_advertises_its_stream_limit() {
+    let app = spawn_with(|s| s.server.grpc_bind = Some("127.0.0.1:0".into())).await;
+    let mut s = TcpStream::connect(("127.0.0.1", app.grpc_port.unwrap()))
+        .await
+        .unwrap();
+    s.write_all(&[PREFACE, EMPTY_SETTINGS].concat())
+        .await
+        .unwrap();
+    let mut head = [0u8; 9];
+    s.read_exact(&mut head).await.unwrap();
+    assert_eq!(head[3], 4, "the first frame is SETTINGS: {head:?}");
+    let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+    let mut payload = vec![0u8; len];
+    s.read_exact(&mut payload).await.unwrap();
+    let settings: Vec<(u16, u32)> = payload
+        .chunks(6)
+        .map(|c| {
+            (
+                u16::from_be_bytes([c[0], c[1]]),
+                u32::from_be_bytes([c[2], c[3], c[4], c[5]]),
+            )
+        })
+        .collect();
+    assert!(
+        settings.contains(&(3, quotad::grpc::conn::MAX_STREAMS_PER_CONNECTION)),
+        "{settings:?}"
+    );
+    assert_eq!(quotad::grpc::conn::MAX_STREAMS_PER_CONNECTION, 100);
 }

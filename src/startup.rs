@@ -535,6 +535,7 @@ fn grpc_server(
     let (stop, mut rx) = watch::channel(false);
     let tls_on = tls.is_some();
     let idle = grpc.idle_timeout_ms.get();
+    let places = Arc::new(tokio::sync::Semaphore::new(grpc.max_connections));
     let task = tokio::spawn(async move {
         let router = crate::grpc::conn::server(call_timeout).add_service(service);
         let stopped = async move {
@@ -543,12 +544,20 @@ fn grpc_server(
         let res = match tls {
             Some(acceptor) => {
                 let incoming = crate::tls::tls_incoming(listener, acceptor, call_timeout)
-                    .map(move |c| c.map(|io| crate::grpc::conn::IdleIo::new(io, idle)));
+                    .filter_map(move |c| {
+                        let admitted =
+                            c.map(|io| crate::grpc::conn::IdleIo::admit(io, idle, &places));
+                        futures::future::ready(admitted.transpose())
+                    });
                 router.serve_with_incoming_shutdown(incoming, stopped).await
             }
             None => {
-                let incoming = tonic::transport::server::TcpIncoming::from(listener)
-                    .map(move |c| c.map(|io| crate::grpc::conn::IdleIo::new(io, idle)));
+                let incoming =
+                    tonic::transport::server::TcpIncoming::from(listener).filter_map(move |c| {
+                        let admitted =
+                            c.map(|io| crate::grpc::conn::IdleIo::admit(io, idle, &places));
+                        futures::future::ready(admitted.transpose())
+                    });
                 router.serve_with_incoming_shutdown(incoming, stopped).await
             }
         };

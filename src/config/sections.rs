@@ -481,6 +481,8 @@ pub struct GrpcSettings {
     /// A connection that neither sends nor is sent a byte for this long is closed (one that
     /// sends nothing, half a preface, or opens no stream); longer than a call may take.
     pub idle_timeout_ms: DurationMs,
+    /// Most gRPC connections open at once; one past it is closed as soon as it is accepted.
+    pub max_connections: usize,
 }
 
 impl Default for GrpcSettings {
@@ -489,6 +491,7 @@ impl Default for GrpcSettings {
             client_key: "client".into(),
             usage_after_the_fact: false,
             idle_timeout_ms: DurationMs(15_000),
+            max_connections: 4_096,
         }
     }
 }

@@ -64,6 +64,9 @@ impl Settings {
                 "must be longer than server.request_timeout_ms (a call in flight is silent)".into(),
             );
         }
+        if self.grpc.max_connections == 0 {
+            return bad("grpc.max_connections", "must be at least 1".into());
+        }
         if self.server.max_connections == 0 {
             return bad("server.max_connections", "must be at least 1".into());
         }

@@ -1,4 +1,5 @@
-//! The bounds of a gRPC connection: how many streams it may have open (advertised in the
+//! The bounds of gRPC connections: how many may be open at once (`grpc.max_connections`; one
+//! past it is closed as soon as it is accepted), how many streams it may have open (advertised in the
 //! server's first SETTINGS frame, so that a client knows it, and enforced: a stream beyond it
 //! is refused), how long one call may take, and how long it may stay silent.
 //!
@@ -13,10 +14,12 @@
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, Sleep};
 use tonic::transport::server::Connected;
 
@@ -33,21 +36,29 @@ pub fn server(call_timeout: Duration) -> tonic::transport::Server {
         .concurrency_limit_per_connection(MAX_STREAMS_PER_CONNECTION as usize)
 }
 
-/// A connection closed after `idle` without a byte either way (see the module comment).
+/// A connection closed after `idle` without a byte either way (see the module comment), holding
+/// one of the open connections' places while it lives.
 pub struct IdleIo<IO> {
     io: IO,
     idle: Duration,
     deadline: Pin<Box<Sleep>>,
+    _place: OwnedSemaphorePermit,
 }
 
 impl<IO> IdleIo<IO> {
-    /// Wraps a connection just accepted: its silence is counted from now. Needs the runtime.
-    pub fn new(io: IO, idle: Duration) -> Self {
-        IdleIo {
+    /// Wraps a connection just accepted when `places` has room for it (none: the connection is
+    /// dropped, closed); its silence is counted from now. Needs the runtime.
+    pub fn admit(io: IO, idle: Duration, places: &Arc<Semaphore>) -> Option<Self> {
+        let Ok(place) = places.clone().try_acquire_owned() else {
+            tracing::debug!("gRPC connection refused: grpc.max_connections are open");
+            return None;
+        };
+        Some(IdleIo {
             io,
             idle,
             deadline: Box::pin(tokio::time::sleep(idle)),
-        }
+            _place: place,
+        })
     }
 
     /// Traffic: the connection's silence starts again.
@@ -128,7 +139,13 @@ mod tests {
     async fn a_silent_connection_fails_at_the_idle_timeout_and_traffic_defers_it() {
         let idle = Duration::from_millis(300);
         let (mut client, server) = tokio::io::duplex(64);
-        let mut server = IdleIo::new(server, idle);
+        let places = Arc::new(Semaphore::new(1));
+        let mut server = IdleIo::admit(server, idle, &places).unwrap();
+        let (_, other) = tokio::io::duplex(64);
+        assert!(
+            IdleIo::admit(other, idle, &places).is_none(),
+            "one place, taken"
+        );
         let mut buf = [0u8; 8];
         tokio::time::sleep(idle / 2).await;
         client.write_all(b"x").await.unwrap();

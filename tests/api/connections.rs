@@ -172,3 +172,43 @@ async fn the_grpc_server_advertises_its_stream_limit() {
     );
     assert_eq!(quotad::grpc::conn::MAX_STREAMS_PER_CONNECTION, 100);
 }
+
+/// At most `grpc.max_connections` gRPC connections are open at once: one past it is closed as
+/// soon as it is accepted, and a place freed is taken again.
+#[tokio::test]
+async fn grpc_connections_past_the_cap_are_closed_at_once() {
+    let app = spawn_with(|s| {
+        s.server.grpc_bind = Some("127.0.0.1:0".into());
+        s.grpc.max_connections = 2;
+    })
+    .await;
+    let addr = format!("127.0.0.1:{}", app.grpc_port.unwrap());
+    let mut open = Vec::new();
+    for _ in 0..2 {
+        let mut s = TcpStream::connect(&addr).await.unwrap();
+        s.write_all(&[PREFACE, EMPTY_SETTINGS].concat())
+            .await
+            .unwrap();
+        let mut head = [0u8; 9];
+        s.read_exact(&mut head).await.unwrap();
+        assert_eq!(head[3], 4, "admitted: the server's SETTINGS");
+        open.push(s);
+    }
+    let mut third = TcpStream::connect(&addr).await.unwrap();
+    let answer = answer_then_close("the third", &mut third, Duration::from_secs(2)).await;
+    assert!(answer.is_empty(), "{answer}");
+    drop(open.pop());
+    eventually("a freed place is taken again", || {
+        let addr = addr.clone();
+        async move {
+            let mut s = TcpStream::connect(&addr).await.map_err(|e| e.to_string())?;
+            s.write_all(&[PREFACE, EMPTY_SETTINGS].concat())
+                .await
+                .map_err(|e| e.to_string())?;
+            let mut head = [0u8; 9];
+            s.read_exact(&mut head).await.map_err(|e| e.to_string())?;
+            Ok(())
+        }
+    })
+    .await;
+}

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use actix_web::dev::{Server, ServerHandle};
 use actix_web::{middleware, web, App, HttpServer};
+use futures::StreamExt;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -432,6 +433,7 @@ fn http_server(
     let data = web::Data::new(state);
     let max_header_bytes = settings.server.max_header_bytes;
     let slice = settings.server.worker_slice_us;
+    let body_timeout = settings.server.request_timeout_ms.get();
     let mut server = HttpServer::new(move || {
         // actix-web builds the app once on each worker thread, at its start.
         worker_slice(slice);
@@ -446,6 +448,10 @@ fn http_server(
                     let t = traces.clone().expect("enabled only with traces");
                     http::admin_span(t, req, next)
                 })
+            }))
+            // Around every route and refusal: no body outlives its deadline or its answer.
+            .wrap(middleware::from_fn(move |req, next| {
+                http::body_deadline(body_timeout, req, next)
             }))
             // The last wrapped runs first: every answer, a 431 included, carries the id.
             .wrap(middleware::from_fn(http::request_id))
@@ -507,8 +513,8 @@ struct GrpcServer {
 }
 
 /// Binds `bind` (port 0 picks a free one) and serves Envoy's rate limit service on it, each
-/// call within `server.request_timeout_ms`; over TLS when given an acceptor, each handshake
-/// within that time too.
+/// call within `server.request_timeout_ms`, each connection within the bounds of
+/// `crate::grpc::conn`; over TLS when given an acceptor, each handshake within that time too.
 fn grpc_server(
     bind: &str,
     state: AppState,
@@ -530,21 +536,30 @@ fn grpc_server(
     let service = crate::grpc::RateLimiter::new(state.checks, state.auth, grpc).service();
     let (stop, mut rx) = watch::channel(false);
     let tls_on = tls.is_some();
+    let idle = grpc.idle_timeout_ms.get();
+    let places = Arc::new(tokio::sync::Semaphore::new(grpc.max_connections));
     let task = tokio::spawn(async move {
-        let router = tonic::transport::Server::builder()
-            .timeout(call_timeout)
-            .concurrency_limit_per_connection(crate::grpc::MAX_CALLS_PER_CONNECTION)
-            .add_service(service);
+        let router = crate::grpc::conn::server(call_timeout).add_service(service);
         let stopped = async move {
             let _ = rx.wait_for(|s| *s).await;
         };
         let res = match tls {
             Some(acceptor) => {
-                let incoming = crate::tls::tls_incoming(listener, acceptor, call_timeout);
+                let incoming = crate::tls::tls_incoming(listener, acceptor, call_timeout)
+                    .filter_map(move |c| {
+                        let admitted =
+                            c.map(|io| crate::grpc::conn::IdleIo::admit(io, idle, &places));
+                        futures::future::ready(admitted.transpose())
+                    });
                 router.serve_with_incoming_shutdown(incoming, stopped).await
             }
             None => {
-                let incoming = tonic::transport::server::TcpIncoming::from(listener);
+                let incoming =
+                    tonic::transport::server::TcpIncoming::from(listener).filter_map(move |c| {
+                        let admitted =
+                            c.map(|io| crate::grpc::conn::IdleIo::admit(io, idle, &places));
+                        futures::future::ready(admitted.transpose())
+                    });
                 router.serve_with_incoming_shutdown(incoming, stopped).await
             }
         };

@@ -132,6 +132,34 @@ fn load(config: Option<PathBuf>) -> Result<Settings, ExitCode> {
     })
 }
 
+/// Raises the open-files limit (`crate::os::files`) and says whether the HTTP connection cap
+/// fits below it.
+fn open_files(settings: &Settings) {
+    let Some(files) = crate::os::files::raise() else {
+        return;
+    };
+    let workers = match settings.server.workers {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    };
+    let http_cap = settings.server.max_connections.saturating_mul(workers) as u64;
+    if http_cap >= files.now {
+        tracing::warn!(
+            open_files = files.now,
+            http_connections = http_cap,
+            "server.max_connections times the workers is not below the open-files limit: \
+             connections that never finish can use every descriptor; lower it or raise the \
+             hard limit (LimitNOFILE)"
+        );
+    } else {
+        tracing::info!(
+            open_files = files.now,
+            before = files.before,
+            "open-files limit"
+        );
+    }
+}
+
 /// Runs the command (`serve` when none is given); `memory` is what `serve`'s process tuning
 /// did, to be logged once logging has started.
 pub async fn run(cli: Cli, memory: Option<MemoryNote>) -> ExitCode {
@@ -149,6 +177,7 @@ pub async fn run(cli: Cli, memory: Option<MemoryNote>) -> ExitCode {
                     "memory settings"
                 );
             }
+            open_files(&settings);
             let app = match Application::build(settings).await {
                 Ok(a) => a,
                 Err(e) => {

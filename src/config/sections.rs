@@ -478,6 +478,11 @@ pub struct GrpcSettings {
     /// 0 checks and takes nothing; one above 0 (the tokens a stream used, at its end) is
     /// charged whatever the limits have left. Off: every call is a check, 0 meaning 1.
     pub usage_after_the_fact: bool,
+    /// A connection that neither sends nor is sent a byte for this long is closed (one that
+    /// sends nothing, half a preface, or opens no stream); longer than a call may take.
+    pub idle_timeout_ms: DurationMs,
+    /// Most gRPC connections open at once; one past it is closed as soon as it is accepted.
+    pub max_connections: usize,
 }
 
 impl Default for GrpcSettings {
@@ -485,6 +490,8 @@ impl Default for GrpcSettings {
         Self {
             client_key: "client".into(),
             usage_after_the_fact: false,
+            idle_timeout_ms: DurationMs(15_000),
+            max_connections: 4_096,
         }
     }
 }

@@ -285,6 +285,20 @@ fn a_zero_request_timeout_is_named() {
 }
 
 #[test]
+fn a_grpc_idle_timeout_within_a_call_s_time_is_refused() {
+    let e = Settings::load_from(
+        None,
+        env(&[
+            ("QUOTAD__SERVER__REQUEST_TIMEOUT_MS", "20s"),
+            ("QUOTAD__GRPC__IDLE_TIMEOUT_MS", "20s"),
+        ]),
+    )
+    .unwrap_err()
+    .0;
+    assert!(e.starts_with("grpc.idle_timeout_ms:"), "{e}");
+}
+
+#[test]
 fn weak_tokens_and_open_checks_beyond_loopback_stop_start_up() {
     for (pairs, needle) in [
         (

@@ -58,6 +58,15 @@ impl Settings {
         if self.grpc.client_key.is_empty() {
             return bad("grpc.client_key", "must not be empty".into());
         }
+        if self.grpc.idle_timeout_ms.0 <= self.server.request_timeout_ms.0 {
+            return bad(
+                "grpc.idle_timeout_ms",
+                "must be longer than server.request_timeout_ms (a call in flight is silent)".into(),
+            );
+        }
+        if self.grpc.max_connections == 0 {
+            return bad("grpc.max_connections", "must be at least 1".into());
+        }
         if self.server.max_connections == 0 {
             return bad("server.max_connections", "must be at least 1".into());
         }

@@ -25,8 +25,11 @@
 //! Bounds, so that no caller can stall the service with one call: a request is at most
 //! [`MAX_MESSAGE_BYTES`] and [`MAX_DESCRIPTORS`] descriptors of at most [`MAX_ENTRIES`]
 //! entries each (refused `OUT_OF_RANGE` or `INVALID_ARGUMENT` before anything is decided),
-//! grouped by client in linear time; the server gives each call `server.request_timeout_ms`
-//! and each connection at most [`MAX_CALLS_PER_CONNECTION`] calls at once.
+//! grouped by client in linear time; the server gives each call `server.request_timeout_ms`,
+//! each connection at most [`conn::MAX_STREAMS_PER_CONNECTION`] calls at once, and closes a
+//! connection silent for `grpc.idle_timeout_ms` ([`conn`]).
+
+pub mod conn;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -66,8 +69,6 @@ pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
 pub const MAX_DESCRIPTORS: usize = 256;
 /// The most entries in one descriptor.
 pub const MAX_ENTRIES: usize = 64;
-/// The most calls in flight on one connection (HTTP/2 streams); more wait their turn.
-pub const MAX_CALLS_PER_CONNECTION: usize = 256;
 
 impl RateLimiter {
     pub fn new(checks: Arc<CheckService>, auth: Arc<Auth>, grpc: &GrpcSettings) -> Self {

@@ -1,13 +1,28 @@
 //! Request bodies: `application/json` only, at most [`MAX_BODY`] bytes, read before parsing so an
-//! oversized body is refused without being buffered; parse errors name the offending field. A
-//! body must arrive whole within `server.request_timeout_ms` of the handler's first read (the
-//! server's own timeout covers only the request head): one that does not gets 408, and its
-//! connection is let go.
+//! oversized body is refused without being buffered; parse errors name the offending field.
+//!
+//! A body must arrive whole within `server.request_timeout_ms` of its request's routing (the
+//! server's own timeout covers only the request head), on every route and whatever its framing:
+//! one that does not gets 408 and its connection is let go. [`body_deadline`] keeps the body of
+//! every request alive until the answer is written, so that actix-http closes the connection of
+//! a body nobody finished reading (a 408, a refusal before the body, a route that takes none)
+//! instead of draining it: left alone, it drains a chunked body for as long as the caller keeps
+//! sending it, for ever if it never ends, and only a `Content-Length` body gets closed.
 
+use std::cell::RefCell;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{Context, Poll};
+
+use actix_web::body::MessageBody;
+use actix_web::dev::{self, ServiceRequest, ServiceResponse};
+use actix_web::error::PayloadError;
 use actix_web::http::header;
+use actix_web::middleware::Next;
 use actix_web::web::{self, Bytes, BytesMut};
-use actix_web::HttpRequest;
-use futures::StreamExt;
+use actix_web::{HttpMessage, HttpRequest};
+use futures::{Stream, StreamExt};
+use tokio::time::Instant;
 
 use super::error::{self, ApiError};
 
@@ -18,13 +33,86 @@ pub const MAX_BODY: usize = 64 * 1024;
 /// `server.request_timeout_ms`.
 const DEFAULT_BODY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// When the body of a request must have arrived: set by [`body_deadline`], read by
+/// [`json_body`].
+#[derive(Clone, Copy, Debug)]
+struct BodyDeadline {
+    at: Instant,
+    /// `server.request_timeout_ms`, for the 408's message.
+    timeout: std::time::Duration,
+}
+
+/// Middleware: gives the request's body its deadline and holds the body until the answer is
+/// written (see the module comment).
+pub async fn body_deadline<B: MessageBody + Unpin>(
+    timeout: std::time::Duration,
+    mut req: ServiceRequest,
+    next: Next<B>,
+) -> Result<ServiceResponse<HoldingBody<B>>, actix_web::Error> {
+    let at = Instant::now() + timeout;
+    req.extensions_mut().insert(BodyDeadline { at, timeout });
+    let body = SharedBody(Rc::new(RefCell::new(req.take_payload())));
+    req.set_payload(dev::Payload::Stream {
+        payload: Box::pin(body.clone()),
+    });
+    let res = next.call(req).await?;
+    Ok(res.map_body(|_, answer| HoldingBody {
+        answer,
+        _request: body,
+    }))
+}
+
+/// An answer's body that holds its request's body until the answer is written: actix-http
+/// decides whether to keep the connection both when the answer starts and when it ends, and a
+/// request body unfinished and still held then is unread, so the connection is closed.
+pub struct HoldingBody<B> {
+    answer: B,
+    _request: SharedBody,
+}
+
+impl<B: MessageBody + Unpin> MessageBody for HoldingBody<B> {
+    type Error = B::Error;
+
+    fn size(&self) -> actix_web::body::BodySize {
+        self.answer.size()
+    }
+
+    fn poll_next(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Bytes, Self::Error>>> {
+        Pin::new(&mut self.get_mut().answer).poll_next(cx)
+    }
+}
+
+/// A request's body that the handler reads and the answer keeps alive. Single-threaded: a
+/// request lives on one worker, and so does its body.
+#[derive(Clone)]
+struct SharedBody(Rc<RefCell<dev::Payload>>);
+
+impl Stream for SharedBody {
+    type Item = Result<Bytes, PayloadError>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        Pin::new(&mut *self.0.borrow_mut()).poll_next(cx)
+    }
+}
+
 /// Reads a JSON body: `application/json` only, at most [`MAX_BODY`] bytes, within the body
 /// deadline (see the module comment).
 pub async fn json_body(req: &HttpRequest, payload: web::Payload) -> Result<Bytes, ApiError> {
-    let deadline = super::AppState::of(req).map_or(DEFAULT_BODY_TIMEOUT, |s| s.request_timeout);
-    match tokio::time::timeout(deadline, read_json_body(req, payload)).await {
+    let deadline = req.extensions().get::<BodyDeadline>().copied();
+    let deadline = deadline.unwrap_or_else(|| {
+        // Without the middleware (unit tests): from the first read.
+        let timeout = super::AppState::of(req).map_or(DEFAULT_BODY_TIMEOUT, |s| s.request_timeout);
+        BodyDeadline {
+            at: Instant::now() + timeout,
+            timeout,
+        }
+    });
+    match tokio::time::timeout_at(deadline.at, read_json_body(req, payload)).await {
         Ok(read) => read,
-        Err(_) => Err(ApiError::RequestTimeout(deadline.as_millis() as u64)),
+        Err(_) => Err(ApiError::RequestTimeout(deadline.timeout.as_millis() as u64)),
     }
 }
 

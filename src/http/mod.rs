@@ -33,7 +33,7 @@ mod whoami;
 
 pub use crate::auth::{digest, Auth, Principal, Refusal};
 pub use audit::{audit_entry, AuditView};
-pub use body::{json_body, parse_json, MAX_BODY};
+pub use body::{body_deadline, json_body, parse_json, MAX_BODY};
 pub use error::ApiError;
 pub use middleware::{admin_span, header_bytes, limit_header_bytes, request_id, RequestId};
 pub use routes::{query_config, routes, Route, ROUTES};

@@ -5,6 +5,7 @@ mod answers;
 mod apply;
 mod checks;
 mod conformance;
+mod connections;
 mod console;
 mod console_a11y;
 mod deploy;

@@ -367,10 +367,12 @@ impl Syncer {
         let mut resent = 0;
         if !settled.resend.is_empty() {
             // Sent directly: the counters may have left the limiter's memory meanwhile.
+            // With a deadline of its own: the read may have used up most of the last one.
+            let resend_by = std::time::Instant::now() + self.cfg.timeout;
             let parts = self
                 .limiter
                 .store()
-                .increment_parts(&settled.resend, Some(deadline))
+                .increment_parts(&settled.resend, Some(resend_by))
                 .await;
             let mut outcomes = vec![Outcome::Landed; settled.resend.len()];
             for &i in &parts.doubtful {

@@ -12,4 +12,5 @@ pub mod fleet;
 pub mod history_writer;
 pub mod holds;
 pub mod retention;
+mod settle;
 pub mod sync;

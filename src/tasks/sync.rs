@@ -32,9 +32,10 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use super::doubts::{Doubts, Outcome};
+use super::doubts::Outcome;
 use super::episodes::{Episodes, Trouble};
 use super::history_writer::HistoryWriter;
+use super::settle::Settler;
 use crate::limiter::Limiter;
 use crate::metrics::Metrics;
 use crate::store::history::UsageDelta;
@@ -118,18 +119,9 @@ pub struct Syncer {
     /// OpenTelemetry traces of the rounds, when on.
     traces: Option<Arc<crate::traces::Traces>>,
     episodes: Episodes,
-    /// Writes in doubt, until settled. The lock is never held across an `.await`.
-    doubts: std::sync::Mutex<Doubts>,
-    /// Hits of sync writes that went into doubt since start (the rest of
-    /// `quotad_store_uncertain_hits_total` is strict checks').
-    doubted: std::sync::atomic::AtomicU64,
+    /// Writes in doubt, until settled.
+    settler: Settler,
 }
-
-/// Most cells held in doubt at once (about 100 bytes each).
-const MOST_DOUBTS: usize = 100_000;
-
-/// Most cells one settling read asks for.
-const DOUBTS_PER_READ: usize = 4_096;
 
 impl Syncer {
     pub fn new(
@@ -138,7 +130,12 @@ impl Syncer {
         metrics: Arc<Metrics>,
         cfg: SyncConfig,
     ) -> Self {
-        let doubts = Doubts::new(cfg.doubt_wait, MOST_DOUBTS);
+        let settler = Settler::new(
+            limiter.clone(),
+            metrics.clone(),
+            cfg.timeout,
+            cfg.doubt_wait,
+        );
         Self {
             history: Arc::new(HistoryWriter::new(
                 limiter.clone(),
@@ -151,8 +148,7 @@ impl Syncer {
             cfg,
             traces: None,
             episodes: Episodes::default(),
-            doubts: std::sync::Mutex::new(doubts),
-            doubted: Default::default(),
+            settler,
         }
     }
 
@@ -299,10 +295,9 @@ impl Syncer {
         outcomes[deltas.len() - rest.len()..].fill(Outcome::Unsent);
         if trouble.doubtful > 0 {
             self.metrics.uncertain_hits(trouble.doubtful);
-            self.doubted
-                .fetch_add(trouble.doubtful, std::sync::atomic::Ordering::Relaxed);
         }
-        self.note_doubts(deltas, bases, &outcomes);
+        self.settler
+            .note(deltas, bases, &outcomes, trouble.doubtful);
         let mut given_back = 0;
         if !unsent.is_empty() {
             given_back += hits(&unsent);
@@ -326,87 +321,10 @@ impl Syncer {
         (refused, given_back + left)
     }
 
-    fn doubts(&self) -> std::sync::MutexGuard<'_, Doubts> {
-        self.doubts.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Holds a round's writes in doubt ([`Doubts::note`]); one past the bound is given up on.
-    fn note_doubts(&self, deltas: &[Delta], bases: &[i64], outcomes: &[Outcome]) {
-        let now = std::time::Instant::now();
-        let (given_up, hits) = {
-            let mut d = self.doubts();
-            let given_up = d.note(deltas, bases, outcomes, now);
-            (given_up, d.hits())
-        };
-        self.metrics.doubts().set_in_doubt(hits);
-        if given_up > 0 {
-            self.metrics.doubts().settled(0, 0, given_up);
-            tracing::warn!(
-                hits = given_up,
-                "sync: too many writes in doubt to settle; these hits stay unknown"
-            );
-        }
-    }
-
-    /// Reads back the cells whose writes are in doubt and due ([`Doubts::due`]) at consistency
-    /// `ALL`, and sends again what did not land. Returns the hits still in doubt.
+    /// Settles the writes in doubt that are due ([`Settler::settle`]); returns the hits
+    /// still in doubt.
     pub async fn settle_doubts(&self) -> u64 {
-        let due = self
-            .doubts()
-            .due(std::time::Instant::now(), DOUBTS_PER_READ);
-        if due.is_empty() {
-            return self.doubts().hits();
-        }
-        let deadline = std::time::Instant::now() + self.cfg.timeout;
-        let read = self.limiter.store().read_final(&due, Some(deadline));
-        let totals = match tokio::time::timeout(self.cfg.timeout + CUT_OFF_MARGIN, read).await {
-            Ok(r) => r.totals,
-            Err(_) => vec![None; due.len()],
-        };
-        let settled = self.doubts().read(&due, totals, std::time::Instant::now());
-        let mut resent = 0;
-        if !settled.resend.is_empty() {
-            // Sent directly: the counters may have left the limiter's memory meanwhile.
-            // With a deadline of its own: the read may have used up most of the last one.
-            let resend_by = std::time::Instant::now() + self.cfg.timeout;
-            let parts = self
-                .limiter
-                .store()
-                .increment_parts(&settled.resend, Some(resend_by))
-                .await;
-            let mut outcomes = vec![Outcome::Landed; settled.resend.len()];
-            for &i in &parts.doubtful {
-                outcomes[i] = Outcome::Doubtful;
-            }
-            for &i in &parts.unsent {
-                outcomes[i] = Outcome::Unsent;
-            }
-            self.doubts()
-                .resent(&settled.resend, &outcomes, std::time::Instant::now());
-            resent = settled.resend.iter().map(|d| d.delta.max(0) as u64).sum();
-        }
-        let left = self.doubts().hits();
-        self.metrics.doubts().set_in_doubt(left);
-        if settled.landed + resent > 0 {
-            self.metrics.doubts().settled(settled.landed, resent, 0);
-            tracing::info!(
-                landed_hits = settled.landed,
-                resent_hits = resent,
-                still_in_doubt = left,
-                "sync: writes in doubt settled by reading them back"
-            );
-        }
-        left
-    }
-
-    /// Hits known to be in doubt at exit, or given up on: strict checks' writes that had no
-    /// answer (never settled), sync writes given up on, and those still in doubt.
-    fn unknown_hits(&self) -> u64 {
-        let doubted = self.doubted.load(std::sync::atomic::Ordering::Relaxed);
-        let strict = self.metrics.uncertain_hits_seen().saturating_sub(doubted);
-        strict
-            .saturating_add(self.metrics.doubts().unknown())
-            .saturating_add(self.doubts().hits())
+        self.settler.settle().await
     }
 
     /// A round's second half: reads totals back (they include every instance's writes).
@@ -578,7 +496,7 @@ impl Syncer {
         // What the process reports at exit: hits not written, and hits whose writes were sent
         // and never answered since start.
         let unwritten = self.drain().await;
-        unwritten.saturating_add(self.unknown_hits())
+        unwritten.saturating_add(self.settler.unknown_hits())
     }
 
     /// The wait until the next round: the interval, doubled per failed write in a row (at most
@@ -614,7 +532,7 @@ impl Syncer {
                     while self.settle_doubts().await > 0 && tokio::time::Instant::now() < deadline {
                         tokio::time::sleep(Duration::from_millis(250)).await;
                     }
-                    let doubtful = self.unknown_hits();
+                    let doubtful = self.settler.unknown_hits();
                     if doubtful > 0 {
                         tracing::error!(
                             doubtful_hits = doubtful,

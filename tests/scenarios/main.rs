@@ -7,6 +7,7 @@
 
 mod caps;
 mod decision;
+mod doubts;
 mod failure;
 mod strict;
 mod sync;

@@ -507,8 +507,7 @@ fn prefetch<T>(items: &[T]) {
 }
 
 pub(super) fn lock(m: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
-    // A panic while holding a shard cannot leave it half-updated in a way that matters more
-    // than losing the whole service, so keep serving.
+    // A panic holding a shard cannot leave it half-updated in a way worse than no service.
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 

@@ -1,0 +1,140 @@
+//! The sync task's settling of its writes in doubt: holds them ([`Doubts`]), reads the due
+//! ones back at `ALL` between rounds, and sends again what did not land.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use super::doubts::{Doubts, Outcome};
+use crate::limiter::Limiter;
+use crate::metrics::Metrics;
+use crate::store::Delta;
+
+/// Most cells held in doubt at once (about 100 bytes each).
+const MOST_DOUBTS: usize = 100_000;
+
+/// Most cells one settling read asks for.
+const DOUBTS_PER_READ: usize = 4_096;
+
+/// How long past a deadline a store call may run before the settler stops waiting for it.
+const CUT_OFF_MARGIN: Duration = Duration::from_millis(500);
+
+pub(super) struct Settler {
+    /// The lock is never held across an `.await`.
+    doubts: Mutex<Doubts>,
+    /// Hits of sync writes that went into doubt since start (the rest of
+    /// `quotad_store_uncertain_hits_total` is strict checks').
+    doubted: AtomicU64,
+    limiter: Arc<Limiter>,
+    metrics: Arc<Metrics>,
+    /// Deadline of one read or write.
+    timeout: Duration,
+}
+
+impl Settler {
+    pub(super) fn new(
+        limiter: Arc<Limiter>,
+        metrics: Arc<Metrics>,
+        timeout: Duration,
+        wait: Duration,
+    ) -> Self {
+        Settler {
+            doubts: Mutex::new(Doubts::new(wait, MOST_DOUBTS)),
+            doubted: AtomicU64::new(0),
+            limiter,
+            metrics,
+            timeout,
+        }
+    }
+
+    fn doubts(&self) -> MutexGuard<'_, Doubts> {
+        self.doubts.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Holds a round's writes in doubt ([`Doubts::note`]; `doubtful` hits of them); one past
+    /// the bound is given up on.
+    pub(super) fn note(
+        &self,
+        deltas: &[Delta],
+        bases: &[i64],
+        outcomes: &[Outcome],
+        doubtful: u64,
+    ) {
+        self.doubted.fetch_add(doubtful, Ordering::Relaxed);
+        let now = std::time::Instant::now();
+        let (given_up, hits) = {
+            let mut d = self.doubts();
+            let given_up = d.note(deltas, bases, outcomes, now);
+            (given_up, d.hits())
+        };
+        self.metrics.doubts().set_in_doubt(hits);
+        if given_up > 0 {
+            self.metrics.doubts().settled(0, 0, given_up);
+            tracing::warn!(
+                hits = given_up,
+                "sync: too many writes in doubt to settle; these hits stay unknown"
+            );
+        }
+    }
+
+    /// Reads back the cells whose writes are in doubt and due ([`Doubts::due`]) at consistency
+    /// `ALL`, and sends again what did not land. Returns the hits still in doubt.
+    pub(super) async fn settle(&self) -> u64 {
+        let due = self
+            .doubts()
+            .due(std::time::Instant::now(), DOUBTS_PER_READ);
+        if due.is_empty() {
+            return self.doubts().hits();
+        }
+        let deadline = std::time::Instant::now() + self.timeout;
+        let read = self.limiter.store().read_final(&due, Some(deadline));
+        let totals = match tokio::time::timeout(self.timeout + CUT_OFF_MARGIN, read).await {
+            Ok(r) => r.totals,
+            Err(_) => vec![None; due.len()],
+        };
+        let settled = self.doubts().read(&due, totals, std::time::Instant::now());
+        let mut resent = 0;
+        if !settled.resend.is_empty() {
+            // Sent directly: the counters may have left the limiter's memory meanwhile.
+            // With a deadline of its own: the read may have used up most of the last one.
+            let resend_by = std::time::Instant::now() + self.timeout;
+            let parts = self
+                .limiter
+                .store()
+                .increment_parts(&settled.resend, Some(resend_by))
+                .await;
+            let mut outcomes = vec![Outcome::Landed; settled.resend.len()];
+            for &i in &parts.doubtful {
+                outcomes[i] = Outcome::Doubtful;
+            }
+            for &i in &parts.unsent {
+                outcomes[i] = Outcome::Unsent;
+            }
+            self.doubts()
+                .resent(&settled.resend, &outcomes, std::time::Instant::now());
+            resent = settled.resend.iter().map(|d| d.delta.max(0) as u64).sum();
+        }
+        let left = self.doubts().hits();
+        self.metrics.doubts().set_in_doubt(left);
+        if settled.landed + resent > 0 {
+            self.metrics.doubts().settled(settled.landed, resent, 0);
+            tracing::info!(
+                landed_hits = settled.landed,
+                resent_hits = resent,
+                still_in_doubt = left,
+                "sync: writes in doubt settled by reading them back"
+            );
+        }
+        left
+    }
+
+    /// Hits known to be in doubt at exit, or given up on: strict checks' writes that had no
+    /// answer (never settled), sync writes given up on, and those still in doubt.
+    pub(super) fn unknown_hits(&self) -> u64 {
+        let doubted = self.doubted.load(Ordering::Relaxed);
+        let strict = self.metrics.uncertain_hits_seen().saturating_sub(doubted);
+        strict
+            .saturating_add(self.metrics.doubts().unknown())
+            .saturating_add(self.doubts().hits())
+    }
+}

@@ -1,0 +1,98 @@
+//! Sync writes of unknown outcome: held in doubt, settled by reading this instance's own cells
+//! back, resent only where they did not land.
+
+use super::*;
+
+/// An increment sent and never answered may have landed or not: it is held in doubt, never
+/// resent blindly; once a read of the instance's own cells (at `ALL`, a wait after the write and
+/// again a wait after the replicas first answer) says what landed, only what did not is sent
+/// again. A shutdown that could not settle a doubt says so.
+#[tokio::test]
+async fn increments_in_doubt_are_settled_by_reading_them_back() {
+    use quotad::store::faulty::PartFault;
+    let wait = Duration::from_millis(200);
+    let r = rig_syncing(
+        LimiterConfig::default(),
+        SyncConfig {
+            doubt_wait: wait,
+            ..SyncConfig::default()
+        },
+    );
+    let p = policy(serde_json::json!({"limits": [{"id": "d", "max": 1000, "period": "day"}]}));
+    let day = p.limits[0].kind.grain();
+    for c in ["k1", "k2", "k3"] {
+        let (t, c) = ids("acme", c);
+        for _ in 0..4 {
+            check(&r, &p, &t, &c, 1).await;
+        }
+    }
+    // k2's increments land, k3's are lost; both are answered as unknown.
+    r.faulty.fail_part("k2", Some(PartFault::Doubtful));
+    r.faulty.fail_part("k3", Some(PartFault::Lost));
+    let round = r.syncer.round().await.unwrap();
+    assert_eq!(round.pending_after, 0, "hits in doubt are not pending");
+    assert_eq!(metric(&r, "quotad_store_uncertain_hits_total"), 8.0);
+    assert_eq!(metric(&r, "quotad_store_doubtful_hits"), 8.0);
+    // Too early, and then the replicas do not answer: nothing is settled.
+    assert_eq!(r.syncer.settle_doubts().await, 8);
+    tokio::time::sleep(wait).await;
+    assert_eq!(r.syncer.settle_doubts().await, 8, "the reads are refused");
+    r.faulty.fail_part("k2", None);
+    r.faulty.fail_part("k3", None);
+    // New hits meanwhile land with an answer, and are not taken for the ones in doubt.
+    for c in ["k2", "k3"] {
+        let (t, c) = ids("acme", c);
+        check(&r, &p, &t, &c, 1).await;
+    }
+    r.syncer.round().await.unwrap();
+    assert_eq!(
+        r.syncer.settle_doubts().await,
+        8,
+        "a first read only witnesses"
+    );
+    tokio::time::sleep(wait).await;
+    assert_eq!(r.syncer.settle_doubts().await, 0);
+    assert_eq!(stored(&r, "acme", "k1", "d", day).await, 4);
+    assert_eq!(
+        stored(&r, "acme", "k2", "d", day).await,
+        5,
+        "landed: not resent"
+    );
+    assert_eq!(
+        stored(&r, "acme", "k3", "d", day).await,
+        5,
+        "lost: sent again"
+    );
+    let settled = "quotad_store_doubtful_hits_settled_total";
+    assert_eq!(metric(&r, &format!("{settled}{{outcome=\"landed\"}}")), 4.0);
+    assert_eq!(metric(&r, &format!("{settled}{{outcome=\"resent\"}}")), 4.0);
+    let (_stop, stopped) = tokio::sync::watch::channel(true);
+    assert_eq!(
+        r.syncer.run(stopped).await,
+        0,
+        "every admitted hit is in the store"
+    );
+}
+
+/// A doubt the drain cannot settle (the replicas never answer) is what a shutdown reports.
+#[tokio::test]
+async fn a_doubt_left_at_shutdown_is_reported() {
+    use quotad::store::faulty::PartFault;
+    let r = rig_syncing(
+        LimiterConfig::default(),
+        SyncConfig {
+            doubt_wait: Duration::from_millis(50),
+            drain_timeout: Duration::from_millis(500),
+            ..SyncConfig::default()
+        },
+    );
+    let p = policy(serde_json::json!({"limits": [{"id": "d", "max": 1000, "period": "day"}]}));
+    let (t, c) = ids("acme", "k1");
+    for _ in 0..3 {
+        check(&r, &p, &t, &c, 1).await;
+    }
+    r.faulty.fail_part("k1", Some(PartFault::Lost));
+    r.syncer.round().await.unwrap();
+    let (_stop, stopped) = tokio::sync::watch::channel(true);
+    assert_eq!(r.syncer.run(stopped).await, 3);
+}

@@ -14,7 +14,11 @@ use crate::store::Delta;
 const MOST_DOUBTS: usize = 100_000;
 
 /// Most cells one settling read asks for.
-const DOUBTS_PER_READ: usize = 4_096;
+const DOUBTS_PER_READ: usize = 1_024;
+
+/// Deadline of a settling read: it runs between rounds, and a replica that is down makes it
+/// wait for its whole deadline.
+const READ_DEADLINE: Duration = Duration::from_secs(1);
 
 /// How long past a deadline a store call may run before the settler stops waiting for it.
 const CUT_OFF_MARGIN: Duration = Duration::from_millis(500);
@@ -27,8 +31,11 @@ pub(super) struct Settler {
     doubted: AtomicU64,
     limiter: Arc<Limiter>,
     metrics: Arc<Metrics>,
-    /// Deadline of one read or write.
+    /// Deadline of one write.
     timeout: Duration,
+    /// No settling read before this: one that failed waits a `wait` before the next.
+    next_read: Mutex<std::time::Instant>,
+    wait: Duration,
 }
 
 impl Settler {
@@ -44,6 +51,8 @@ impl Settler {
             limiter,
             metrics,
             timeout,
+            next_read: Mutex::new(std::time::Instant::now()),
+            wait,
         }
     }
 
@@ -83,15 +92,21 @@ impl Settler {
         let due = self
             .doubts()
             .due(std::time::Instant::now(), DOUBTS_PER_READ);
-        if due.is_empty() {
+        let next_read = *self.next_read.lock().unwrap_or_else(|p| p.into_inner());
+        if due.is_empty() || std::time::Instant::now() < next_read {
             return self.doubts().hits();
         }
-        let deadline = std::time::Instant::now() + self.timeout;
+        let deadline = std::time::Instant::now() + READ_DEADLINE;
         let read = self.limiter.store().read_final(&due, Some(deadline));
-        let totals = match tokio::time::timeout(self.timeout + CUT_OFF_MARGIN, read).await {
+        let totals = match tokio::time::timeout(READ_DEADLINE + CUT_OFF_MARGIN, read).await {
             Ok(r) => r.totals,
             Err(_) => vec![None; due.len()],
         };
+        if totals.iter().any(Option::is_none) {
+            // A replica is down or slow: the rounds are not held up by a read a round.
+            *self.next_read.lock().unwrap_or_else(|p| p.into_inner()) =
+                std::time::Instant::now() + self.wait;
+        }
         let settled = self.doubts().read(&due, totals, std::time::Instant::now());
         let mut resent = 0;
         if !settled.resend.is_empty() {

@@ -468,7 +468,11 @@ impl Syncer {
                     if let (Some(t), Some(r)) = (t, read) {
                         t.end_store(r, Some(ranges.len() as u64), None);
                     }
-                    self.settle_doubts().await;
+                    // Not while the store refuses or leaves writes in doubt: a read at ALL
+                    // would fail and hold up the next round.
+                    if !self.metrics.store_degraded() {
+                        self.settle_doubts().await;
+                    }
                     // Beside the rounds, after this one's read back: a history write takes
                     // a row per active client, seconds on a slow store, and a read back that
                     // waited on it would leave every counter that much staler.

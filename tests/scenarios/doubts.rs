@@ -48,6 +48,12 @@ async fn increments_in_doubt_are_settled_by_reading_them_back() {
     assert_eq!(
         r.syncer.settle_doubts().await,
         8,
+        "a failed read waits a `wait` before the next"
+    );
+    tokio::time::sleep(wait).await;
+    assert_eq!(
+        r.syncer.settle_doubts().await,
+        8,
         "a first read only witnesses"
     );
     tokio::time::sleep(wait).await;

@@ -24,7 +24,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use crate::store::{BucketTotal, CounterKey, CounterRange, Delta};
+use crate::store::{BucketTotal, CounterKey, CounterRange, Delta, Increments};
 
 /// What became of one increment of a round.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,6 +34,19 @@ pub enum Outcome {
     Doubtful,
     /// Never sent, given back to pending (the limiter's own state says so).
     Unsent,
+}
+
+impl Outcome {
+    /// Marks in `outcomes` (one a delta of the call, `Landed` before) what a store call's
+    /// [`Increments`] say did not land.
+    pub fn mark(outcomes: &mut [Outcome], parts: &Increments) {
+        for &i in &parts.doubtful {
+            outcomes[i] = Outcome::Doubtful;
+        }
+        for &i in &parts.unsent {
+            outcomes[i] = Outcome::Unsent;
+        }
+    }
 }
 
 /// One of this instance's own cells with writes in doubt.

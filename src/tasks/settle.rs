@@ -119,12 +119,7 @@ impl Settler {
                 .increment_parts(&settled.resend, Some(resend_by))
                 .await;
             let mut outcomes = vec![Outcome::Landed; settled.resend.len()];
-            for &i in &parts.doubtful {
-                outcomes[i] = Outcome::Doubtful;
-            }
-            for &i in &parts.unsent {
-                outcomes[i] = Outcome::Unsent;
-            }
+            Outcome::mark(&mut outcomes, &parts);
             self.doubts()
                 .resent(&settled.resend, &outcomes, std::time::Instant::now());
             resent = settled.resend.iter().map(|d| d.delta.max(0) as u64).sum();

@@ -246,7 +246,7 @@ impl Syncer {
             // The store cuts off what is not answered by the deadline, request by request;
             // the margin is for a store that does not.
             let parts = store.increment_parts(chunk, Some(deadline));
-            let parts = match tokio::time::timeout(left + CUT_OFF_MARGIN, parts).await {
+            let mut parts = match tokio::time::timeout(left + CUT_OFF_MARGIN, parts).await {
                 Ok(parts) => parts,
                 Err(_) => {
                     outcome = "timeout";
@@ -257,7 +257,7 @@ impl Syncer {
                     break;
                 }
             };
-            let Some(e) = parts.error else {
+            let Some(e) = parts.error.take() else {
                 rest = tail;
                 continue;
             };
@@ -271,12 +271,7 @@ impl Syncer {
                 refused = Some(e);
                 break;
             }
-            for &i in &parts.doubtful {
-                outcomes[at + i] = Outcome::Doubtful;
-            }
-            for &i in &parts.unsent {
-                outcomes[at + i] = Outcome::Unsent;
-            }
+            Outcome::mark(&mut outcomes[at..at + chunk.len()], &parts);
             let doubtful: u64 = parts.doubtful.iter().map(|&i| hits(&chunk[i..=i])).sum();
             trouble.doubtful += doubtful;
             let mut idx = parts.unsent;

@@ -194,6 +194,30 @@ async fn an_in_flight_limit_never_holds_more_than_max_and_frees_a_slot_at_each_e
 }
 
 #[tokio::test]
+async fn a_reservation_of_cost_0_takes_a_slot_like_any_other() {
+    let app = app_with(json!({"limits": [
+        {"id": "per-minute", "max": 100, "window": "1m"},
+        {"id": "slots", "max": 2, "in_flight": "holds"}]}))
+    .await;
+    let (s1, a1) = reserve(&app, "k", 0, json!({})).await;
+    let (s2, a2) = reserve(&app, "k", 0, json!({})).await;
+    assert_eq!((s1, s2), (200, 200), "{a1} {a2}");
+    assert_eq!(count(&app, "k", "slots").await, 2);
+    // The limit is full: a third, of cost 0 or more, is refused.
+    let (s3, a3) = reserve(&app, "k", 0, json!({})).await;
+    assert_eq!((s3, a3["limit_id"].as_str()), (429, Some("slots")), "{a3}");
+    assert_eq!(reserve(&app, "k", 3, json!({})).await.0, 429);
+    // Each end gives its one slot back, and no more: the count never goes below 0.
+    assert_eq!(end(&app, &id_of(&a1), "release", None).await.0, 200);
+    assert_eq!(settle(&app, &id_of(&a2), json!(0)).await.0, 200);
+    assert_eq!(count(&app, "k", "slots").await, 0);
+    assert_eq!(count(&app, "k", "per-minute").await, 0);
+    let (s, a) = reserve(&app, "k", 0, json!({})).await;
+    assert_eq!(s, 200, "{a}");
+    assert_eq!(count(&app, "k", "slots").await, 1);
+}
+
+#[tokio::test]
 async fn a_reservation_nobody_ends_expires_once_keeping_its_estimate() {
     let app = app_with(json!({"limits": [
         {"id": "per-minute", "max": 1000, "window": "1m"},

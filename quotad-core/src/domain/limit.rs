@@ -83,11 +83,12 @@ impl Limit {
     }
 
     /// What a check of `cost` takes of this limit: one hold of an in-flight limit that counts
-    /// holds (none for a look that takes nothing), the cost otherwise.
+    /// holds, whatever its cost (a reservation of cost 0 is a hold all the same), the cost
+    /// otherwise. Only a reserving check meets an in-flight limit ([`Limit::applies`]).
     #[inline]
     pub fn cost_of(&self, cost: u64) -> u64 {
         match self.in_flight {
-            Some(InFlight::Holds) => cost.min(1),
+            Some(InFlight::Holds) => 1,
             _ => cost,
         }
     }

@@ -388,10 +388,11 @@ impl<'l> Judging<'l> {
     /// state is among them, its reset time (read after the cost is taken, as the answer says).
     #[inline]
     pub(super) fn consume(&self, o: &Outcome, slots: &mut Slots<'_>) -> Option<i64> {
-        if !o.denied && self.cost > 0 {
+        if !o.denied {
             for (l, s) in self.limits.iter().zip(slots.iter_mut()) {
-                if let Some(s) = s {
-                    window::add_pending(l.kind, &mut s.buckets, self.now, l.cost_of(self.cost));
+                let amount = l.cost_of(self.cost);
+                if let (Some(s), true) = (s, amount > 0) {
+                    window::add_pending(l.kind, &mut s.buckets, self.now, amount);
                 }
             }
         }

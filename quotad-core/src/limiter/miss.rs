@@ -573,17 +573,17 @@ fn states_before_hit(
         .collect()
 }
 
-/// The check's hit on each limit's current bucket; none for a peek (cost 0).
+/// The check's hit on each limit's current bucket: none for a peek (cost 0), except the hold
+/// a reservation of cost 0 takes of an in-flight limit that counts holds.
 pub(super) fn hit_deltas(limits: &[&Limit], input: CheckInput<'_>, now: i64) -> Vec<Delta> {
-    if input.cost == 0 {
-        return Vec::new();
-    }
     limits
         .iter()
-        .map(|l| Delta {
+        .map(|l| (l, l.cost_of(input.cost)))
+        .filter(|(_, amount)| *amount > 0)
+        .map(|(l, amount)| Delta {
             key: counter_key(input.tenant, input.client, l),
             start: l.kind.grain().bucket_start(now),
-            delta: l.cost_of(input.cost) as i64,
+            delta: amount.min(i64::MAX as u64) as i64,
         })
         .collect()
 }

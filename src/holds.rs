@@ -214,13 +214,23 @@ impl HoldService {
             .history_cost(&h.tenant, &h.client, h.taken_ms, delta);
     }
 
-    /// Expires up to `limit` holds whose time is over; returns how many this call found.
+    /// Expires up to `limit` holds whose time is over, in one step of the store; returns how
+    /// many this call found. What the expiries give back of in-flight limits goes to the
+    /// store as one write.
     pub async fn expire_due(&self, limit: usize) -> Result<usize, StoreError> {
         let now = self.now();
         let due = self.store.expired_holds(now, limit).await?;
-        for h in &due {
-            self.expire(&h.id, now).await?;
+        if due.is_empty() {
+            return Ok(0);
         }
+        let ids: Vec<String> = due.iter().map(|h| h.id.clone()).collect();
+        let ended = self.store.expire_holds(&ids, now).await?;
+        let mut deltas = Vec::new();
+        for h in &ended {
+            deltas.extend(h.end_deltas(h.state, h.cost.unwrap_or(h.estimate)));
+            self.metrics.holds().expired();
+        }
+        self.limiter.adjust(deltas).await;
         Ok(due.len())
     }
 

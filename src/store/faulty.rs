@@ -393,4 +393,8 @@ impl HoldStore for FaultyStore {
         self.gate().await?;
         self.inner.expired_holds(now_ms, limit).await
     }
+    async fn expire_holds(&self, ids: &[String], now_ms: i64) -> StoreResult<Vec<Hold>> {
+        self.gate().await?;
+        self.inner.expire_holds(ids, now_ms).await
+    }
 }

@@ -135,6 +135,45 @@ pub async fn expired_holds_are_listed_until_they_end(store: &Arc<dyn Store>) {
     assert!(due.iter().any(|h| h.id == open.id), "{due:?}");
 }
 
+pub async fn holds_expire_in_batches_each_once(store: &Arc<dyn Store>) {
+    let now = chrono::Utc::now().timestamp_millis();
+    let due: Vec<Hold> = (0..40)
+        .map(|n| hold(&id(200 + n), now - 20_000, now - 1_000 - i64::from(n)))
+        .collect();
+    for h in &due {
+        store.put_hold(h).await.unwrap();
+    }
+    let settled = &due[3].id;
+    let e = store
+        .end_hold(settled, HoldState::Settled, Some(9), now)
+        .await;
+    assert!(matches!(e.unwrap(), Ended::Now(_)));
+    let mut ids: Vec<String> = due.iter().map(|h| h.id.clone()).collect();
+    ids.push(id(299)); // never taken
+    let ended = store.expire_holds(&ids, now).await.unwrap();
+    let mut got: Vec<&str> = ended.iter().map(|h| h.id.as_str()).collect();
+    got.sort_unstable();
+    let mut want: Vec<&str> = ids[..40]
+        .iter()
+        .map(String::as_str)
+        .filter(|i| i != settled)
+        .collect();
+    want.sort_unstable();
+    assert_eq!(
+        got, want,
+        "every open one, the settled one and the unknown one left out"
+    );
+    assert!(ended
+        .iter()
+        .all(|h| h.state == HoldState::Expired && h.ended_ms == Some(now)));
+    // Each is expired once: a second batch ends none, and none is due any more.
+    assert!(store.expire_holds(&ids, now + 1).await.unwrap().is_empty());
+    let left = store.expired_holds(now + 1, 10_000).await.unwrap();
+    assert!(left.iter().all(|h| !ids.contains(&h.id)), "{left:?}");
+    let g = store.get_hold(settled).await.unwrap().unwrap();
+    assert_eq!((g.state, g.cost), (HoldState::Settled, Some(9)));
+}
+
 /// Stores of two regions (data centres) end the same holds at once, one end in each: for each
 /// hold exactly one end wins fleet-wide, and every store then reads that end. An end that
 /// fails (Paxos contention between the regions can time one out) is tried again, as a caller

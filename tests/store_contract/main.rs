@@ -70,6 +70,7 @@ macro_rules! every_store {
         $case!(delete_expired_removes_only_expired_buckets, Joined);
         $case!(holds_round_trip_and_end_once, Joined);
         $case!(expired_holds_are_listed_until_they_end, Joined);
+        $case!(holds_expire_in_batches_each_once, Joined);
     };
 }
 

@@ -117,4 +117,17 @@ pub trait HoldStore: Send + Sync + 'static {
 
     /// Holds still open whose time ended before `now_ms`, at most `limit`, oldest first.
     async fn expired_holds(&self, now_ms: i64, limit: usize) -> StoreResult<Vec<Hold>>;
+
+    /// Expires the holds `ids` that are still open, at `now_ms`: what [`HoldStore::end_hold`]
+    /// does for each, in as few steps as the store can (one transaction, or requests at once).
+    /// Answers the holds this call ended; those that had ended before are left out.
+    async fn expire_holds(&self, ids: &[String], now_ms: i64) -> StoreResult<Vec<Hold>> {
+        let mut ended = Vec::new();
+        for id in ids {
+            if let Ended::Now(h) = self.end_hold(id, HoldState::Expired, None, now_ms).await? {
+                ended.push(h);
+            }
+        }
+        Ok(ended)
+    }
 }

@@ -26,6 +26,8 @@ use crate::store::{StoreError, StoreResult};
 const MINUTE_MS: i64 = 60_000;
 /// Minutes of the index read at once.
 const READ_AHEAD: usize = 16;
+/// Expiries (conditional writes) one sweep has in flight at once.
+const EXPIRE_AT_ONCE: usize = 32;
 /// Before the first sweep.
 const NO_CURSOR: i64 = i64::MIN;
 
@@ -197,6 +199,32 @@ impl Holds {
             .collect::<Result<_, _>>()
             .map_err(internal)?;
         Ok(ids.into_iter().map(|(id,)| id).collect())
+    }
+
+    /// Expires those of `ids` still open: [`EXPIRE_AT_ONCE`] conditional writes in flight.
+    pub(super) async fn expire(&self, ids: &[String], now_ms: i64) -> StoreResult<Vec<Hold>> {
+        let mut rest = ids.iter();
+        let mut ends = futures::stream::FuturesUnordered::new();
+        let mut ended = Vec::new();
+        let mut failed = None;
+        loop {
+            while ends.len() < EXPIRE_AT_ONCE {
+                let Some(id) = rest.next() else { break };
+                ends.push(self.end(id, HoldState::Expired, None, now_ms));
+            }
+            match ends.next().await {
+                Some(Ok(Ended::Now(h))) => ended.push(h),
+                Some(Ok(_)) => {}
+                Some(Err(e)) => failed = Some(e),
+                None => break,
+            }
+        }
+        // Those ended are answered even when another failed: their counters must come back;
+        // the failed ones are still open and found again by the next sweep.
+        match failed {
+            Some(e) if ended.is_empty() => Err(e),
+            _ => Ok(ended),
+        }
     }
 
     /// Open holds past their time: the minutes from the cursor to now, read

@@ -330,4 +330,8 @@ impl HoldStore for EmbeddedStore {
     async fn expired_holds(&self, now_ms: i64, limit: usize) -> StoreResult<Vec<Hold>> {
         self.holds.expired(now_ms, limit).await
     }
+
+    async fn expire_holds(&self, ids: &[String], now_ms: i64) -> StoreResult<Vec<Hold>> {
+        self.holds.expire(ids, now_ms).await
+    }
 }

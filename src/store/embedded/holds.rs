@@ -74,6 +74,12 @@ impl Holds {
     pub(super) async fn expired(&self, now_ms: i64, limit: usize) -> StoreResult<Vec<Hold>> {
         self.db.blocking(move |db| expired(db, now_ms, limit)).await
     }
+
+    /// Expires those of `ids` still open, in one write transaction.
+    pub(super) async fn expire(&self, ids: &[String], now_ms: i64) -> StoreResult<Vec<Hold>> {
+        let ids = ids.to_vec();
+        self.db.blocking(move |db| expire(db, &ids, now_ms)).await
+    }
 }
 
 fn put(db: &Database, h: &Hold) -> StoreResult<()> {
@@ -111,28 +117,49 @@ fn end(
     now_ms: i64,
 ) -> StoreResult<Ended> {
     let tx = db.begin_write().map_err(err)?;
-    let out;
-    {
-        let mut holds = tx.open_table(HOLDS).map_err(err)?;
-        let found = holds.get(id).map_err(err)?.map(|v| decode(v.value()));
-        out = match found.transpose()? {
-            None => Ended::Unknown,
-            Some(h) if h.state != HoldState::Open => Ended::Before(h),
-            Some(mut h) => {
-                h.state = state;
-                h.cost = cost;
-                h.ended_ms = Some(now_ms);
-                holds.insert(id, encode(&h)?.as_slice()).map_err(err)?;
-                tx.open_table(HOLD_EXPIRY)
-                    .map_err(err)?
-                    .remove(at_key(h.expires_ms, id).as_slice())
-                    .map_err(err)?;
-                Ended::Now(h)
-            }
-        };
-    }
+    let out = end_in(&tx, id, state, cost, now_ms)?;
     tx.commit().map_err(err)?;
     Ok(out)
+}
+
+/// Expires those of `ids` still open, all in one transaction; the holds it ended.
+fn expire(db: &Database, ids: &[String], now_ms: i64) -> StoreResult<Vec<Hold>> {
+    let tx = db.begin_write().map_err(err)?;
+    let mut ended = Vec::new();
+    for id in ids {
+        if let Ended::Now(h) = end_in(&tx, id, HoldState::Expired, None, now_ms)? {
+            ended.push(h);
+        }
+    }
+    tx.commit().map_err(err)?;
+    Ok(ended)
+}
+
+/// Ends the hold `id` in `tx` if it is still open.
+fn end_in(
+    tx: &redb::WriteTransaction,
+    id: &str,
+    state: HoldState,
+    cost: Option<u64>,
+    now_ms: i64,
+) -> StoreResult<Ended> {
+    let mut holds = tx.open_table(HOLDS).map_err(err)?;
+    let found = holds.get(id).map_err(err)?.map(|v| decode(v.value()));
+    Ok(match found.transpose()? {
+        None => Ended::Unknown,
+        Some(h) if h.state != HoldState::Open => Ended::Before(h),
+        Some(mut h) => {
+            h.state = state;
+            h.cost = cost;
+            h.ended_ms = Some(now_ms);
+            holds.insert(id, encode(&h)?.as_slice()).map_err(err)?;
+            tx.open_table(HOLD_EXPIRY)
+                .map_err(err)?
+                .remove(at_key(h.expires_ms, id).as_slice())
+                .map_err(err)?;
+            Ended::Now(h)
+        }
+    })
 }
 
 /// Open holds past their time, oldest first; drops the records past their retention on the way.

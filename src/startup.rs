@@ -178,6 +178,10 @@ impl Application {
             policies.clone(),
             store.clone(),
             metrics.clone(),
+            (
+                settings.limiter.max_open_holds_per_tenant,
+                settings.limiter.max_open_holds,
+            ),
         ));
         let state = AppState {
             checks,

@@ -257,6 +257,11 @@ pub struct LimiterSettings {
     pub max_counters: usize,
     /// Most distinct clients of one tenant held in memory; the same beyond it.
     pub max_clients_per_tenant: usize,
+    /// Most open reservations (holds) of one tenant taken on this instance; a reserving check
+    /// beyond it is refused (429 `resource_exhausted`).
+    pub max_open_holds_per_tenant: usize,
+    /// Most open reservations of all tenants together taken on this instance.
+    pub max_open_holds: usize,
 }
 
 impl Default for LimiterSettings {
@@ -266,6 +271,8 @@ impl Default for LimiterSettings {
             idle_ms: DurationMs(60_000),
             max_counters: 1_000_000,
             max_clients_per_tenant: 100_000,
+            max_open_holds_per_tenant: 100_000,
+            max_open_holds: 1_000_000,
         }
     }
 }

@@ -160,6 +160,14 @@ fn unknown_keys_and_bad_values_are_named() {
             ("QUOTAD__LIMITER__MAX_CLIENTS_PER_TENANT", "0"),
             "limiter.max_clients_per_tenant",
         ),
+        (
+            ("QUOTAD__LIMITER__MAX_OPEN_HOLDS_PER_TENANT", "0"),
+            "limiter.max_open_holds_per_tenant",
+        ),
+        (
+            ("QUOTAD__LIMITER__MAX_OPEN_HOLDS", "0"),
+            "limiter.max_open_holds",
+        ),
     ];
     for ((k, v), needle) in cases {
         let e = Settings::load_from(None, env(&[(k, v)])).unwrap_err().0;

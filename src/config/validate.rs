@@ -225,11 +225,20 @@ impl Settings {
                 return bad(key, "must be 1d..=100y".into());
             }
         }
-        if self.limiter.max_clients_per_tenant == 0 {
-            return bad(
+        for (key, n) in [
+            (
                 "limiter.max_clients_per_tenant",
-                "must be at least 1".into(),
-            );
+                self.limiter.max_clients_per_tenant,
+            ),
+            (
+                "limiter.max_open_holds_per_tenant",
+                self.limiter.max_open_holds_per_tenant,
+            ),
+            ("limiter.max_open_holds", self.limiter.max_open_holds),
+        ] {
+            if n == 0 {
+                return bad(key, "must be at least 1".into());
+            }
         }
         Ok(())
     }

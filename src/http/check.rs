@@ -237,7 +237,7 @@ impl<'a> Answer<'a> {
                 ("RateLimit-Reset" = u64, description = "Seconds, rounded up, until it resets; also as X-RateLimit-Reset"),
                 ("X-RateLimit-Limit" = u64), ("X-RateLimit-Remaining" = u64), ("X-RateLimit-Reset" = u64)
             )),
-        (status = 429, description = "Denied; nothing was consumed", body = Answer, headers(
+        (status = 429, description = "Denied; nothing was consumed. Or, for a reserving check only, an error `resource_exhausted`: the tenant already has `limiter.max_open_holds_per_tenant` open reservations taken on this instance (or the instance `limiter.max_open_holds`), and nothing was decided or charged", body = Refused, headers(
                 ("RateLimit-Limit" = u64, description = "The binding limit's max (absent when no limit applies); also as X-RateLimit-Limit"),
                 ("RateLimit-Remaining" = u64, description = "What it has left; also as X-RateLimit-Remaining"),
                 ("RateLimit-Reset" = u64, description = "Seconds, rounded up, until it resets; also as X-RateLimit-Reset"),
@@ -286,6 +286,10 @@ async fn reserve_check<'h>(
     hold: Option<i64>,
     header: impl Fn(&str) -> Option<&'h str>,
 ) -> Result<HttpResponse, ApiError> {
+    let place = state
+        .holds
+        .claim(p.tenant.as_str())
+        .map_err(|full| ApiError::ResourceExhausted(open_holds_full(full)))?;
     let decided = state.checks.decide_reserving(p, header).await;
     let (d, policy, now) = decided.ok_or_else(|| ApiError::no_quota(&p.tenant))?;
     let mut answer = Answer::of(&d);
@@ -293,7 +297,7 @@ async fn reserve_check<'h>(
         let hold_ms = crate::domain::hold_ms(hold, policy.hold_ms);
         let h = state
             .holds
-            .take(&policy, p, &d, now, hold_ms)
+            .take(place, &policy, p, &d, now, hold_ms)
             .await
             .map_err(|e| ApiError::Unavailable(format!("the reservation was not kept: {e}")))?;
         answer.reservation = Some(Taken {
@@ -310,6 +314,20 @@ async fn reserve_check<'h>(
     let mut res = HttpResponse::build(status);
     rate_headers(&mut res, &d);
     Ok(res.json(answer))
+}
+
+/// The message of a reservation refused because too many are open.
+fn open_holds_full(full: crate::holds::Full) -> String {
+    match full {
+        crate::holds::Full::Tenant(n) => format!(
+            "the tenant has {n} open reservations on this instance, as many as \
+             limiter.max_open_holds_per_tenant allows; settle or release some first"
+        ),
+        crate::holds::Full::Process(n) => format!(
+            "this instance has {n} open reservations, as many as limiter.max_open_holds \
+             allows; try again later"
+        ),
+    }
 }
 
 /// The RateLimit-* (and X-RateLimit-*) headers of a decision, and Retry-After on a denial.
@@ -364,6 +382,17 @@ const RATELIMIT_RESET: HeaderName = HeaderName::from_static("ratelimit-reset");
 const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
 const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
 const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+
+/// The body of a 429 to a check: the limits' answer, or for a reserving check the error of too
+/// many open reservations. (For the OpenAPI document only.)
+#[derive(Serialize, ToSchema)]
+#[serde(untagged)]
+#[schema(as = CheckRefused)]
+#[allow(dead_code)]
+enum Refused<'a> {
+    Answer(Answer<'a>),
+    Error(ErrorBody<'a>),
+}
 
 /// One result of a batch: an answer, or the error the check would have got alone.
 #[derive(Serialize, ToSchema)]

@@ -39,6 +39,9 @@ pub enum ApiError {
     HeaderFieldsTooLarge(usize),
     #[error("{0}")]
     UnsupportedMediaType(&'static str),
+    /// A bound on what callers may keep open was reached (open reservations of a tenant).
+    #[error("{0}")]
+    ResourceExhausted(String),
     #[error("{0}")]
     Unavailable(String),
     /// The message is logged; the caller sees a generic one.
@@ -71,6 +74,7 @@ impl ApiError {
             ApiError::RequestTimeout(_) => "request_timeout",
             ApiError::HeaderFieldsTooLarge(_) => "request_header_fields_too_large",
             ApiError::UnsupportedMediaType(_) => "unsupported_media_type",
+            ApiError::ResourceExhausted(_) => "resource_exhausted",
             ApiError::Unavailable(_) => "unavailable",
             ApiError::Internal(_) => "internal",
         }
@@ -128,6 +132,7 @@ pub fn every_kind() -> Vec<ApiError> {
         ApiError::RequestTimeout(0),
         ApiError::HeaderFieldsTooLarge(0),
         ApiError::UnsupportedMediaType(""),
+        ApiError::ResourceExhausted(String::new()),
         ApiError::Unavailable(String::new()),
         ApiError::Internal(String::new()),
     ];
@@ -144,6 +149,7 @@ pub fn every_kind() -> Vec<ApiError> {
             | ApiError::RequestTimeout(_)
             | ApiError::HeaderFieldsTooLarge(_)
             | ApiError::UnsupportedMediaType(_)
+            | ApiError::ResourceExhausted(_)
             | ApiError::Unavailable(_)
             | ApiError::Internal(_) => {}
         }
@@ -191,6 +197,7 @@ impl ResponseError for ApiError {
             ApiError::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::HeaderFieldsTooLarge(_) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ApiError::ResourceExhausted(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }

@@ -491,3 +491,44 @@ async fn the_usage_history_and_top_clients_count_the_settled_cost() {
         "{v}"
     );
 }
+
+#[tokio::test]
+async fn a_tenant_with_as_many_open_reservations_as_allowed_is_refused_and_others_are_not() {
+    let app = spawn_with(|s| s.limiter.max_open_holds_per_tenant = 3).await;
+    let policy =
+        json!({"limits": [{"id": "per-minute", "max": 100, "window": "1m"}], "hold": "2s"});
+    assert_eq!(app.put_quota("acme", policy.clone()).await.status(), 201);
+    assert_eq!(app.put_quota("beta", policy).await.status(), 201);
+    let mut ids = Vec::new();
+    for c in ["a", "b", "c"] {
+        let (s, a) = reserve(&app, c, 1, json!({})).await;
+        assert_eq!(s, 200, "{a}");
+        ids.push(id_of(&a));
+    }
+    // The fourth open reservation of acme is refused before it is decided: nothing counted.
+    let (s, a) = reserve(&app, "d", 1, json!({})).await;
+    assert_eq!(
+        (s, a["error"]["code"].as_str()),
+        (429, Some("resource_exhausted")),
+        "{a}"
+    );
+    assert_eq!(count(&app, "d", "per-minute").await, 0);
+    // A plain check of acme, and another tenant's reservation, are not bound by it.
+    assert_eq!(app.check_json("acme", "d").await.0, 200);
+    let r = app
+        .check(json!({"tenant": "beta", "client": "x", "reserve": true}))
+        .await;
+    assert_eq!(r.status(), 200);
+    // An end frees a place at once; a hold nobody ends frees it at its expiry.
+    assert_eq!(end(&app, &ids[0], "release", None).await.0, 200);
+    let (s, a) = reserve(&app, "d", 1, json!({})).await;
+    assert_eq!(s, 200, "{a}");
+    assert_eq!(reserve(&app, "e", 1, json!({})).await.0, 429);
+    eventually("the open reservations expire", || async {
+        match reserve(&app, "e", 1, json!({})).await {
+            (200, _) => Ok(()),
+            (s, a) => Err(format!("{s} {a}")),
+        }
+    })
+    .await;
+}

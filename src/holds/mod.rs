@@ -8,6 +8,8 @@
 //! time is expired then and there, so no settle lands on a hold the sweeper
 //! ([`HoldService::expire_due`], run by `tasks::holds`) would also expire.
 
+mod open;
+
 use std::sync::Arc;
 
 use crate::checks::Check;
@@ -17,6 +19,9 @@ use crate::metrics::Metrics;
 use crate::policy::PolicyCache;
 use crate::store::hold::{Ended, Hold};
 use crate::store::{DynStore, StoreError};
+
+use open::OpenHolds;
+pub use open::{Full, Place};
 
 /// Why a hold could not be ended as asked.
 #[derive(Debug)]
@@ -40,6 +45,7 @@ pub struct HoldService {
     policies: Arc<PolicyCache>,
     store: DynStore,
     metrics: Arc<Metrics>,
+    open: OpenHolds,
 }
 
 /// A new hold's id: 128 random bits, as 32 hex digits.
@@ -64,13 +70,22 @@ impl HoldService {
         policies: Arc<PolicyCache>,
         store: DynStore,
         metrics: Arc<Metrics>,
+        bounds: (usize, usize),
     ) -> Self {
         HoldService {
             limiter,
             policies,
             store,
             metrics,
+            open: OpenHolds::new(bounds.0, bounds.1),
         }
+    }
+
+    /// A place for one more open hold of `tenant`, claimed before its check is decided;
+    /// [`Full`] when the tenant (`limiter.max_open_holds_per_tenant`) or the process
+    /// (`limiter.max_open_holds`) has as many open holds taken here as it may.
+    pub fn claim<'a>(&'a self, tenant: &'a str) -> Result<Place<'a>, Full> {
+        self.open.claim(tenant, self.now())
     }
 
     fn now(&self) -> i64 {
@@ -83,6 +98,7 @@ impl HoldService {
     /// what the check charged is given back and the error returned: no hold, no charge.
     pub async fn take(
         &self,
+        place: Place<'_>,
         policy: &Policy,
         check: &Check<'_>,
         decision: &Decision,
@@ -110,6 +126,7 @@ impl HoldService {
         };
         match self.store.put_hold(&hold).await {
             Ok(()) => {
+                place.bind(&hold.id, hold.expires_ms);
                 self.metrics.holds().taken();
                 Ok(hold)
             }
@@ -188,6 +205,7 @@ impl HoldService {
 
     /// What a hold's end changes, applied by the call that ended it, and counted.
     async fn ended(&self, h: &Hold) {
+        self.open.ended(&h.tenant, &h.id, h.expires_ms);
         let cost = h.cost.unwrap_or(h.estimate);
         self.limiter.adjust(h.end_deltas(h.state, cost)).await;
         self.history_cost(h, h.state, cost);
@@ -227,6 +245,7 @@ impl HoldService {
         let ended = self.store.expire_holds(&ids, now).await?;
         let mut deltas = Vec::new();
         for h in &ended {
+            self.open.ended(&h.tenant, &h.id, h.expires_ms);
             deltas.extend(h.end_deltas(h.state, h.cost.unwrap_or(h.estimate)));
             self.metrics.holds().expired();
         }

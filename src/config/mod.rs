@@ -110,7 +110,9 @@ impl Settings {
                 .separator("__")
                 .source(Some(vars)),
         );
-        let c = b.build().map_err(|e| ConfigError(e.to_string()))?;
+        let c = b
+            .build()
+            .map_err(|e| ConfigError(without_source_lines(&e.to_string())))?;
         let mut s: Settings = c
             .try_deserialize()
             .map_err(|e| ConfigError(e.to_string()))?;
@@ -118,6 +120,24 @@ impl Settings {
         s.validate()?;
         Ok(s)
     }
+}
+
+/// A configuration error's text without the lines of the file it quotes: a TOML syntax error
+/// shows the line it could not read (`3 | admin_token = "...`), which may hold a secret. What
+/// is left names the file, the line and column, and what is wrong.
+fn without_source_lines(text: &str) -> String {
+    let quoted = |l: &str| {
+        let t = l.trim_start();
+        let t = t
+            .trim_start_matches(|c: char| c.is_ascii_digit())
+            .trim_start();
+        t.starts_with('|')
+    };
+    let kept: Vec<&str> = text.lines().filter(|l| !quoted(l)).collect();
+    kept.join(" ")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 #[cfg(test)]

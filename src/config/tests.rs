@@ -484,3 +484,18 @@ fn tls_needs_both_files_and_a_sane_reload_interval() {
     let e = load(&[("QUOTAD__SERVER__TLS__CERT", "/tls/tls.crt")]);
     assert!(e.contains("cert"), "{e}");
 }
+
+#[test]
+fn a_syntax_error_names_the_line_but_never_quotes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("q.toml");
+    std::fs::write(
+        &f,
+        "[auth]\nadmin_token = \"quotad-secret-9f2c71e0b4a35d86 \n",
+    )
+    .unwrap();
+    let e = Settings::load_from(Some(&f), env(&[])).unwrap_err().0;
+    assert!(!e.contains("quotad-secret"), "{e}");
+    assert!(e.contains("line 2"), "{e}");
+    assert!(e.contains("q.toml"), "{e}");
+}

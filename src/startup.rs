@@ -5,7 +5,7 @@ use std::net::TcpListener;
 use std::sync::Arc;
 
 use actix_web::dev::{Server, ServerHandle};
-use actix_web::{middleware, web, App, HttpServer};
+use actix_web::{middleware, web, App};
 use futures::StreamExt;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -438,8 +438,15 @@ fn http_server(
     let max_header_bytes = settings.server.max_header_bytes;
     let slice = settings.server.worker_slice_us;
     let body_timeout = settings.server.request_timeout_ms.get();
-    let mut server = HttpServer::new(move || {
-        // actix-web builds the app once on each worker thread, at its start.
+    let opts = http::server::Listener {
+        workers: settings.server.workers,
+        max_connections: settings.server.max_connections,
+        keep_alive: settings.server.keep_alive_ms.get(),
+        request_timeout: settings.server.request_timeout_ms.get(),
+        shutdown_timeout: settings.server.shutdown_timeout_ms.get(),
+    };
+    let server = http::server::serve(listener, tls, &opts, move || {
+        // The app is built once on each worker thread, at its start.
         worker_slice(slice);
         App::new()
             .wrap(middleware::from_fn(move |req, next| {
@@ -463,24 +470,7 @@ fn http_server(
             .app_data(http::query_config())
             .configure(http::routes)
     })
-    .keep_alive(settings.server.keep_alive_ms.get())
-    .client_request_timeout(settings.server.request_timeout_ms.get())
-    .max_connections(settings.server.max_connections)
-    .shutdown_timeout(settings.server.shutdown_timeout_ms.get().as_secs().max(1));
-    if settings.server.workers > 0 {
-        server = server.workers(settings.server.workers);
-    }
-    let server = match tls {
-        // A client that connects and never finishes its handshake is cut off as one that
-        // never sends its request head is.
-        Some(config) => server
-            .tls_handshake_timeout(settings.server.request_timeout_ms.get())
-            .listen_rustls_0_23(listener, config),
-        None => server.listen(listener),
-    };
-    let server = server
-        .map_err(|e| StartError(format!("cannot serve: {e}")))?
-        .run();
+    .map_err(|e| StartError(format!("cannot serve: {e}")))?;
     Ok((server, port))
 }
 

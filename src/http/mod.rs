@@ -7,13 +7,15 @@
 //! error answers the document names), `error`, `routes` (the route table), `check` and
 //! `forward_auth` (checks), `reservations` (settling and releasing what a check reserved), `quotas`, `usage`, `adjust` (reset and grant), `history`, `audit`,
 //! `whoami`, `console` and `ops` (the handlers, each beside the types it answers with),
-//! `idempotency` (`Idempotency-Key`), and `openapi` (the document, which only names handlers
+//! `idempotency` (`Idempotency-Key`), `server` and `conn` (the listener, and the gate on
+//! each connection's reads), and `openapi` (the document, which only names handlers
 //! and their types).
 
 mod adjust;
 mod audit;
 mod body;
 mod check;
+mod conn;
 mod console;
 pub mod error;
 mod forward_auth;
@@ -27,6 +29,7 @@ mod quotas;
 mod reservations;
 mod responses;
 mod routes;
+pub mod server;
 mod state;
 mod usage;
 mod whoami;

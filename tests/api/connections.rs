@@ -212,3 +212,70 @@ async fn grpc_connections_past_the_cap_are_closed_at_once() {
     })
     .await;
 }
+
+/// A peer that pipelines checks and reads no answer gets no more of them read once its answers
+/// back up: quotad stops reading the connection, and closes it once the peer has taken no byte
+/// for `server.request_timeout_ms`. Without the bound, actix-http reads and parses on, and the
+/// connection stays open for as long as the peer keeps it.
+#[tokio::test]
+async fn pipelined_requests_whose_answers_are_not_read_are_read_no_further_and_cut_off() {
+    let app = spawn_with(|s| s.server.request_timeout_ms = quotad::config::DurationMs(1_000)).await;
+    let quota = serde_json::json!({"limits": [{"id": "m", "max": 1_000_000, "period": "hour"}]});
+    assert!(app.put_quota("acme", quota).await.status().is_success());
+    let addr = app.base.trim_start_matches("http://").parse().unwrap();
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let s = socket.connect(addr).await.unwrap();
+    let (mut rd, mut wr) = s.into_split();
+    let body = r#"{"tenant":"acme","client":"piper"}"#;
+    let one = format!(
+        "POST /v1/check HTTP/1.1\r\nHost: q\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    const SENT: usize = 100_000;
+    let all = one.repeat(SENT);
+    // Writes as much as the connection takes; once quotad stops reading, that is all.
+    let writer = tokio::spawn(async move {
+        let _ = wr.write_all(all.as_bytes()).await;
+        wr
+    });
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let mut answers = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), async {
+        let mut buf = vec![0u8; 65536];
+        loop {
+            match rd.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => answers.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await;
+    writer.abort();
+    let answered = String::from_utf8_lossy(&answers)
+        .matches("HTTP/1.1 200")
+        .count();
+    assert!(
+        read.is_ok(),
+        "the connection was still open after the peer read nothing for 4 s ({answered} answers)"
+    );
+    let r = app
+        .check(serde_json::json!({"tenant": "acme", "client": "piper"}))
+        .await;
+    let counted = 1_000_000
+        - 1
+        - r.json::<serde_json::Value>().await.unwrap()["remaining"]
+            .as_u64()
+            .unwrap() as usize;
+    // What was answered before quotad stopped reading sits in the kernel's buffers (at most
+    // `net.ipv4.tcp_wmem`'s 4 MiB): a few thousand answers.
+    assert!(
+        counted < SENT / 5,
+        "{counted} of {SENT} pipelined checks were counted with no answer read"
+    );
+    assert!(
+        counted >= answered,
+        "{answered} answered, {counted} counted"
+    );
+}

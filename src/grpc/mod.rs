@@ -4,7 +4,8 @@
 //!
 //! Mapping: the request's `domain` is the tenant. In each descriptor, the entry whose key is
 //! `grpc.client_key` names the client, and the other entries, in order, form the resource
-//! `key=value/key=value` that limits match exactly or by prefix. `hits_addend` is the cost (0
+//! `key=value/key=value` that limits match exactly or by prefix; a value that begins with `/` is
+//! a path, normalised as forward-auth normalises paths. `hits_addend` is the cost (0
 //! means 1, as Envoy does; a descriptor's own `hits_addend` wins over the request's).
 //!
 //! With `grpc.usage_after_the_fact` (Envoy AI Gateway's pattern: a call on the request, and one
@@ -50,7 +51,8 @@ use crate::auth::{digest, Auth, Refusal};
 use crate::checks::{ceil_secs, CheckService};
 use crate::config::GrpcSettings;
 use crate::domain::{
-    resource_from_bytes, ClientId, FieldError, LimitKind, Period, Policy, TenantId, MAX_COST,
+    normalize_path, resource_from_bytes, ClientId, FieldError, LimitKind, Period, Policy, TenantId,
+    MAX_COST,
 };
 use crate::limiter::{Binding, Decision};
 
@@ -130,6 +132,8 @@ fn read(d: &RateLimitDescriptor, client_key: &str, i: usize, cost: u64) -> Resul
     for e in &d.entries {
         if e.key == client_key && client.is_none() {
             client = Some(client_id(&e.value));
+        } else if e.value.starts_with('/') {
+            parts.push(format!("{}={}", e.key, path_value(&e.value)));
         } else {
             parts.push(format!("{}={}", e.key, e.value));
         }
@@ -151,6 +155,17 @@ fn read(d: &RateLimitDescriptor, client_key: &str, i: usize, cost: u64) -> Resul
         resource,
         cost,
     })
+}
+
+/// A descriptor value that begins with `/`, as a request path: its bytes kept as
+/// [`resource_from_bytes`] keeps them, the path before `?` or `#` normalised as forward-auth
+/// normalises paths ([`normalize_path`]), the query kept as given. Envoy passes a path as it
+/// came (`request_headers` of `:path`), so without this `//api`, `/API` or `/%61pi` would walk
+/// past a limit on `path=/api*`.
+fn path_value(value: &str) -> String {
+    let v = resource_from_bytes(value.as_bytes());
+    let cut = v.find(['?', '#']).unwrap_or(v.len());
+    format!("{}{}", normalize_path(&v[..cut]), &v[cut..])
 }
 
 /// The client a descriptor names. A value that is not a valid client id (a header with spaces,

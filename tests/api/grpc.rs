@@ -163,6 +163,39 @@ async fn ok_then_over_limit_with_the_current_limit_remaining_and_headers() {
     app.stop().await;
 }
 
+/// A descriptor value that is a path is compared as forward-auth compares paths: no spelling
+/// (doubled slashes, capitals, escapes of plain letters, dot segments) walks past a limit on it.
+#[tokio::test]
+async fn every_spelling_of_a_path_meets_the_limit_on_it() {
+    let app = app().await;
+    let mut c = client(&app).await;
+    for path in [
+        "//search/x",
+        "/SEARCH/x",
+        "/%73earch/x",
+        "/./search",
+        "/a/../search?q=1",
+    ] {
+        let r = ask(
+            &mut c,
+            "shop",
+            vec![descriptor(&[("client", "k9"), ("path", path)])],
+        )
+        .await;
+        assert_eq!(r.overall_code, Code::Ok as i32, "{path}: {r:?}");
+        let limit = r.statuses[0].current_limit.as_ref();
+        assert_eq!(limit.map(|l| l.name.as_str()), Some("search"), "{path}");
+    }
+    let r = ask(
+        &mut c,
+        "shop",
+        vec![descriptor(&[("client", "k9"), ("path", "/Search/y/")])],
+    )
+    .await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32, "the 6th: {r:?}");
+    app.stop().await;
+}
+
 #[tokio::test]
 async fn a_request_denied_by_one_descriptor_consumes_nothing_from_the_other() {
     let app = app().await;

@@ -38,7 +38,7 @@ CONNS = int(os.environ.get("FLOOD_CONNS", "8"))
 ROUNDS = int(os.environ.get("ROUNDS", "8"))
 LATE_MAX_MS = int(os.environ.get("LATE_MAX_MS", "2000"))
 CPUS = os.environ.get("QUOTAD_CPUS", "")
-TOKEN = "flood-check-admin-token-5d1f0c9a7e3b4826a1c0"
+TOKEN = "5d1f0c9a7e3b4826a1c0f3e2d1c0b9a8"
 
 
 class Conn:

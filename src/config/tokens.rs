@@ -46,13 +46,46 @@ pub fn entropy_bits(token: &str) -> f64 {
     counted as f64 * alphabet.log2()
 }
 
-/// Refuses a token weaker than [`MIN_TOKEN_BITS`], saying how to make one.
+/// How many characters of a token zxcvbn reads as words (English words, names, common
+/// passwords; l33t spellings and reversed ones too), of how many it reads. zxcvbn's estimate
+/// of a long string saturates (at 2^64 guesses) and then reads it all as random, so each part
+/// between separators (space and `-_./:,;+`) is read on its own, in pieces of at most [`PIECE`] characters.
+fn word_chars(token: &str) -> (usize, usize) {
+    use zxcvbn::matching::patterns::MatchPattern;
+    const PIECE: usize = 16;
+    let chars: Vec<char> = token.chars().take(256).collect();
+    let mut words = 0;
+    for part in chars.split(|c| " -_./:,;+".contains(*c)) {
+        for piece in part.chunks(PIECE) {
+            let piece: String = piece.iter().collect();
+            words += zxcvbn::zxcvbn(&piece, &[])
+                .sequence()
+                .iter()
+                .filter(|m| matches!(m.pattern, MatchPattern::Dictionary(_)))
+                .map(|m| m.token.chars().count())
+                .filter(|&n| n >= 3)
+                .sum::<usize>();
+        }
+    }
+    (words, chars.len())
+}
+
+/// Refuses a token weaker than [`MIN_TOKEN_BITS`], or one that is half words or more (a
+/// passphrase of a few words counts many characters and few guesses), saying how to make one.
 pub fn check_strength(token: &str) -> Result<(), String> {
+    const HOW: &str = "`openssl rand -hex 32` makes one";
     let bits = entropy_bits(token);
     if bits < MIN_TOKEN_BITS {
         return Err(format!(
             "a token needs at least {MIN_TOKEN_BITS} bits of entropy; this one has about {bits:.0} \
-             (32 random hex digits have 128: `openssl rand -hex 32`)"
+             ({HOW})"
+        ));
+    }
+    let (words, read) = word_chars(token);
+    if words * 2 >= read {
+        return Err(format!(
+            "a token must be random, not words: {words} of its {read} characters read as \
+             dictionary words or common passwords ({HOW})"
         ));
     }
     Ok(())
@@ -131,6 +164,9 @@ mod tests {
             &"a".repeat(200),
             &"password".repeat(20),
             "0123456789abcdef0123456789abcdef",
+            "correct-horse-battery-staple",
+            "quotad-admin-token-prod",
+            "P@ssw0rd-Welcome1-Summer2024!",
         ] {
             assert!(check_strength(weak).is_err(), "{weak:?} passed");
         }
@@ -140,6 +176,28 @@ mod tests {
             "k9-Qx_2mZ7pL4vR8nT3wY6bC1",
         ] {
             assert!(check_strength(strong).is_ok(), "{strong:?} refused");
+        }
+    }
+
+    /// Random tokens of 128 bits and more, in each alphabet quotad's docs suggest, pass: words
+    /// that random characters spell by chance are never half of them.
+    #[test]
+    fn random_tokens_are_never_taken_for_words() {
+        const HEX: &[u8] = b"0123456789abcdef";
+        const URL: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+        for n in 0..2000 {
+            let (alphabet, len) = if n % 2 == 0 { (HEX, 32) } else { (URL, 22) };
+            let mut raw = [0u8; 64];
+            rand::fill(&mut raw[..len]);
+            let t: String = raw[..len]
+                .iter()
+                .map(|b| alphabet[*b as usize % alphabet.len()] as char)
+                .collect();
+            assert!(
+                check_strength(&t).is_ok(),
+                "{t:?}: {:?}",
+                check_strength(&t)
+            );
         }
     }
 

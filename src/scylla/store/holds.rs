@@ -36,6 +36,50 @@ pub(super) struct Holds {
     cql: Arc<Cql>,
     /// The first minute the next sweep reads: every one before it held no open hold.
     cursor: AtomicI64,
+    unsure: Unsure,
+}
+
+/// Ends this instance made whose outcome it could not learn: the conditional write's answer
+/// was lost and the read after it failed too. The end may have won; if it did, nobody else
+/// will claim it, and what the hold held of in-flight limits would never come back. The next
+/// end of the same hold (the sweep's, which finds it still listed; or a retried settle) finds
+/// the row ended exactly as this end asked, at its instant, and claims it then.
+struct Unsure {
+    ends: std::sync::Mutex<std::collections::HashMap<String, (HoldState, Option<u64>, i64)>>,
+}
+
+impl Unsure {
+    /// At most this many remembered: beyond, while the store keeps failing, new ones are not.
+    const MAX: usize = 100_000;
+
+    fn new() -> Unsure {
+        Unsure {
+            ends: std::sync::Mutex::new(std::collections::HashMap::new()),
+        }
+    }
+
+    fn remember(&self, id: &str, state: HoldState, cost: Option<u64>, at_ms: i64) {
+        let mut ends = self
+            .ends
+            .lock()
+            .expect("never poisoned: no panics while held");
+        if ends.len() < Self::MAX {
+            ends.insert(id.to_owned(), (state, cost, at_ms));
+        }
+    }
+
+    /// Whether `ended` (a hold found ended) is one of these ends, which won after all; the end
+    /// is forgotten either way.
+    fn won(&self, ended: &Hold) -> bool {
+        let mine = self
+            .ends
+            .lock()
+            .expect("never poisoned: no panics while held")
+            .remove(&ended.id);
+        mine.is_some_and(|(state, cost, at)| {
+            ended.state == state && ended.cost == cost && ended.ended_ms == Some(at)
+        })
+    }
 }
 
 /// A row's TTL: until a day past the hold's expiry, at least a second.
@@ -71,6 +115,7 @@ impl Holds {
         Holds {
             cql,
             cursor: AtomicI64::new(NO_CURSOR),
+            unsure: Unsure::new(),
         }
     }
 
@@ -134,6 +179,10 @@ impl Holds {
             return Ok(Ended::Unknown);
         };
         if h.state != HoldState::Open {
+            if self.unsure.won(&h) {
+                self.unlist(&h).await;
+                return Ok(Ended::Now(h));
+            }
             return Ok(Ended::Before(h));
         }
         let values: EndHoldValues<'_> = (
@@ -161,7 +210,10 @@ impl Holds {
                     _ => after,
                 }
             }
-            (Err(e), Err(_)) => return Err(e),
+            (Err(e), Err(_)) => {
+                self.unsure.remember(id, state, cost, now_ms);
+                return Err(e);
+            }
             (Ok(false), Err(e)) => return Err(e),
             // It won: the hold is as this end wrote it.
             (Ok(true), Err(_)) => Hold {
@@ -171,16 +223,20 @@ impl Holds {
                 ..h.clone()
             },
         };
-        // The index only lists open holds; a row left behind (this delete failed) is skipped
-        // by the sweep, which finds the hold ended.
+        self.unlist(&h).await;
+        Ok(Ended::Now(after))
+    }
+
+    /// Takes an ended hold off the expiry index. The index only lists open holds; a row left
+    /// behind (this delete failed) is skipped by the sweep, which finds the hold ended.
+    async fn unlist(&self, h: &Hold) {
         let values: DeleteHoldExpiryValues<'_> =
-            (h.expires_ms.div_euclid(MINUTE_MS), h.expires_ms, id);
+            (h.expires_ms.div_euclid(MINUTE_MS), h.expires_ms, &h.id);
         let _ = self
             .cql
             .session
             .execute_unpaged(&self.cql.st.delete_hold_expiry, values)
             .await;
-        Ok(Ended::Now(after))
     }
 
     /// The ids the index lists for `minute`, due before `now_ms`, at most `limit`.
@@ -266,5 +322,55 @@ impl Holds {
         }
         self.cursor.store(clear_until, Ordering::Relaxed);
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ended(state: HoldState, cost: Option<u64>, at: i64) -> Hold {
+        Hold {
+            id: "h1".into(),
+            tenant: "acme".into(),
+            client: "k".into(),
+            resource: None,
+            estimate: 1,
+            taken_ms: 0,
+            expires_ms: 1_000,
+            charges: Vec::new(),
+            state,
+            cost,
+            ended_ms: Some(at),
+        }
+    }
+
+    #[test]
+    fn an_end_of_unknown_outcome_is_claimed_once_and_only_as_it_was_asked() {
+        let u = Unsure::new();
+        assert!(
+            !u.won(&ended(HoldState::Expired, None, 5)),
+            "nothing remembered"
+        );
+        u.remember("h1", HoldState::Expired, None, 5);
+        assert!(
+            !u.won(&ended(HoldState::Expired, None, 6)),
+            "another end, at another instant, won"
+        );
+        assert!(
+            !u.won(&ended(HoldState::Expired, None, 5)),
+            "forgotten once looked at"
+        );
+        u.remember("h1", HoldState::Settled, Some(3), 7);
+        assert!(
+            !u.won(&ended(HoldState::Settled, Some(4), 7)),
+            "another cost"
+        );
+        u.remember("h1", HoldState::Settled, Some(3), 7);
+        assert!(u.won(&ended(HoldState::Settled, Some(3), 7)));
+        assert!(
+            !u.won(&ended(HoldState::Settled, Some(3), 7)),
+            "claimed once"
+        );
     }
 }

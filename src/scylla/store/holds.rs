@@ -45,8 +45,11 @@ pub(super) struct Holds {
 /// end of the same hold (the sweep's, which finds it still listed; or a retried settle) finds
 /// the row ended exactly as this end asked, at its instant, and claims it then.
 struct Unsure {
-    ends: std::sync::Mutex<std::collections::HashMap<String, (HoldState, Option<u64>, i64)>>,
+    /// By hold id: the state, cost and instant the end asked for.
+    ends: std::sync::Mutex<std::collections::HashMap<String, AskedEnd>>,
 }
+
+type AskedEnd = (HoldState, Option<u64>, i64);
 
 impl Unsure {
     /// At most this many remembered: beyond, while the store keeps failing, new ones are not.

@@ -351,6 +351,34 @@ async fn a_handshake_that_never_comes_is_cut_off_on_both_ports() {
     app.stop().await;
 }
 
+/// Silent sockets cannot hold every TLS handshake slot: with more of them than actix-tls's
+/// default of 256 handshakes in progress on the one worker, a real client's handshake still
+/// completes at once, not when the silent ones time out.
+#[tokio::test]
+async fn silent_sockets_by_the_hundred_do_not_delay_a_real_handshake() {
+    let pki = Pki::new();
+    let a = pki.leaf(2031);
+    let files = Mounted::new(&a.cert_pem, &a.key_pem);
+    let app = spawn_tls(&pki, &files, |s| {
+        s.server.workers = 1;
+        s.server.request_timeout_ms = DurationMs(20_000);
+    })
+    .await;
+    let port = http_port(&app);
+    let mut silent = Vec::new();
+    for _ in 0..300 {
+        silent.push(TcpStream::connect(("127.0.0.1", port)).await.unwrap());
+    }
+    // Let the worker take every one of them into a handshake.
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let served = tokio::time::timeout(std::time::Duration::from_secs(5), https_served(&pki, &app))
+        .await
+        .expect("a real handshake waited behind 300 silent sockets");
+    assert!(served == a.der);
+    drop(silent);
+    app.stop().await;
+}
+
 /// A series of `/metrics` (over HTTPS) as a number.
 async fn reloads(app: &TestApp, outcome: &str) -> f64 {
     app.metric(&format!(

@@ -151,7 +151,14 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Gated<T> {
         let this = &mut *self;
         match Pin::new(&mut this.io).poll_flush(cx) {
             Poll::Pending => this.refused(cx),
-            done => done,
+            Poll::Ready(Ok(())) => {
+                // Under TLS the bytes of an answer may go out on a flush alone, with no write.
+                if this.stalled {
+                    this.wrote();
+                }
+                Poll::Ready(Ok(()))
+            }
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
         }
     }
 
@@ -163,6 +170,65 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Gated<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A stream that always has a byte to read, takes every write, and refuses its first flush.
+    struct Stream {
+        flushes_refused: u32,
+    }
+
+    impl AsyncRead for Stream {
+        fn poll_read(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            buf.put_slice(b"x");
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    impl AsyncWrite for Stream {
+        fn poll_write(
+            self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            data: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            Poll::Ready(Ok(data.len()))
+        }
+        fn poll_flush(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            if self.flushes_refused == 0 {
+                self.flushes_refused += 1;
+                return Poll::Pending;
+            }
+            Poll::Ready(Ok(()))
+        }
+        fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_flush_that_goes_through_after_a_stall_opens_reading_again() {
+        let mut g = Gated::new(Stream { flushes_refused: 0 }, Duration::from_secs(60));
+        let waker = futures::task::noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        let mut space = [0u8; 8];
+        let mut read = |g: &mut Gated<Stream>, cx: &mut Context<'_>| {
+            let mut buf = ReadBuf::new(&mut space);
+            Pin::new(g).poll_read(cx, &mut buf).is_ready()
+        };
+        assert!(read(&mut g, &mut cx));
+        assert!(Pin::new(&mut g).poll_flush(&mut cx).is_pending());
+        assert!(
+            !read(&mut g, &mut cx),
+            "no reading while the peer takes nothing"
+        );
+        assert!(Pin::new(&mut g).poll_flush(&mut cx).is_ready());
+        assert!(
+            read(&mut g, &mut cx),
+            "the flush went through: reading goes on"
+        );
+    }
 
     #[test]
     fn heads_are_counted_across_reads_and_reset_by_a_write() {

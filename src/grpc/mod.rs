@@ -51,8 +51,8 @@ use crate::auth::{digest, Auth, Refusal};
 use crate::checks::{ceil_secs, CheckService};
 use crate::config::GrpcSettings;
 use crate::domain::{
-    normalize_path, resource_from_bytes, ClientId, FieldError, LimitKind, Period, Policy, TenantId,
-    MAX_COST,
+    normalize_target, resource_from_bytes, ClientId, FieldError, LimitKind, Period, Policy,
+    TenantId, MAX_COST,
 };
 use crate::limiter::{Binding, Decision};
 
@@ -159,13 +159,11 @@ fn read(d: &RateLimitDescriptor, client_key: &str, i: usize, cost: u64) -> Resul
 
 /// A descriptor value that begins with `/`, as a request path: its bytes kept as
 /// [`resource_from_bytes`] keeps them, the path before `?` or `#` normalised as forward-auth
-/// normalises paths ([`normalize_path`]), the query kept as given. Envoy passes a path as it
+/// normalises paths ([`normalize_target`]), the query kept as given. Envoy passes a path as it
 /// came (`request_headers` of `:path`), so without this `//api`, `/API` or `/%61pi` would walk
 /// past a limit on `path=/api*`.
 fn path_value(value: &str) -> String {
-    let v = resource_from_bytes(value.as_bytes());
-    let cut = v.find(['?', '#']).unwrap_or(v.len());
-    format!("{}{}", normalize_path(&v[..cut]), &v[cut..])
+    normalize_target(&resource_from_bytes(value.as_bytes())).into_owned()
 }
 
 /// The client a descriptor names. A value that is not a valid client id (a header with spaces,

@@ -40,8 +40,8 @@ pub use ids::{validate_id, ClientId, FieldError, LimitId, TenantId, MAX_ID_LEN, 
 pub use limit::{Limit, LimitKind, Scope, MAX_LIMIT};
 pub use policy::{Consistency, Mode, OnStoreFailure, Policy, MAX_LIMITS};
 pub use resource::{
-    normalize_path, normalize_resource, resource_from_bytes, validate_resource, ResourceMatch,
-    MAX_RESOURCE_LEN,
+    normalize_path, normalize_resource, normalize_target, resource_from_bytes, validate_resource,
+    ResourceMatch, MAX_RESOURCE_LEN,
 };
 pub use window::{
     fill_ms, format_duration_ms, parse_duration_ms, sliding_grain, token_grain,

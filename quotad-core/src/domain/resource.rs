@@ -74,12 +74,22 @@ pub fn normalize_resource(resource: &str) -> std::borrow::Cow<'_, str> {
     {
         return Cow::Borrowed(resource);
     }
-    let cut = rest.find(['?', '#']).unwrap_or(rest.len());
-    let (path, query) = rest.split_at(cut);
-    if is_normal(path) {
-        return Cow::Borrowed(resource);
+    match normalize_target(rest) {
+        Cow::Borrowed(_) => Cow::Borrowed(resource),
+        Cow::Owned(target) => Cow::Owned(format!("{method} {target}")),
     }
-    Cow::Owned(format!("{method} {}{query}", normalize_path(path)))
+}
+
+/// A request target (a path, then any `?query` or `#fragment`) as limits compare it: the path
+/// normalised as [`normalize_path`] does, the rest kept as given. Borrowed when nothing changes.
+pub fn normalize_target(target: &str) -> std::borrow::Cow<'_, str> {
+    use std::borrow::Cow;
+    let cut = target.find(['?', '#']).unwrap_or(target.len());
+    let (path, query) = target.split_at(cut);
+    if is_normal(path) {
+        return Cow::Borrowed(target);
+    }
+    Cow::Owned(format!("{}{query}", normalize_path(path)))
 }
 
 /// Whether [`normalize_path`] would leave `path` as it is (no escape, parameter, empty or dot

@@ -72,6 +72,8 @@ async fn a_failing_store_leaves_a_strict_counter_its_last_totals_not_a_fresh_lim
         assert!(check(&r, &p, &t, &c, 1).await.allowed);
     }
     r.faulty.set(Fault::Failing);
+    // Past the time the store counts as answering: the rule decides.
+    r.clock.advance(2_001);
     let mut admitted = 0;
     for _ in 0..20 {
         let d = check(&r, &p, &t, &c, 1).await;
@@ -108,6 +110,7 @@ async fn a_strict_answer_after_the_deadline_is_learned_from() {
         assert!(check(&r, &p, &t, &c, 1).await.allowed);
     }
     r.faulty.set(Fault::Slow);
+    r.clock.advance(2_001);
     let d = check(&r, &p, &t, &c, 1).await;
     assert!(d.allowed && d.store_failure.is_some());
     assert_eq!(
@@ -128,4 +131,51 @@ async fn a_strict_answer_after_the_deadline_is_learned_from() {
         4,
         "counted once"
     );
+}
+
+/// While the store answers other calls, a strict check whose own call fails is refused: an
+/// answer from memory could pass `max` beside instances the store answers. Once nothing has
+/// answered for 2 s, the rule (`local`) decides.
+#[tokio::test]
+async fn a_strict_check_the_store_fails_while_it_answers_others_is_refused() {
+    let r = rig();
+    let p = strict_local(10);
+    let (t, c) = ids("acme", "k1");
+    for _ in 0..3 {
+        assert!(check(&r, &p, &t, &c, 1).await.allowed);
+    }
+    r.faulty.set(Fault::Failing);
+    r.clock.advance(1_000);
+    let d = check(&r, &p, &t, &c, 1).await;
+    assert!(!d.allowed, "refused while the store answered 1 s ago");
+    assert_eq!(d.store_failure, Some(OnStoreFailure::Deny));
+    assert_eq!(
+        r.limiter.pending_hits(),
+        0,
+        "nothing held in memory to write"
+    );
+    assert_eq!(
+        metric(
+            &r,
+            "quotad_store_failure_decisions_total{consistency=\"strict\",rule=\"deny\"}"
+        ),
+        1.0
+    );
+    // A sync round's write counts as the store answering, as a check's call does.
+    r.faulty.set(Fault::Healthy);
+    let cached = policy(serde_json::json!({"limits": [{"id": "m", "max": 100, "window": "1m"}]}));
+    let (_, k9) = ids("acme", "k9");
+    assert!(check(&r, &cached, &t, &k9, 1).await.allowed);
+    assert_eq!(r.limiter.pending_hits(), 1);
+    r.syncer.round().await.unwrap();
+    assert_eq!(r.limiter.pending_hits(), 0);
+    r.faulty.set(Fault::Failing);
+    r.clock.advance(1_500);
+    assert!(!check(&r, &p, &t, &c, 1).await.allowed);
+    // Nothing answered for over 2 s: the store counts as down, and `local` admits within
+    // the headroom last read.
+    r.clock.advance(2_001);
+    let d = check(&r, &p, &t, &c, 1).await;
+    assert!(d.allowed, "{d:?}");
+    assert_eq!(d.store_failure, Some(OnStoreFailure::Local));
 }

@@ -43,6 +43,7 @@ mod admin;
 mod bucket;
 mod config;
 mod decision;
+mod failure;
 mod first;
 mod key;
 mod late;
@@ -160,6 +161,8 @@ pub struct Limiter {
     /// Checks decided by the failure rule since the store last answered the check path: one
     /// log line an episode, not one a check.
     failing: AtomicU64,
+    /// When a store call of this instance last answered (clock ms), for `failure`.
+    answered_at: AtomicI64,
     cfg: LimiterConfig,
 }
 
@@ -192,6 +195,7 @@ impl Limiter {
             last_round: AtomicI64::new(i64::MIN),
             late: LateAnswers::default(),
             failing: AtomicU64::default(),
+            answered_at: AtomicI64::new(i64::MIN),
             cfg,
         }
     }

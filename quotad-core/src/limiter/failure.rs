@@ -1,0 +1,176 @@
+//! The store failing on the check path: the deadline of a store call, and the decision the
+//! policy's `on_store_failure` rule makes when a call fails (see `miss` for what each rule
+//! knows).
+//!
+//! A check the store decides (a `strict` policy's, the last units of a small limit) is
+//! different while the store answers this instance's other calls: its own call failing means
+//! a replica it needed was slow or lost, not that the store is gone, and an answer from memory
+//! could pass `max` beside the instances the store answers, which cannot see this instance's
+//! hits held in memory. Such a check is refused, as `deny` would, whatever the rule
+//! ([`Limiter::on_decided_failure`]); the rule takes over once no store call has answered for
+//! [`ANSWERED_WITHIN_MS`].
+
+use std::future::Future;
+use std::sync::atomic::Ordering;
+
+use super::decision::{Binding, Decision};
+use super::{CheckInput, Limiter, Locked};
+use crate::domain::{Consistency, Limit, Mode, OnStoreFailure, Policy};
+use crate::store::StoreError;
+
+/// How recently a store call of this instance must have answered for the store to count as
+/// answering (see the module comment).
+pub(super) const ANSWERED_WITHIN_MS: i64 = 2_000;
+
+impl Limiter {
+    /// Awaits a store call for at most `store_timeout`. A call that may have changed the store
+    /// (`uncertain`) and got no answer fails as `Uncertain`, one that only read as `Unavailable`.
+    pub(super) async fn with_deadline<T>(
+        &self,
+        fut: impl Future<Output = Result<T, StoreError>>,
+        uncertain: bool,
+    ) -> Result<T, StoreError> {
+        match tokio::time::timeout(self.cfg.store_timeout, fut).await {
+            Ok(r) => r,
+            Err(_) if uncertain => Err(StoreError::Uncertain(format!(
+                "no answer within {:?}",
+                self.cfg.store_timeout
+            ))),
+            Err(_) => Err(StoreError::Unavailable(format!(
+                "no answer within {:?}",
+                self.cfg.store_timeout
+            ))),
+        }
+    }
+
+    /// The store failed on the check path: apply the policy's rule.
+    pub(super) fn on_failure(
+        &self,
+        policy: &Policy,
+        limits: &[&Limit],
+        input: CheckInput<'_>,
+        now: i64,
+        e: &StoreError,
+    ) -> Decision {
+        let rule = policy.on_store_failure;
+        if self.failing.fetch_add(1, Ordering::Relaxed) == 0 {
+            tracing::warn!(error = %e, rule = rule.as_str(), "store failing on the check path: checks decided by on_store_failure until it answers");
+        }
+        let consistency = policy.consistency;
+        self.metrics
+            .store_failure_decision(rule.as_str(), consistency.as_str());
+        let mut d = match rule {
+            OnStoreFailure::Deny => self.without_memory(policy, limits, input, rule),
+            OnStoreFailure::Local | OnStoreFailure::Allow => {
+                // Carry on with what this instance knows: a cached counter never seen starts
+                // empty (the next sync reads its real totals back); a strict one keeps the
+                // totals its last check read, and `local` will not make one up. Admitted hits
+                // are pending and reach the store when it returns. Not knowing the others'
+                // demand, a new state takes an even share.
+                let share = 1.0 / self.shares.fleet.members() as f32;
+                let remembered_only =
+                    consistency == Consistency::Strict && rule == OnStoreFailure::Local;
+                let mut room = true;
+                for l in limits {
+                    room &= if remembered_only {
+                        self.table.holds(input, l)
+                    } else {
+                        self.table
+                            .install(input, l, now, || self.read_state(l, Vec::new(), share, now))
+                            .is_ok()
+                    };
+                }
+                match self.locked(policy, limits, input, now, Some(rule), false) {
+                    Locked::Decided(d, _) if room => d,
+                    // Nothing known to enforce, or a memory cap leaves nowhere to hold the hit
+                    // until the store returns.
+                    _ => self.without_memory(policy, limits, input, rule),
+                }
+            }
+        };
+        d.store_failure = Some(rule);
+        d
+    }
+
+    /// The store failed a check it was to decide (a strict policy's, the last units of a
+    /// limit): refused while the store answers this instance's other calls, else the policy's
+    /// rule ([`Limiter::on_failure`]; see the module comment).
+    pub(super) fn on_decided_failure(
+        &self,
+        policy: &Policy,
+        limits: &[&Limit],
+        input: CheckInput<'_>,
+        now: i64,
+        e: &StoreError,
+    ) -> Decision {
+        let answered_at = self.answered_at.load(Ordering::Relaxed);
+        if policy.on_store_failure == OnStoreFailure::Deny
+            || now.saturating_sub(answered_at) > ANSWERED_WITHIN_MS
+        {
+            return self.on_failure(policy, limits, input, now, e);
+        }
+        if self.failing.fetch_add(1, Ordering::Relaxed) == 0 {
+            tracing::warn!(error = %e, "store failing some checks it decides while it answers others: those checks refused until it answers them");
+        }
+        let rule = OnStoreFailure::Deny;
+        self.metrics
+            .store_failure_decision(rule.as_str(), policy.consistency.as_str());
+        self.without_memory(policy, limits, input, rule)
+    }
+
+    /// A store call of the sync task answered: the store counts as answering (see the module
+    /// comment).
+    pub fn sync_answered(&self) {
+        self.answered_at
+            .fetch_max(self.clock.now_ms(), Ordering::Relaxed);
+    }
+
+    /// A store call of a check succeeded: ends an episode of failure decisions, if one was on.
+    pub(super) fn store_answered(&self) {
+        self.sync_answered();
+        if self.failing.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let decided = self.failing.swap(0, Ordering::Relaxed);
+        if decided > 0 {
+            tracing::warn!(decided, "store answering the check path again");
+        }
+    }
+
+    /// The store failed and there is no local view to hold a hit in (a memory cap, or a strict
+    /// counter never read): `allow` admits anyway (counting and logging the hit as
+    /// unrecorded); `local` has nothing to enforce and denies, as `deny` does.
+    pub(super) fn without_memory(
+        &self,
+        policy: &Policy,
+        limits: &[&Limit],
+        input: CheckInput<'_>,
+        rule: OnStoreFailure,
+    ) -> Decision {
+        let l = limits[0];
+        let admit = rule == OnStoreFailure::Allow;
+        if admit && input.cost > 0 {
+            self.metrics.unrecorded_hits(input.cost);
+            tracing::warn!(
+                tenant = input.tenant.as_str(),
+                cost = input.cost,
+                "admitted a hit that is neither in the store nor in memory (store down, memory cap reached)"
+            );
+        }
+        // In dry_run mode a denial answers allowed, flagged.
+        let dry_run_denied = !admit && policy.mode == Mode::DryRun;
+        let allowed = admit || dry_run_denied;
+        Decision {
+            allowed,
+            dry_run_denied,
+            binding: Some(Binding {
+                limit_id: l.answer_id.clone(),
+                limit: l.max,
+                remaining: 0,
+                reset_after_ms: 1_000,
+            }),
+            retry_after_ms: Some(if allowed { 0 } else { 1_000 }),
+            store_failure: Some(rule),
+        }
+    }
+}

@@ -14,7 +14,7 @@
 
 use crate::store::hold::{Ended, Hold, HoldStore};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -26,8 +26,8 @@ use super::history::{ClientTotal, HistoryStore, Step, UsageDelta, UsagePoint};
 use super::idempotency::{Begun, IdempotencyStore};
 use super::lease::{Claim, LeaseStore, Roster};
 use super::{
-    BucketTotal, CounterRange, CounterStore, Delta, DynStore, Increments, PolicyKey, PolicyRecord,
-    PolicyStore, Reads, StoreError, StoreResult,
+    BucketTotal, CounterRange, CounterStore, Delta, DynStore, Heard, Increments, PolicyKey,
+    PolicyRecord, PolicyStore, Reads, StoreError, StoreResult,
 };
 use crate::domain::TenantId;
 
@@ -63,6 +63,8 @@ pub struct FaultyStore {
     pub refused: AtomicU64,
     /// Counter reads asked of it, whatever their outcome.
     pub reads: AtomicU64,
+    /// A replica of several is down: reads at every replica are refused, the others answer.
+    replica_down: AtomicBool,
 }
 
 impl FaultyStore {
@@ -73,7 +75,13 @@ impl FaultyStore {
             parts: Mutex::default(),
             refused: AtomicU64::new(0),
             reads: AtomicU64::new(0),
+            replica_down: AtomicBool::new(false),
         })
+    }
+
+    /// Makes a read at every replica ([`Heard::Every`]) fail, as one down of several would.
+    pub fn set_replica_down(&self, down: bool) {
+        self.replica_down.store(down, Ordering::SeqCst);
     }
 
     pub fn set(&self, f: Fault) {
@@ -177,6 +185,19 @@ impl CounterStore for FaultyStore {
             out.error = Some(StoreError::Unavailable("injected partition failure".into()));
         }
         out
+    }
+    async fn read_final(
+        &self,
+        ranges: &[CounterRange],
+        deadline: Option<Instant>,
+        heard: Heard,
+    ) -> Reads {
+        if heard == Heard::Every && self.replica_down.load(Ordering::SeqCst) {
+            self.reads.fetch_add(1, Ordering::Relaxed);
+            let e = StoreError::Unavailable("injected: a replica is down".into());
+            return Reads::whole(Err(e), ranges.len());
+        }
+        self.read_parts(ranges, deadline).await
     }
     async fn increment_and_read(
         &self,

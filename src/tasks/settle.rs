@@ -1,5 +1,12 @@
 //! The sync task's settling of its writes in doubt: holds them ([`Doubts`]), reads the due
 //! ones back at `ALL` between rounds, and sends again what did not land.
+//!
+//! At exit a replica may still be down, and a read at `ALL` cannot succeed before the process
+//! ends: the drain then reads what it holds in doubt at `LOCAL_QUORUM` ([`Heard::LiveQuorum`],
+//! two reads a wait apart as at `ALL`), so that what the lost replica never applied is sent
+//! again rather than lost. What that replica led and had applied before it went down, without
+//! passing it on, is then counted twice once it returns: the store errs high by those, where
+//! giving up would leave it low by every write in doubt.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -8,7 +15,7 @@ use std::time::Duration;
 use super::doubts::{Doubts, Outcome};
 use crate::limiter::Limiter;
 use crate::metrics::Metrics;
-use crate::store::Delta;
+use crate::store::{Delta, Heard};
 
 /// Most cells held in doubt at once (about 100 bytes each).
 const MOST_DOUBTS: usize = 100_000;
@@ -36,6 +43,8 @@ pub(super) struct Settler {
     /// No settling read before this: one that failed waits a `wait` before the next.
     next_read: Mutex<std::time::Instant>,
     wait: Duration,
+    /// The replicas the settling reads hear: every one, until a read at exit failed.
+    heard: Mutex<Heard>,
 }
 
 impl Settler {
@@ -53,6 +62,7 @@ impl Settler {
             timeout,
             next_read: Mutex::new(std::time::Instant::now()),
             wait,
+            heard: Mutex::new(Heard::Every),
         }
     }
 
@@ -87,17 +97,20 @@ impl Settler {
     }
 
     /// Reads back the cells whose writes are in doubt and due ([`Doubts::due`]) at consistency
-    /// `ALL`, and sends again what did not land. Returns the hits still in doubt.
-    pub(super) async fn settle(&self) -> u64 {
+    /// `ALL`, and sends again what did not land. Returns the hits still in doubt. `at_exit`
+    /// (the drain): no round waits on the reads, and once one at `ALL` fails, the rest are
+    /// at `LOCAL_QUORUM` (see the module comment).
+    pub(super) async fn settle(&self, at_exit: bool) -> u64 {
         let due = self
             .doubts()
             .due(std::time::Instant::now(), DOUBTS_PER_READ);
         let next_read = *self.next_read.lock().unwrap_or_else(|p| p.into_inner());
-        if due.is_empty() || std::time::Instant::now() < next_read {
+        if due.is_empty() || (!at_exit && std::time::Instant::now() < next_read) {
             return self.doubts().hits();
         }
+        let heard = *self.heard.lock().unwrap_or_else(|p| p.into_inner());
         let deadline = std::time::Instant::now() + READ_DEADLINE;
-        let read = self.limiter.store().read_final(&due, Some(deadline));
+        let read = self.limiter.store().read_final(&due, Some(deadline), heard);
         let totals = match tokio::time::timeout(READ_DEADLINE + CUT_OFF_MARGIN, read).await {
             Ok(r) => r.totals,
             Err(_) => vec![None; due.len()],
@@ -106,6 +119,14 @@ impl Settler {
             // A replica is down or slow: the rounds are not held up by a read a round.
             *self.next_read.lock().unwrap_or_else(|p| p.into_inner()) =
                 std::time::Instant::now() + self.wait;
+            if at_exit && heard == Heard::Every {
+                *self.heard.lock().unwrap_or_else(|p| p.into_inner()) = Heard::LiveQuorum;
+                tracing::warn!(
+                    "shutdown: writes in doubt cannot be read back at ALL (a replica is down); \
+                     settling them at LOCAL_QUORUM, which may count twice what the lost \
+                     replica led and had not passed on"
+                );
+            }
         }
         let settled = self.doubts().read(&due, totals, std::time::Instant::now());
         let mut resent = 0;
@@ -132,6 +153,10 @@ impl Settler {
                 landed_hits = settled.landed,
                 resent_hits = resent,
                 still_in_doubt = left,
+                consistency = match heard {
+                    Heard::Every => "ALL",
+                    Heard::LiveQuorum => "LOCAL_QUORUM",
+                },
                 "sync: writes in doubt settled by reading them back"
             );
         }

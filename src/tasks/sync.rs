@@ -322,7 +322,7 @@ impl Syncer {
     /// Settles the writes in doubt that are due ([`Settler::settle`]); returns the hits
     /// still in doubt.
     pub async fn settle_doubts(&self) -> u64 {
-        self.settler.settle().await
+        self.settler.settle(false).await
     }
 
     /// A round's second half: reads totals back (they include every instance's writes).
@@ -532,7 +532,9 @@ impl Syncer {
                     // Writes in doubt are settled while the drain has time; what is left may
                     // or may not be in the store: not "written" (`Syncer::run` counts it in
                     // what the process reports at exit).
-                    while self.settle_doubts().await > 0 && tokio::time::Instant::now() < deadline {
+                    while self.settler.settle(true).await > 0
+                        && tokio::time::Instant::now() < deadline
+                    {
                         tokio::time::sleep(Duration::from_millis(250)).await;
                     }
                     let doubtful = self.settler.unknown_hits();

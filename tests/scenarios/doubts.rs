@@ -102,3 +102,49 @@ async fn a_doubt_left_at_shutdown_is_reported() {
     let (_stop, stopped) = tokio::sync::watch::channel(true);
     assert_eq!(r.syncer.run(stopped).await, 3);
 }
+
+/// At exit with a replica down a read at `ALL` cannot succeed: the drain settles its doubts
+/// at `LOCAL_QUORUM` instead, and what did not land is sent again rather than lost.
+#[tokio::test]
+async fn a_drain_with_a_replica_down_settles_its_doubts_from_the_live_replicas() {
+    use quotad::store::faulty::PartFault;
+    let r = rig_syncing(
+        LimiterConfig::default(),
+        SyncConfig {
+            doubt_wait: Duration::from_millis(100),
+            drain_timeout: Duration::from_secs(2),
+            ..SyncConfig::default()
+        },
+    );
+    let p = policy(serde_json::json!({"limits": [{"id": "d", "max": 1000, "period": "day"}]}));
+    let day = p.limits[0].kind.grain();
+    for c in ["k1", "k2"] {
+        let (t, c) = ids("acme", c);
+        for _ in 0..3 {
+            check(&r, &p, &t, &c, 1).await;
+        }
+    }
+    r.faulty.fail_part("k1", Some(PartFault::Lost));
+    r.faulty.fail_part("k2", Some(PartFault::Doubtful));
+    r.syncer.round().await.unwrap();
+    assert_eq!(metric(&r, "quotad_store_doubtful_hits"), 6.0);
+    r.faulty.fail_part("k1", None);
+    r.faulty.fail_part("k2", None);
+    r.faulty.set_replica_down(true);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        r.syncer.settle_doubts().await,
+        6,
+        "no read at ALL while running"
+    );
+    let (store, now) = (r.store.clone(), r.clock.now_ms());
+    let (_stop, stopped) = tokio::sync::watch::channel(true);
+    assert_eq!(r.syncer.run(stopped).await, 0, "settled at exit");
+    let k1 = stored_in(&store, now, "acme", "k1", "d", day).await;
+    let k2 = stored_in(&store, now, "acme", "k2", "d", day).await;
+    assert_eq!(
+        (k1, k2),
+        (3, 3),
+        "k1's lost hits sent again, k2's landed ones not"
+    );
+}

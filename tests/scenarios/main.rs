@@ -106,9 +106,19 @@ async fn check(r: &Rig, p: &Policy, t: &TenantId, c: &ClientId, cost: u64) -> De
 
 /// The store's total of a counter's current bucket.
 async fn stored(r: &Rig, t: &str, subject: &str, limit: &str, grain: quotad::domain::Grain) -> i64 {
-    let now = r.clock.now_ms();
-    let got = r
-        .store
+    stored_in(&r.store, r.clock.now_ms(), t, subject, limit, grain).await
+}
+
+/// [`stored`], in a store apart from its rig (one whose syncer has run to its end).
+async fn stored_in(
+    store: &DynStore,
+    now: i64,
+    t: &str,
+    subject: &str,
+    limit: &str,
+    grain: quotad::domain::Grain,
+) -> i64 {
+    let got = store
         .read(&[CounterRange {
             key: CounterKey {
                 tenant: t.into(),

@@ -195,6 +195,18 @@ impl Increments {
     }
 }
 
+/// The replicas a read that settles writes in doubt hears ([`CounterStore::read_final`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Heard {
+    /// Every replica (Cassandra's `ALL`): sees every write any replica took.
+    Every,
+    /// A quorum of the local data centre's replicas (`LOCAL_QUORUM`), taken only when a read
+    /// of [`Heard::Every`] failed: with one replica of three down, that is every live one,
+    /// which between them hold every write the live replicas led. A write the lost replica led
+    /// and had not passed on is not seen, and comes back with it.
+    LiveQuorum,
+}
+
 /// What a read of many ranges got ([`CounterStore::read_parts`]): each range's buckets, or
 /// None where the part of the read that serves it failed.
 #[derive(Debug, Default)]
@@ -264,12 +276,19 @@ pub trait CounterStore: Send + Sync + 'static {
         Reads::whole(self.read(ranges).await, ranges.len())
     }
 
-    /// [`CounterStore::read_parts`] at a consistency that sees every write any replica took
-    /// (Cassandra's `ALL`), to settle increments of unknown outcome: once no write of them can
-    /// still apply, this instance's own part (`mine`) of each bucket says whether they landed.
-    /// Fails, rather than answer from fewer replicas, while one is down. The default is
-    /// [`CounterStore::read_parts`] (a store of one copy, whose reads see every write).
-    async fn read_final(&self, ranges: &[CounterRange], deadline: Option<Instant>) -> Reads {
+    /// [`CounterStore::read_parts`] at a consistency that sees every write the replicas
+    /// `heard` took, to settle increments of unknown outcome: once no write of them can still
+    /// apply, this instance's own part (`mine`) of each bucket says whether they landed.
+    /// [`Heard::Every`] fails, rather than answer from fewer replicas, while one is down. The
+    /// default is [`CounterStore::read_parts`] (a store of one copy, whose reads see every
+    /// write).
+    async fn read_final(
+        &self,
+        ranges: &[CounterRange],
+        deadline: Option<Instant>,
+        heard: Heard,
+    ) -> Reads {
+        let _ = heard;
         self.read_parts(ranges, deadline).await
     }
 

@@ -29,9 +29,10 @@ use crate::store::hold::{Ended, Hold, HoldStore};
 use crate::store::idempotency::{Begun, IdempotencyStore};
 use crate::store::lease::{Claim, LeaseStore, RegionBeat, Roster};
 use crate::store::{
-    BucketTotal, CounterRange, CounterStore, Delta, Increments, PolicyKey, PolicyRecord,
+    BucketTotal, CounterRange, CounterStore, Delta, Heard, Increments, PolicyKey, PolicyRecord,
     PolicyStore, Reads, StoreError, StoreResult,
 };
+use scylla::statement::Consistency;
 
 /// The scylla store; cheap to share behind an `Arc` (one session, its own connection pools).
 /// The clock of the node that answers (`CounterStore::clock_ms`): every instance of a fleet
@@ -117,16 +118,25 @@ impl CounterStore for ScyllaStore {
         if one_client {
             self.first_reads.read(ranges).await
         } else {
-            self.counters.read(ranges, None, false).await.into_result()
+            self.counters.read(ranges, None, None).await.into_result()
         }
     }
 
     async fn read_parts(&self, ranges: &[CounterRange], deadline: Option<Instant>) -> Reads {
-        self.counters.read(ranges, deadline, false).await
+        self.counters.read(ranges, deadline, None).await
     }
 
-    async fn read_final(&self, ranges: &[CounterRange], deadline: Option<Instant>) -> Reads {
-        self.counters.read(ranges, deadline, true).await
+    async fn read_final(
+        &self,
+        ranges: &[CounterRange],
+        deadline: Option<Instant>,
+        heard: Heard,
+    ) -> Reads {
+        let at = match heard {
+            Heard::Every => Consistency::All,
+            Heard::LiveQuorum => Consistency::LocalQuorum,
+        };
+        self.counters.read(ranges, deadline, Some(at)).await
     }
 
     async fn delete_expired(&self, now_ms: i64, budget: usize) -> StoreResult<u64> {

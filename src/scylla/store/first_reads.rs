@@ -92,7 +92,7 @@ impl FirstReads {
             }
             // Each caller's answer, from the back (no copies): its ranges, or the error of
             // the part of the read that failed one of them.
-            let read = self.counters.read(&all, None, false).await;
+            let read = self.counters.read(&all, None, None).await;
             let mut totals = read.totals;
             for w in batch.into_iter().rev() {
                 let mine = totals.split_off(totals.len() - w.ranges.len());

@@ -338,19 +338,19 @@ impl Counters {
 
     /// Reads the ranges, a query per place's clients (see the module comment).
     /// A query that fails fails only the ranges it serves: the others are kept.
-    /// With `all`, at consistency `ALL` (`CounterStore::read_final`).
+    /// With `at`, at that consistency (`CounterStore::read_final`).
     pub(super) async fn read(
         &self,
         ranges: &[CounterRange],
         deadline: Option<Instant>,
-        all: bool,
+        at: Option<Consistency>,
     ) -> Reads {
         let mine = self.leases.shard().map_or(-1, i32::from);
         let region = self.leases.region_slot();
         let queries = plan_reads(ranges, |t, s| place_of(&self.cql.replica_for(t, s)));
         let queries = &queries;
         let answers: Vec<(usize, StoreResult<Vec<Row>>)> = stream::iter(0..queries.len())
-            .map(|q| async move { (q, by(deadline, self.ask(&queries[q], all)).await) })
+            .map(|q| async move { (q, by(deadline, self.ask(&queries[q], at)).await) })
             .buffer_unordered(self.cql.max_concurrency)
             .collect()
             .await;
@@ -413,12 +413,13 @@ impl Counters {
         }
     }
 
-    async fn ask(&self, q: &Query<'_>, all: bool) -> StoreResult<Vec<Row>> {
-        // A read that settles doubts sees every replica: a copy of the statement at `ALL`.
+    async fn ask(&self, q: &Query<'_>, level: Option<Consistency>) -> StoreResult<Vec<Row>> {
+        // A read that settles doubts hears the replicas it must: a copy of the statement at
+        // its consistency.
         let at = |st: &PreparedStatement| {
             let mut st = st.clone();
-            if all {
-                st.set_consistency(Consistency::All);
+            if let Some(c) = level {
+                st.set_consistency(c);
             }
             st
         };

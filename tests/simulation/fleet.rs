@@ -381,6 +381,7 @@ pub(crate) async fn simulate_fleet(
     let store_checks = shared
         .store_checks
         .load(std::sync::atomic::Ordering::Relaxed);
+    let lost_hits = shared.lost_hits.load(std::sync::atomic::Ordering::Relaxed);
     if shape == Shape::Tokens {
         let later: Vec<i64> = log.iter().copied().filter(|&t| t >= T0 + 5_000).collect();
         return Outcome {
@@ -392,6 +393,8 @@ pub(crate) async fn simulate_fleet(
             quiet_writes,
             failure_bound,
             store_checks,
+            log,
+            lost_hits,
         };
     }
     let worst = worst_window(&log, WINDOW_MS);
@@ -412,5 +415,7 @@ pub(crate) async fn simulate_fleet(
         quiet_writes,
         failure_bound,
         store_checks,
+        log,
+        lost_hits,
     }
 }

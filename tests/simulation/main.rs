@@ -29,11 +29,13 @@ mod fleet;
 mod holds;
 mod model;
 mod regions;
+mod replicas;
 mod small;
 mod store;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use async_trait::async_trait;
 use quotad::clock::{Clock, ManualClock};
@@ -43,8 +45,8 @@ use quotad::limiter::{CheckInput, Limiter, LimiterConfig};
 use quotad::metrics::Metrics;
 use quotad::store::history::{ClientTotal, HistoryStore, Step, UsageDelta, UsagePoint};
 use quotad::store::{
-    BucketTotal, CounterKey, CounterRange, CounterStore, Delta, DynCounterStore, StoreError,
-    StoreResult,
+    BucketTotal, CounterKey, CounterRange, CounterStore, Delta, DynCounterStore, Increments,
+    StoreError, StoreResult,
 };
 use quotad::tasks::sync::{SyncConfig, Syncer};
 use rand::{Rng, SeedableRng};

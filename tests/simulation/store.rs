@@ -16,6 +16,10 @@ pub(crate) struct Shared {
     pub(crate) outage: std::sync::atomic::AtomicU8,
     /// Checks decided through the store (`increment_and_read` calls), all instances.
     pub(crate) store_checks: std::sync::atomic::AtomicU64,
+    /// Increments sent, all instances: under [`LEADER_LOST`], every third is lost.
+    pub(crate) sent: std::sync::atomic::AtomicU64,
+    /// Hits of the increments lost so (all instances).
+    pub(crate) lost_hits: std::sync::atomic::AtomicU64,
 }
 
 /// The store answers.
@@ -25,6 +29,11 @@ pub(crate) const UP: u8 = 0;
 pub(crate) const STALLED: u8 = 1;
 /// A store that refuses every call at once: nothing lands, and the caller knows it.
 pub(crate) const DOWN: u8 = 2;
+
+/// A replica of three lost, the cluster answering through the others: every third increment
+/// (a counter update the lost replica was to lead) is not applied and is answered as of
+/// unknown outcome; the rest land, and reads answer.
+pub(crate) const LEADER_LOST: u8 = 3;
 
 /// The tenant of the clients far below their limits.
 pub(crate) const QUIET_TENANT: &str = "calm";
@@ -124,13 +133,37 @@ impl CounterStore for ShardView {
         }
         Ok(())
     }
+    async fn increment_parts(&self, deltas: &[Delta], _: Option<Instant>) -> Increments {
+        use std::sync::atomic::Ordering::Relaxed;
+        if self.shared.outage.load(Relaxed) != LEADER_LOST {
+            return Increments::whole(self.increment(deltas).await, deltas.len());
+        }
+        let mut out = Increments::default();
+        let mut cells = self.shared.cells.lock().unwrap();
+        for (i, d) in deltas.iter().enumerate() {
+            if self.shared.sent.fetch_add(1, Relaxed) % 3 == 0 {
+                self.shared
+                    .lost_hits
+                    .fetch_add(d.delta.max(0) as u64, Relaxed);
+                out.doubtful.push(i);
+                continue;
+            }
+            let cell = cells
+                .entry((d.key.clone(), d.start))
+                .or_insert_with(|| vec![0; self.shards]);
+            cell[self.shard] += d.delta;
+        }
+        if !out.doubtful.is_empty() {
+            out.error = Some(StoreError::Uncertain("its leader was lost".into()));
+        }
+        out
+    }
     async fn read(&self, ranges: &[CounterRange]) -> StoreResult<Vec<Vec<BucketTotal>>> {
-        if self
+        let outage = self
             .shared
             .outage
-            .load(std::sync::atomic::Ordering::Relaxed)
-            != UP
-        {
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if outage != UP && outage != LEADER_LOST {
             return Err(StoreError::Unavailable("store stalled or down".into()));
         }
         let cells = self.shared.cells.lock().unwrap();
@@ -144,7 +177,10 @@ impl CounterStore for ShardView {
         self.shared
             .store_checks
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.increment(deltas).await?;
+        let parts = self.increment_parts(deltas, None).await;
+        if let Some(e) = parts.error {
+            return Err(e);
+        }
         self.read(ranges).await
     }
     async fn delete_expired(&self, _now_ms: i64, _budget: usize) -> StoreResult<u64> {

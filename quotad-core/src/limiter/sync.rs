@@ -304,18 +304,26 @@ impl Table {
                     let kept = s.region().map(|p| p.earned);
                     s.set_region(shares.region_part(t, r, now, kept));
                     s.share = *share;
-                    s.settling = 0;
                     s.unread = false;
                     s.read_back(now);
+                    // This instance's own written hits the store does not show (writes in
+                    // doubt, not applied yet or lost) stay counted, in `stored` and as unseen
+                    // by the others (`settling`), until a read shows them: this instance
+                    // knows what it admitted, and the others cannot hold room for them.
+                    let mut unseen = 0i64;
                     for b in s.buckets.iter_mut().filter(|b| b.start >= r.from) {
-                        b.stored = 0;
-                        b.mine = 0;
+                        unseen = unseen.saturating_add(b.mine.max(0));
+                        b.stored = b.mine.max(0);
                     }
                     for bt in t {
                         let b = window::bucket_at(&mut s.buckets, bt.start);
-                        b.stored = bt.total;
-                        b.mine = bt.mine;
+                        let own = b.mine.max(0);
+                        let seen = own.min(bt.mine);
+                        unseen = unseen.saturating_sub(seen.max(0));
+                        b.mine = own.max(bt.mine);
+                        b.stored = bt.total.saturating_add(own - seen);
                     }
+                    s.settling = unseen.max(0) as u64;
                     shares.note_read(s, now);
                 }
             },

@@ -148,3 +148,45 @@ async fn a_drain_with_a_replica_down_settles_its_doubts_from_the_live_replicas()
         "k1's lost hits sent again, k2's landed ones not"
     );
 }
+
+/// An instance's own hits that a read back does not show (its write was lost, or not applied
+/// yet) stay counted: it knows what it admitted, and a read of its own cell lower than that
+/// does not hand the room back.
+#[tokio::test]
+async fn own_hits_a_read_back_does_not_show_stay_counted() {
+    use quotad::store::faulty::PartFault;
+    // One of two instances: it reads its counters back every round.
+    let fleet = Arc::new(quotad::limiter::Membership::alone());
+    fleet.set_members(2);
+    let cfg = LimiterConfig {
+        fleet,
+        ..LimiterConfig::default()
+    };
+    let r = rig_syncing(cfg, SyncConfig::default());
+    let p = policy(serde_json::json!({"limits": [{"id": "d", "max": 1000, "period": "day"}]}));
+    let (t, c) = ids("acme", "k1");
+    for _ in 0..6 {
+        assert!(check(&r, &p, &t, &c, 1).await.allowed);
+    }
+    r.faulty.fail_part("k1", Some(PartFault::Lost));
+    r.syncer.round().await.unwrap();
+    assert_eq!(
+        metric(&r, "quotad_store_doubtful_hits"),
+        6.0,
+        "the 6 in doubt"
+    );
+    r.faulty.fail_part("k1", None);
+    assert!(check(&r, &p, &t, &c, 1).await.allowed);
+    r.syncer.round().await.unwrap();
+    let day = p.limits[0].kind.grain();
+    assert_eq!(
+        stored(&r, "acme", "k1", "d", day).await,
+        1,
+        "the 6 lost, 1 written"
+    );
+    // Its share of the headroom the store shows, half of (1000 - 1), less this check and
+    // the 6 in doubt: the store alone would leave it 498.
+    let d = check(&r, &p, &t, &c, 1).await;
+    let remaining = d.binding.map(|b| b.remaining);
+    assert_eq!(remaining, Some(499 - 1 - 6), "the 6 in doubt still count");
+}

@@ -99,3 +99,57 @@ async fn without_a_shard_lease_checks_follow_on_store_failure_and_resume_with_it
     let d = check(&r, &mk("deny"), &t, &c, 1).await;
     assert!(d.allowed && d.store_failure.is_none());
 }
+
+/// The log lines of the test's thread, for a test that counts them.
+#[derive(Clone, Default)]
+struct Lines(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Lines {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Lines {
+    fn count(&self, text: &str) -> usize {
+        let all = String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned();
+        all.lines().filter(|l| l.contains(text)).count()
+    }
+}
+
+/// A store that fails some checks and answers others (a replica lost) is one episode in the
+/// log: it begins once, and ends once the check path has gone 5 s without a failure.
+#[tokio::test(flavor = "current_thread")]
+async fn failures_among_answers_are_one_episode_in_the_log() {
+    let lines = Lines::default();
+    let writer = lines.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let r = rig();
+    let p = policy(
+        serde_json::json!({"limits": [{"id": "d", "max": 1000, "period": "day"}],
+        "consistency": "strict"}),
+    );
+    let (t, c) = ids("acme", "k1");
+    assert!(check(&r, &p, &t, &c, 1).await.allowed);
+    for _ in 0..5 {
+        r.faulty.set(Fault::Failing);
+        assert!(check(&r, &p, &t, &c, 1).await.store_failure.is_some());
+        r.faulty.set(Fault::Healthy);
+        r.clock.advance(1_000);
+        assert!(check(&r, &p, &t, &c, 1).await.store_failure.is_none());
+    }
+    let begun = "store failing some checks it decides while it answers others";
+    let ended = "store answering the check path again";
+    assert_eq!((lines.count(begun), lines.count(ended)), (1, 0));
+    r.clock.advance(5_000);
+    assert!(check(&r, &p, &t, &c, 1).await.store_failure.is_none());
+    assert_eq!((lines.count(begun), lines.count(ended)), (1, 1));
+}

@@ -22,6 +22,10 @@ use crate::store::StoreError;
 /// answering (see the module comment).
 pub(super) const ANSWERED_WITHIN_MS: i64 = 2_000;
 
+/// How long the check path's store calls must go without a failure decision for an episode of
+/// them to end.
+const EPISODE_QUIET_MS: i64 = 5_000;
+
 impl Limiter {
     /// Awaits a store call for at most `store_timeout`. A call that may have changed the store
     /// (`uncertain`) and got no answer fails as `Uncertain`, one that only read as `Unavailable`.
@@ -53,7 +57,7 @@ impl Limiter {
         e: &StoreError,
     ) -> Decision {
         let rule = policy.on_store_failure;
-        if self.failing.fetch_add(1, Ordering::Relaxed) == 0 {
+        if self.failure_begins(now) {
             tracing::warn!(error = %e, rule = rule.as_str(), "store failing on the check path: checks decided by on_store_failure until it answers");
         }
         let consistency = policy.consistency;
@@ -109,7 +113,7 @@ impl Limiter {
         {
             return self.on_failure(policy, limits, input, now, e);
         }
-        if self.failing.fetch_add(1, Ordering::Relaxed) == 0 {
+        if self.failure_begins(now) {
             tracing::warn!(error = %e, "store failing some checks it decides while it answers others: those checks refused until it answers them");
         }
         let rule = OnStoreFailure::Deny;
@@ -125,10 +129,23 @@ impl Limiter {
             .fetch_max(self.clock.now_ms(), Ordering::Relaxed);
     }
 
-    /// A store call of a check succeeded: ends an episode of failure decisions, if one was on.
+    /// Counts a check decided by a failure at `now`; says whether it begins an episode (the
+    /// one to log).
+    fn failure_begins(&self, now: i64) -> bool {
+        self.failed_at.fetch_max(now, Ordering::Relaxed);
+        self.failing.fetch_add(1, Ordering::Relaxed) == 0
+    }
+
+    /// A store call of a check succeeded: ends an episode of failure decisions, if one was on
+    /// and none was decided for [`EPISODE_QUIET_MS`] (a replica lost makes calls fail now and
+    /// then among answers: one episode, not a line each).
     pub(super) fn store_answered(&self) {
         self.sync_answered();
         if self.failing.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let now = self.clock.now_ms();
+        if now.saturating_sub(self.failed_at.load(Ordering::Relaxed)) < EPISODE_QUIET_MS {
             return;
         }
         let decided = self.failing.swap(0, Ordering::Relaxed);

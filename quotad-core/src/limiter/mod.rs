@@ -161,6 +161,8 @@ pub struct Limiter {
     /// Checks decided by the failure rule since the store last answered the check path: one
     /// log line an episode, not one a check.
     failing: AtomicU64,
+    /// When a check was last decided by a failure (clock ms), for `failure`.
+    failed_at: AtomicI64,
     /// When a store call of this instance last answered (clock ms), for `failure`.
     answered_at: AtomicI64,
     cfg: LimiterConfig,
@@ -195,6 +197,7 @@ impl Limiter {
             last_round: AtomicI64::new(i64::MIN),
             late: LateAnswers::default(),
             failing: AtomicU64::default(),
+            failed_at: AtomicI64::new(i64::MIN),
             answered_at: AtomicI64::new(i64::MIN),
             cfg,
         }

@@ -467,7 +467,7 @@ statements! {
     read_generation: READ_GENERATION_CQL, idempotent: true, binds: ReadGenerationValues<'static>,
         row: GenerationRow;
     claim_shard: CLAIM_SHARD_CQL, idempotent: false, binds: ClaimShardValues<'static>;
-    renew_shard: RENEW_SHARD_CQL, idempotent: false, binds: RenewShardValues<'static>;
+    renew_shard: RENEW_SHARD_CQL, idempotent: true, binds: RenewShardValues<'static>;
     release_shard: RELEASE_SHARD_CQL, idempotent: false, binds: ReleaseShardValues<'static>;
     list_members: LIST_MEMBERS_CQL, idempotent: true, binds: (), row: MemberRow;
     claim_idempotency: CLAIM_IDEMPOTENCY_CQL, idempotent: false,

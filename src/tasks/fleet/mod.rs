@@ -79,7 +79,41 @@ pub struct Fleet {
     region: Option<(String, i16)>,
     /// The live leases at the last roster read.
     live: Vec<crate::store::lease::Member>,
+    /// N as the shares take it, from the roster reads.
+    members: Members,
     watch: regions::Watch,
+}
+
+/// The fleet's size as the shares take it ([`Membership::set_members`]): the live leases,
+/// this instance counted whether or not it holds one now (it serves checks either way), and
+/// no smaller than the most seen within the last lease's life. A lease lapses when a renewal
+/// stalls on a slow or paused node, and is claimed again a heartbeat later; meanwhile the
+/// roster shows one instance fewer, and an instance that took that for the fleet shrinking
+/// would take the lapsed one's share while that one still serves. An instance that is gone
+/// for good leaves N one lease's life after its lease ended.
+#[derive(Debug)]
+struct Members {
+    most: u32,
+    /// When `most` was last seen.
+    seen: Instant,
+}
+
+impl Members {
+    fn new() -> Self {
+        Members {
+            most: 1,
+            seen: Instant::now(),
+        }
+    }
+
+    /// Takes a roster read's count at `now`; returns N.
+    fn observe(&mut self, n: u32, now: Instant, hold: Duration) -> u32 {
+        if n >= self.most || now.saturating_duration_since(self.seen) > hold {
+            self.most = n.max(1);
+            self.seen = now;
+        }
+        self.most
+    }
 }
 
 impl Fleet {
@@ -99,6 +133,7 @@ impl Fleet {
             last: None,
             region: None,
             live: Vec::new(),
+            members: Members::new(),
             watch: regions::Watch::default(),
             cfg,
         };
@@ -284,7 +319,11 @@ impl Fleet {
                 read.sort_unstable();
             }
             self.store.adopt(write, &read);
-            let n = (r.members.len() as u32).max(1);
+            let me = r.members.iter().any(|m| m.owner == self.owner);
+            let seen = r.members.len() as u32 + u32::from(!me);
+            let n = self
+                .members
+                .observe(seen, Instant::now(), self.cfg.lease_ttl);
             self.view.set_members(n);
             let slot = self.region.as_ref().map_or(0, |r| r.1);
             let here = r

@@ -51,6 +51,7 @@ async fn instances_take_distinct_shards_and_n_follows_joins_and_leaves() {
     // c saw everyone when it joined; a learns of b and c at its next heartbeat.
     assert_eq!(c.view.members(), 3);
     a.heartbeat().await;
+    b.heartbeat().await;
     assert_eq!(a.view.members(), 3);
     assert_eq!(metric(&ma, "quotad_fleet_members"), 3.0);
     assert_eq!(metric(&ma, "quotad_instance_info{shard=\"0\"}"), 1.0);
@@ -61,6 +62,13 @@ async fn instances_take_distinct_shards_and_n_follows_joins_and_leaves() {
     task.await.unwrap();
     a.heartbeat().await;
     b.heartbeat().await;
+    // N shrinks one lease's life after it was last seen larger (1 s here).
+    assert_eq!((a.view.members(), b.view.members()), (3, 3));
+    for _ in 0..11 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        a.heartbeat().await;
+        b.heartbeat().await;
+    }
     assert_eq!((a.view.members(), b.view.members()), (2, 2));
     // A newcomer takes the lowest free shard: c's.
     let (d, _) = join(&store, None).await;
@@ -114,4 +122,31 @@ async fn a_paused_instance_whose_shard_was_taken_claims_another() {
     assert_eq!(a.view.shard(), Some(1), "a must not write b's shard");
     assert!(a.view.holds_lease());
     assert_eq!(a.view.members(), 2);
+}
+
+/// A lease that lapses (its renewals stalled) and is claimed again soon after does not shrink
+/// N for the others meanwhile: the lapsed instance still serves, from its own share.
+#[tokio::test]
+async fn a_lease_that_lapses_for_less_than_its_life_leaves_n_as_it_was() {
+    let (_dir, inner) = embedded();
+    let faulty = FaultyStore::new(inner.clone());
+    let through_faulty: DynStore = faulty.clone();
+    let (mut a, _) = join(&through_faulty, None).await;
+    let (mut b, _) = join(&inner, None).await;
+    a.heartbeat().await;
+    assert_eq!((a.view.members(), b.view.members()), (2, 2));
+    faulty.set(Fault::Failing);
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    b.heartbeat().await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // a's lease has lapsed in the store: b's roster shows b alone.
+    b.heartbeat().await;
+    assert_eq!(b.view.members(), 2, "a lapse shorter than a lease's life");
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    b.heartbeat().await;
+    assert_eq!(b.view.members(), 1, "gone for a lease's life: gone");
+    faulty.set(Fault::Healthy);
+    a.heartbeat().await;
+    b.heartbeat().await;
+    assert_eq!((a.view.members(), b.view.members()), (2, 2));
 }

@@ -6,8 +6,9 @@ use std::fmt;
 
 use scylla::errors::{
     DbError, ExecutionError, NewSessionError, NextPageError, NextRowError, PagerExecutionError,
-    PrepareError, RequestAttemptError, RequestError, UseKeyspaceError,
+    PrepareError, RequestAttemptError, RequestError, UseKeyspaceError, WriteType,
 };
+use scylla::statement::Consistency;
 
 use crate::scylla::cql::{explain_connect_error, StoreTls};
 use crate::store::{StoreError, StoreResult};
@@ -31,7 +32,20 @@ impl Op {
 }
 
 fn map_db(db: &DbError, msg: &str, op: Op) -> StoreError {
-    let text = format!("{db}: {msg}");
+    let mut text = format!("{db}: {msg}");
+    if let DbError::WriteTimeout {
+        write_type: WriteType::Counter,
+        consistency: Consistency::One,
+        ..
+    } = db
+    {
+        // Cassandra reports a counter update whose leading replica did not answer at ONE,
+        // the leader's own write, whatever the request's consistency was.
+        text.push_str(
+            " (the replica leading this counter update did not answer; ONE is its own write, \
+             the request was at store.consistency)",
+        );
+    }
     match db {
         // The coordinator refused before anything ran.
         DbError::Unavailable { .. } | DbError::Overloaded | DbError::IsBootstrapping => {
@@ -271,6 +285,17 @@ mod tests {
             map_exec(ExecutionError::EmptyPlan, Op::Write),
             StoreError::Unavailable(_)
         ));
+        let leader = DbError::WriteTimeout {
+            consistency: Consistency::One,
+            received: 0,
+            required: 1,
+            write_type: scylla::errors::WriteType::Counter,
+        };
+        let said = map_db(&leader, "", Op::Write).to_string();
+        assert!(said.contains("leading this counter update"), "{said}");
+        assert!(!map_db(&wt, "", Op::Write)
+            .to_string()
+            .contains("leading this counter update"));
         let db =
             |e| ExecutionError::LastAttemptError(RequestAttemptError::DbError(e, String::new()));
         assert!(matches!(

@@ -393,7 +393,6 @@ pub(crate) async fn simulate_fleet(
             quiet_writes,
             failure_bound,
             store_checks,
-            log,
             lost_hits,
         };
     }
@@ -415,7 +414,6 @@ pub(crate) async fn simulate_fleet(
         quiet_writes,
         failure_bound,
         store_checks,
-        log,
         lost_hits,
     }
 }

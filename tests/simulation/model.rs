@@ -108,18 +108,8 @@ pub(crate) struct Outcome {
     pub(crate) failure_bound: f64,
     /// Checks decided through the store, all instances.
     pub(crate) store_checks: u64,
-    /// When each admitted hit was admitted (simulated ms), in order.
-    pub(crate) log: Vec<i64>,
     /// Hits of increments the store lost (`store::LEADER_LOST`), all instances.
     pub(crate) lost_hits: u64,
-}
-
-impl Outcome {
-    /// Hits admitted from `from` to `to` ms into the run.
-    pub(crate) fn admitted_between(&self, from: i64, to: i64) -> u64 {
-        let (from, to) = (T0 + from, T0 + to);
-        self.log.iter().filter(|&&t| t >= from && t < to).count() as u64
-    }
 }
 
 /// Most hits in any span `(t - span, t]` of a sorted log.

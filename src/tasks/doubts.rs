@@ -241,6 +241,13 @@ impl Doubts {
         }
     }
 
+    /// Hits in doubt in `key`'s bucket at `start` now (0: none).
+    pub fn sent(&self, key: &CounterKey, start: i64) -> i64 {
+        self.cells
+            .get(&(key.clone(), start))
+            .map_or(0, |c| c.sent.max(0))
+    }
+
     /// Gives up on every doubt (shutdown): returns the hits that stay unknown.
     pub fn give_up(&mut self) -> u64 {
         self.cells.clear();

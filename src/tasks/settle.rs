@@ -15,7 +15,7 @@ use std::time::Duration;
 use super::doubts::{Doubts, Outcome};
 use crate::limiter::Limiter;
 use crate::metrics::Metrics;
-use crate::store::{Delta, Heard};
+use crate::store::{CounterKey, Delta, Heard};
 
 /// Most cells held in doubt at once (about 100 bytes each).
 const MOST_DOUBTS: usize = 100_000;
@@ -84,6 +84,14 @@ impl Settler {
         let (given_up, hits) = {
             let mut d = self.doubts();
             let given_up = d.note(deltas, bases, outcomes, now);
+            let doubtful = deltas
+                .iter()
+                .zip(outcomes)
+                .filter(|(_, o)| **o == Outcome::Doubtful);
+            for (x, _) in doubtful {
+                self.limiter
+                    .in_doubt(&x.key, x.start, d.sent(&x.key, x.start));
+            }
             (given_up, d.hits())
         };
         self.metrics.doubts().set_in_doubt(hits);
@@ -129,6 +137,7 @@ impl Settler {
             }
         }
         let settled = self.doubts().read(&due, totals, std::time::Instant::now());
+        self.mirror(due.iter().map(|r| (&r.key, r.from)));
         let mut resent = 0;
         if !settled.resend.is_empty() {
             // Sent directly: the counters may have left the limiter's memory meanwhile.
@@ -143,6 +152,7 @@ impl Settler {
             Outcome::mark(&mut outcomes, &parts);
             self.doubts()
                 .resent(&settled.resend, &outcomes, std::time::Instant::now());
+            self.mirror(settled.resend.iter().map(|d| (&d.key, d.start)));
             resent = settled.resend.iter().map(|d| d.delta.max(0) as u64).sum();
         }
         let left = self.doubts().hits();
@@ -161,6 +171,15 @@ impl Settler {
             );
         }
         left
+    }
+
+    /// Tells the limiter what is in doubt now in these cells ([`Limiter::in_doubt`]): a read
+    /// back keeps this instance's own hits the store does not show only as far as they are.
+    fn mirror<'a>(&self, cells: impl Iterator<Item = (&'a CounterKey, i64)>) {
+        let d = self.doubts();
+        for (key, start) in cells {
+            self.limiter.in_doubt(key, start, d.sent(key, start));
+        }
     }
 
     /// Hits known to be in doubt at exit, or given up on: strict checks' writes that had no

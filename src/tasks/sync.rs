@@ -288,9 +288,6 @@ impl Syncer {
         }
         // What was not sent (refused, or past the deadline) is pending again.
         outcomes[deltas.len() - rest.len()..].fill(Outcome::Unsent);
-        if outcomes.contains(&Outcome::Landed) {
-            self.limiter.sync_answered();
-        }
         if trouble.doubtful > 0 {
             self.metrics.uncertain_hits(trouble.doubtful);
         }
@@ -344,7 +341,6 @@ impl Syncer {
             return;
         };
         let Some(e) = read.error else {
-            self.limiter.sync_answered();
             self.metrics.store_op("read", "ok", secs);
             let totals = read
                 .totals

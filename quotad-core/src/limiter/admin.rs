@@ -27,6 +27,7 @@
 
 use std::sync::Arc;
 
+use super::failure::Rule;
 use super::key::{counter_key, newest_readable, range_of, subject_of};
 use super::miss::hit_deltas;
 use super::state::buckets_from;
@@ -130,7 +131,9 @@ impl Limiter {
             .iter()
             .map(|l| range_of(tenant, client, l, now))
             .collect();
-        let totals = self.with_deadline(self.store.read(&ranges), false).await?;
+        let totals = Rule(self)
+            .with_deadline(self.store.read(&ranges), false)
+            .await?;
         let mut out = Vec::with_capacity(limits.len());
         for ((l, r), t) in limits.iter().zip(&ranges).zip(totals) {
             let mut buckets = buckets_from(&t);
@@ -289,7 +292,7 @@ impl Limiter {
         let r = range_of(tenant, client, l, now);
         self.writes
             .between(|| async {
-                let totals = self
+                let totals = Rule(self)
                     .with_deadline(self.store.read(std::slice::from_ref(&r)), false)
                     .await?;
                 let mut buckets = buckets_from(totals.first().map_or(&[][..], |t| &t[..]));

@@ -7,11 +7,16 @@
 //! a replica it needed was slow or lost, not that the store is gone, and an answer from memory
 //! could pass `max` beside the instances the store answers, which cannot see this instance's
 //! hits held in memory. Such a check is refused, as `deny` would, whatever the rule
-//! ([`Limiter::on_decided_failure`]); the rule takes over once no store call has answered for
+//! ([`Rule::on_decided_failure`]); the rule takes over once no store call has answered for
 //! [`ANSWERED_WITHIN_MS`].
+//!
+//! [`Episodes`] owns what this needs to know: when the store last answered, and the episode of
+//! failure decisions under way (one log line begins it, one ends it). [`Rule`] makes the
+//! decisions, with what the limiter knows.
 
 use std::future::Future;
-use std::sync::atomic::Ordering;
+use std::ops::Deref;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 use super::decision::{Binding, Decision};
 use super::{CheckInput, Limiter, Locked};
@@ -26,7 +31,66 @@ pub(super) const ANSWERED_WITHIN_MS: i64 = 2_000;
 /// them to end.
 const EPISODE_QUIET_MS: i64 = 5_000;
 
-impl Limiter {
+/// When the store last answered this instance, and the episode of failure decisions under
+/// way on the check path (clock ms).
+#[derive(Debug, Default)]
+pub(super) struct Episodes {
+    /// Checks decided by a failure since the episode began; 0 when none is under way.
+    failing: AtomicU64,
+    /// When a check was last decided by a failure.
+    failed_at: AtomicI64,
+    /// When a store call of this instance last answered.
+    answered_at: AtomicI64,
+}
+
+impl Episodes {
+    /// A store call answered at `now`.
+    pub(super) fn answered(&self, now: i64) {
+        self.answered_at.fetch_max(now, Ordering::Relaxed);
+    }
+
+    /// Whether a store call answered within [`ANSWERED_WITHIN_MS`] of `now`.
+    fn answering(&self, now: i64) -> bool {
+        now.saturating_sub(self.answered_at.load(Ordering::Relaxed)) <= ANSWERED_WITHIN_MS
+    }
+
+    /// Counts a check decided by a failure at `now`; says whether it begins an episode (the
+    /// one to log).
+    fn begins(&self, now: i64) -> bool {
+        self.failed_at.fetch_max(now, Ordering::Relaxed);
+        self.failing.fetch_add(1, Ordering::Relaxed) == 0
+    }
+
+    /// A check's store call answered at `now`: ends the episode under way, if none was decided
+    /// by a failure for [`EPISODE_QUIET_MS`] (a replica lost makes calls fail now and then
+    /// among answers: one episode, not a line each). Returns the checks it decided.
+    fn ends(&self, now: i64) -> Option<u64> {
+        if self.failing.load(Ordering::Relaxed) == 0
+            || now.saturating_sub(self.failed_at.load(Ordering::Relaxed)) < EPISODE_QUIET_MS
+        {
+            return None;
+        }
+        Some(self.failing.swap(0, Ordering::Relaxed)).filter(|&n| n > 0)
+    }
+
+    /// Whether an episode is under way.
+    pub(super) fn on(&self) -> bool {
+        self.failing.load(Ordering::Relaxed) > 0
+    }
+}
+
+/// The failure rule's decisions, made with what the limiter knows.
+pub(super) struct Rule<'a>(pub(super) &'a Limiter);
+
+impl Deref for Rule<'_> {
+    type Target = Limiter;
+
+    fn deref(&self) -> &Limiter {
+        self.0
+    }
+}
+
+impl Rule<'_> {
     /// Awaits a store call for at most `store_timeout`. A call that may have changed the store
     /// (`uncertain`) and got no answer fails as `Uncertain`, one that only read as `Unavailable`.
     pub(super) async fn with_deadline<T>(
@@ -57,7 +121,7 @@ impl Limiter {
         e: &StoreError,
     ) -> Decision {
         let rule = policy.on_store_failure;
-        if self.failure_begins(now) {
+        if self.failures.begins(now) {
             tracing::warn!(error = %e, rule = rule.as_str(), "store failing on the check path: checks decided by on_store_failure until it answers");
         }
         let consistency = policy.consistency;
@@ -98,7 +162,7 @@ impl Limiter {
 
     /// The store failed a check it was to decide (a strict policy's, the last units of a
     /// limit): refused while the store answers this instance's other calls, else the policy's
-    /// rule ([`Limiter::on_failure`]; see the module comment).
+    /// rule ([`Rule::on_failure`]; see the module comment).
     pub(super) fn on_decided_failure(
         &self,
         policy: &Policy,
@@ -107,13 +171,10 @@ impl Limiter {
         now: i64,
         e: &StoreError,
     ) -> Decision {
-        let answered_at = self.answered_at.load(Ordering::Relaxed);
-        if policy.on_store_failure == OnStoreFailure::Deny
-            || now.saturating_sub(answered_at) > ANSWERED_WITHIN_MS
-        {
+        if policy.on_store_failure == OnStoreFailure::Deny || !self.failures.answering(now) {
             return self.on_failure(policy, limits, input, now, e);
         }
-        if self.failure_begins(now) {
+        if self.failures.begins(now) {
             tracing::warn!(error = %e, "store failing some checks it decides while it answers others: those checks refused until it answers them");
         }
         let rule = OnStoreFailure::Deny;
@@ -122,34 +183,12 @@ impl Limiter {
         self.without_memory(policy, limits, input, rule)
     }
 
-    /// A store call of the sync task answered: the store counts as answering (see the module
-    /// comment).
-    pub fn sync_answered(&self) {
-        self.answered_at
-            .fetch_max(self.clock.now_ms(), Ordering::Relaxed);
-    }
-
-    /// Counts a check decided by a failure at `now`; says whether it begins an episode (the
-    /// one to log).
-    fn failure_begins(&self, now: i64) -> bool {
-        self.failed_at.fetch_max(now, Ordering::Relaxed);
-        self.failing.fetch_add(1, Ordering::Relaxed) == 0
-    }
-
     /// A store call of a check succeeded: ends an episode of failure decisions, if one was on
-    /// and none was decided for [`EPISODE_QUIET_MS`] (a replica lost makes calls fail now and
-    /// then among answers: one episode, not a line each).
+    /// and has gone quiet ([`Episodes::ends`]).
     pub(super) fn store_answered(&self) {
-        self.sync_answered();
-        if self.failing.load(Ordering::Relaxed) == 0 {
-            return;
-        }
         let now = self.clock.now_ms();
-        if now.saturating_sub(self.failed_at.load(Ordering::Relaxed)) < EPISODE_QUIET_MS {
-            return;
-        }
-        let decided = self.failing.swap(0, Ordering::Relaxed);
-        if decided > 0 {
+        self.failures.answered(now);
+        if let Some(decided) = self.failures.ends(now) {
             tracing::warn!(decided, "store answering the check path again");
         }
     }

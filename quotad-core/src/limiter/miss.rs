@@ -42,9 +42,8 @@
 //! One log line marks the start of an episode (the first check decided so) and one its end
 //! (the first store call of a check that succeeds after it), with the checks it decided.
 
-use std::sync::atomic::Ordering;
-
 use super::decision::{decide, Decision};
+use super::failure::Rule;
 use super::first;
 use super::key::{counter_key, range_of};
 use super::late::{undo, Counting, Late};
@@ -85,7 +84,12 @@ impl Limiter {
                         self.metrics.memory_cap_check(cap.label());
                         return (self.check_strict(policy, &limits, input, now).await, false);
                     }
-                    Err(e) => return (self.on_failure(policy, &limits, input, now, &e), false),
+                    Err(e) => {
+                        return (
+                            Rule(self).on_failure(policy, &limits, input, now, &e),
+                            false,
+                        )
+                    }
                 },
                 Turn::Follow(mut rx) => {
                     // What the read installs is decided from below; a leader that failed or
@@ -102,7 +106,10 @@ impl Limiter {
         }
         // Only reachable if entries are evicted as fast as they are loaded.
         let e = StoreError::Unavailable("counter state kept being evicted".into());
-        (self.on_failure(policy, &limits, input, now, &e), false)
+        (
+            Rule(self).on_failure(policy, &limits, input, now, &e),
+            false,
+        )
     }
 
     /// Installs unread states for the `missing` limits of a check, if every one of them
@@ -119,7 +126,7 @@ impl Limiter {
         if policy.consistency != Consistency::Cached
             || input.cost == 0
             || input.reserve
-            || self.failing.load(Ordering::Relaxed) > 0
+            || self.failures.on()
             || self.shares.fleet.cut_since().is_some()
         {
             return false;
@@ -159,8 +166,10 @@ impl Limiter {
             .iter()
             .map(|l| range_of(input.tenant, input.client, l, now))
             .collect();
-        let totals = self.with_deadline(self.store.read(&ranges), false).await?;
-        self.store_answered();
+        let totals = Rule(self)
+            .with_deadline(self.store.read(&ranges), false)
+            .await?;
+        Rule(self).store_answered();
         let mut capped = None;
         for (l, (r, t)) in limits.iter().zip(ranges.iter().zip(totals)) {
             let share = self.shares.share(&t, r, now);
@@ -239,7 +248,7 @@ impl Limiter {
                     // Nothing written: what it carried is pending again.
                     self.table.unwritten(&carried);
                 }
-                let d = self.on_decided_failure(policy, limits, input, now, &e);
+                let d = Rule(self).on_decided_failure(policy, limits, input, now, &e);
                 if matches!(e, StoreError::Uncertain(_)) {
                     self.metrics.uncertain_hits(input.cost);
                     self.count_as_taken(&deltas, &d);
@@ -252,13 +261,13 @@ impl Limiter {
                     "no answer within {:?}",
                     self.cfg.store_timeout
                 ));
-                return self.on_failure(policy, limits, input, now, &e);
+                return Rule(self).on_failure(policy, limits, input, now, &e);
             }
             Err(_) => {
                 self.metrics.uncertain_hits(input.cost);
                 let e =
                     StoreError::Uncertain(format!("no answer within {:?}", self.cfg.store_timeout));
-                let d = self.on_decided_failure(policy, limits, input, now, &e);
+                let d = Rule(self).on_decided_failure(policy, limits, input, now, &e);
                 let admitted = self.count_as_taken(&deltas, &d);
                 let late = Late {
                     deltas,
@@ -273,7 +282,7 @@ impl Limiter {
             }
         };
         drop(writing);
-        self.store_answered();
+        Rule(self).store_answered();
         let mut states = states_before_hit(limits, &totals, input.cost, now);
         if self.shares.fleet.cut_since().is_some() {
             self.add_region_parts(limits, &ranges, &totals, &mut states, input.cost, now);

@@ -60,7 +60,7 @@ pub mod tokens;
 pub mod window;
 mod writes;
 
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
 use smallvec::SmallVec;
@@ -81,8 +81,9 @@ use crate::domain::{Consistency, Limit, OnStoreFailure, Policy, Scope, TENANT_SU
 use crate::history::{Answer, Recorder};
 use crate::metrics::Metrics;
 use crate::store::history::UsageDelta;
-use crate::store::{BucketTotal, CounterRange, Delta, DynCounterStore, StoreError};
+use crate::store::{BucketTotal, CounterKey, CounterRange, Delta, DynCounterStore, StoreError};
 use decision::{fill, Judging, Slots};
+use failure::Rule;
 use late::LateAnswers;
 use share::Shares;
 use state::{lock, AnsweredHour, LimitState};
@@ -160,11 +161,7 @@ pub struct Limiter {
     late: LateAnswers,
     /// Checks decided by the failure rule since the store last answered the check path: one
     /// log line an episode, not one a check.
-    failing: AtomicU64,
-    /// When a check was last decided by a failure (clock ms), for `failure`.
-    failed_at: AtomicI64,
-    /// When a store call of this instance last answered (clock ms), for `failure`.
-    answered_at: AtomicI64,
+    failures: failure::Episodes,
     cfg: LimiterConfig,
 }
 
@@ -196,9 +193,7 @@ impl Limiter {
             loads: loads::Loads::default(),
             last_round: AtomicI64::new(i64::MIN),
             late: LateAnswers::default(),
-            failing: AtomicU64::default(),
-            failed_at: AtomicI64::new(i64::MIN),
-            answered_at: AtomicI64::new(i64::MIN),
+            failures: failure::Episodes::default(),
             cfg,
         }
     }
@@ -380,7 +375,7 @@ impl Limiter {
             // This instance may be counting from a share another instance holds now (its
             // lease could not be renewed): decide as the policy says for a failing store.
             let e = StoreError::Unavailable("this instance holds no shard lease".into());
-            return Now::Decided(self.on_failure(policy, limits, input, now, &e), false);
+            return Now::Decided(Rule(self).on_failure(policy, limits, input, now, &e), false);
         }
         if policy.consistency == Consistency::Strict {
             return Now::Store;
@@ -576,9 +571,15 @@ impl Limiter {
         self.table.unread(ranges);
     }
 
+    /// `hits` of this instance's sync writes to `key`'s bucket at `start` are in doubt (`table::InDoubt`).
+    pub fn in_doubt(&self, key: &CounterKey, start: i64, hits: i64) {
+        self.table.in_doubt.set(key, start, hits);
+    }
+
     /// Installs totals read back from the store: they include every instance's writes.
     pub fn refreshed(&self, ranges: &[CounterRange], totals: Vec<Vec<BucketTotal>>) {
         let now = self.clock.now_ms();
+        self.failures.answered(now);
         self.table.refreshed(ranges, totals, now, &self.shares);
     }
 

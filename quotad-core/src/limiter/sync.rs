@@ -296,6 +296,7 @@ impl Table {
             .zip(totals)
             .map(|(r, t)| (r, shares.share(&t, r, now), t))
             .collect();
+        let held = self.in_doubt.held();
         self.each_state(
             &read,
             |x| &x.0.key,
@@ -306,22 +307,26 @@ impl Table {
                     s.share = *share;
                     s.unread = false;
                     s.read_back(now);
-                    // This instance's own written hits the store does not show (writes in
-                    // doubt, not applied yet or lost) stay counted, in `stored` and as unseen
-                    // by the others (`settling`), until a read shows them: this instance
-                    // knows what it admitted, and the others cannot hold room for them.
+                    // This instance's own written hits the store does not show, as far as
+                    // their writes are in doubt (`InDoubt`), stay counted, in `stored` and as
+                    // unseen by the others (`settling`), until a read shows them: this
+                    // instance knows what it admitted, and the others cannot hold room for
+                    // them. Otherwise the store's count stands.
+                    let doubted = |start| held.as_ref().map_or(0, |h| h.hits(&r.key, start));
                     let mut unseen = 0i64;
                     for b in s.buckets.iter_mut().filter(|b| b.start >= r.from) {
-                        unseen = unseen.saturating_add(b.mine.max(0));
-                        b.stored = b.mine.max(0);
+                        if t.binary_search_by_key(&b.start, |bt| bt.start).is_err() {
+                            let kept = b.mine.clamp(0, doubted(b.start).max(0));
+                            (b.stored, b.mine) = (kept, kept);
+                            unseen = unseen.saturating_add(kept);
+                        }
                     }
                     for bt in t {
                         let b = window::bucket_at(&mut s.buckets, bt.start);
-                        let own = b.mine.max(0);
-                        let seen = own.min(bt.mine);
-                        unseen = unseen.saturating_sub(seen.max(0));
-                        b.mine = own.max(bt.mine);
-                        b.stored = bt.total.saturating_add(own - seen);
+                        let missing = (b.mine - bt.mine).clamp(0, doubted(bt.start).max(0));
+                        b.mine = bt.mine.saturating_add(missing);
+                        b.stored = bt.total.saturating_add(missing);
+                        unseen = unseen.saturating_add(missing);
                     }
                     s.settling = unseen.max(0) as u64;
                     shares.note_read(s, now);

@@ -11,8 +11,8 @@
 //! back from the store.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use crossbeam_utils::CachePadded;
 use hashbrown::DefaultHashBuilder;
@@ -56,6 +56,8 @@ pub(super) struct Table {
     /// When eviction last ran near a memory cap (ms; `i64::MIN`: never): counters may then
     /// have left memory sooner than `idle_ms`, which unread admissions count on (`first`).
     pub(super) pressed_at: AtomicI64,
+    /// This instance's sync writes in doubt, for read backs ([`InDoubt`]).
+    pub(super) in_doubt: InDoubt,
 }
 
 impl Table {
@@ -78,6 +80,7 @@ impl Table {
             settle_ms: TOKEN_SETTLE_ROUNDS * cfg.sync_interval_ms,
             metrics,
             pressed_at: AtomicI64::new(i64::MIN),
+            in_doubt: InDoubt::default(),
         }
     }
 
@@ -215,5 +218,53 @@ impl Table {
                     .sum::<u64>()
             })
             .sum()
+    }
+}
+
+// This instance's sync writes in doubt, per counter bucket, as the server's settling of them
+// holds them ([`InDoubt`]). A read back keeps the instance's own hits that the store does not
+// show only as far as they are in doubt here (`sync`, `Table::refreshed`): those the instance
+// admitted, whose write may not have landed yet. A store that shows less of this instance's
+// shard for any other reason (a reset or a credit another instance wrote into a shard they
+// share) is believed.
+
+/// Hits in doubt per (counter, bucket start); empty but for a store that lost or left
+/// unanswered some writes. A read back holds it across the shards it visits; nothing takes it
+/// while holding a shard.
+#[derive(Debug, Default)]
+pub(super) struct InDoubt {
+    cells: Mutex<HashMap<(CounterKey, i64), i64>>,
+    /// Whether `cells` holds any: a read back with none in doubt takes no lock.
+    any: AtomicBool,
+}
+
+/// The cells in doubt, held for one read back.
+pub(super) struct Held<'a>(MutexGuard<'a, HashMap<(CounterKey, i64), i64>>);
+
+impl Held<'_> {
+    /// Hits in doubt in `key`'s bucket at `start`.
+    pub(super) fn hits(&self, key: &CounterKey, start: i64) -> i64 {
+        self.0.get(&(key.clone(), start)).copied().unwrap_or(0)
+    }
+}
+
+impl InDoubt {
+    /// `hits` of this instance's writes to `key`'s bucket at `start` are in doubt now (0: none).
+    pub(super) fn set(&self, key: &CounterKey, start: i64, hits: i64) {
+        let mut cells = self.cells.lock().unwrap_or_else(|p| p.into_inner());
+        if hits > 0 {
+            cells.insert((key.clone(), start), hits);
+        } else {
+            cells.remove(&(key.clone(), start));
+        }
+        self.any.store(!cells.is_empty(), Ordering::Relaxed);
+    }
+
+    /// The cells in doubt, or None when there are none.
+    pub(super) fn held(&self) -> Option<Held<'_>> {
+        if !self.any.load(Ordering::Relaxed) {
+            return None;
+        }
+        Some(Held(self.cells.lock().unwrap_or_else(|p| p.into_inner())))
     }
 }

@@ -84,16 +84,14 @@ impl Settler {
         let (given_up, hits) = {
             let mut d = self.doubts();
             let given_up = d.note(deltas, bases, outcomes, now);
-            let doubtful = deltas
-                .iter()
-                .zip(outcomes)
-                .filter(|(_, o)| **o == Outcome::Doubtful);
-            for (x, _) in doubtful {
-                self.limiter
-                    .in_doubt(&x.key, x.start, d.sent(&x.key, x.start));
-            }
             (given_up, d.hits())
         };
+        let doubtful = deltas.iter().zip(outcomes);
+        self.mirror(
+            doubtful
+                .filter(|(_, o)| **o == Outcome::Doubtful)
+                .map(|(x, _)| (&x.key, x.start)),
+        );
         self.metrics.doubts().set_in_doubt(hits);
         if given_up > 0 {
             self.metrics.doubts().settled(0, 0, given_up);

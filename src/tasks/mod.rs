@@ -11,6 +11,7 @@ mod episodes;
 pub mod fleet;
 pub mod history_writer;
 pub mod holds;
+mod read_back;
 pub mod retention;
 mod settle;
 pub mod sync;

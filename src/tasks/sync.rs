@@ -3,9 +3,11 @@
 //! Every `sync.interval`: in one pass over the limiter's entries, evict what no longer counts
 //! and take a snapshot of the pending hits (as increments, one per bucket), moving exactly the
 //! snapshot from pending to stored (hits admitted meanwhile stay pending); write them in one
-//! batch (a refused write moves them back to pending); then read back the totals of every
-//! counter used since the last sync (they include other instances' hits). Store write load
-//! therefore follows the number of active counters per interval, not the request rate.
+//! batch (a refused write moves them back to pending); then read back the totals of the
+//! counters written or waiting for the others' hits (they include other instances' hits): those
+//! near a limit first, the rest within an interval a round (`read_back`). Store write load
+//! therefore follows the number of active counters per interval, not the request rate. Old
+//! buckets are deleted by a janitor task beside the rounds.
 //!
 //! Rounds are aligned on wall-clock multiples of the interval (UTC, like buckets), and the read
 //! back waits a short settle time after the write: every instance of a fleet then writes at the
@@ -27,6 +29,7 @@
 //! instance's own cells at consistency `ALL`, once no replica can still apply them, says
 //! whether they landed; what did not is sent again.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,6 +38,7 @@ use tokio::sync::watch;
 use super::doubts::Outcome;
 use super::episodes::{Episodes, Trouble};
 use super::history_writer::HistoryWriter;
+use super::read_back::Backlog;
 use super::settle::Settler;
 use crate::limiter::Limiter;
 use crate::metrics::Metrics;
@@ -60,9 +64,9 @@ fn chunk_end(deltas: &[Delta], most: usize) -> usize {
 
 /// How long past a round's deadline a store call may run before the sync stops waiting for
 /// it (a store cuts off its own requests at the deadline).
-const CUT_OFF_MARGIN: Duration = Duration::from_millis(500);
+pub(super) const CUT_OFF_MARGIN: Duration = Duration::from_millis(500);
 
-/// The longest the janitor keeps going at one wake-up (sync rounds wait meanwhile).
+/// The longest the janitor keeps going at one wake-up (beside the rounds).
 const JANITOR_MAX_BUSY: Duration = Duration::from_secs(1);
 
 #[derive(Clone, Debug)]
@@ -111,16 +115,21 @@ pub struct Round {
 }
 
 pub struct Syncer {
-    limiter: Arc<Limiter>,
+    pub(super) limiter: Arc<Limiter>,
     /// Writes the usage history (the counters go through the limiter's store handle).
     history: Arc<HistoryWriter>,
-    metrics: Arc<Metrics>,
-    cfg: SyncConfig,
+    pub(super) metrics: Arc<Metrics>,
+    pub(super) cfg: SyncConfig,
     /// OpenTelemetry traces of the rounds, when on.
     traces: Option<Arc<crate::traces::Traces>>,
     episodes: Episodes,
     /// Writes in doubt, until settled.
     settler: Settler,
+    /// Counters far from their limits that earlier rounds had no time to read back.
+    pub(super) backlog: Backlog,
+    /// How long after its tick a round's write was done, at the peak of the recent rounds
+    /// (µs; [`Syncer::settle_after`]).
+    write_peak_us: AtomicU64,
 }
 
 impl Syncer {
@@ -149,6 +158,8 @@ impl Syncer {
             traces: None,
             episodes: Episodes::default(),
             settler,
+            backlog: Backlog::default(),
+            write_peak_us: AtomicU64::new(0),
         }
     }
 
@@ -162,7 +173,7 @@ impl Syncer {
     /// written, whatever `sync.max_delay_ms` allows (shutdown's drain, tests). On a failed
     /// write the hits stay pending and the error is returned.
     pub async fn round(&self) -> Result<Round, StoreError> {
-        let (ranges, mut round, answers) = self.write_round(true, true).await?;
+        let (ranges, _, mut round, answers) = self.write_round(true, true).await?;
         self.read_back(&ranges).await;
         self.history.write(answers).await;
         round.pending_after = self.limiter.pending_hits();
@@ -173,19 +184,19 @@ impl Syncer {
     /// the pending hits of the counters that are due (`Limiter::collect`) and the usage
     /// history; returns the counters to read back.
     pub async fn write(&self) -> Result<(Vec<CounterRange>, Round), StoreError> {
-        let (ranges, round, answers) = self.write_round(true, false).await?;
+        let (ranges, _, round, answers) = self.write_round(true, false).await?;
         self.history.write(answers).await;
         Ok((ranges, round))
     }
 
     /// Writes the pending hits of the counters that are due (every counter's when `all`);
-    /// returns the counters to read back, and with `history` (it is due) what the client
+    /// returns the counters to read back (how many of them, first, are near a limit), and with `history` (it is due) what the client
     /// entries summed for the usage history, for the caller to write.
     async fn write_round(
         &self,
         history: bool,
         all: bool,
-    ) -> Result<(Vec<CounterRange>, Round, Vec<UsageDelta>), StoreError> {
+    ) -> Result<(Vec<CounterRange>, usize, Round, Vec<UsageDelta>), StoreError> {
         let mut batch = self
             .limiter
             .collect(self.limiter.clock().now_ms(), history, all);
@@ -209,7 +220,7 @@ impl Syncer {
             written_hits: written,
             pending_after: 0,
         };
-        Ok((batch.ranges, round, answers))
+        Ok((batch.ranges, batch.urgent, round, answers))
     }
 
     /// Writes a snapshot's increments, in calls of at most [`INCREMENT_CHUNK`] (a counter's
@@ -322,99 +333,45 @@ impl Syncer {
         self.settler.settle(false).await
     }
 
-    /// A round's second half: reads totals back (they include every instance's writes).
-    /// What a failed part of the read did not get is logged and read again at the next round;
-    /// what the other parts got is installed.
-    pub async fn read_back(&self, ranges: &[CounterRange]) {
-        if ranges.is_empty() {
-            return;
-        }
-        let started = std::time::Instant::now();
-        let deadline = started + self.cfg.timeout;
-        let read = self.limiter.store().read_parts(ranges, Some(deadline));
-        let res = tokio::time::timeout(self.cfg.timeout + CUT_OFF_MARGIN, read).await;
-        let secs = started.elapsed().as_secs_f64();
-        let Ok(read) = res else {
-            self.metrics.store_op("read", "timeout", secs);
-            self.limiter.unread(ranges);
-            tracing::warn!("sync: reading totals back timed out");
-            return;
-        };
-        let Some(e) = read.error else {
-            self.metrics.store_op("read", "ok", secs);
-            let totals = read
-                .totals
-                .into_iter()
-                .map(Option::unwrap_or_default)
-                .collect();
-            self.limiter.refreshed(ranges, totals);
-            return;
-        };
-        let (mut got, mut got_totals, mut missed) = (Vec::new(), Vec::new(), Vec::new());
-        for (r, t) in ranges.iter().zip(read.totals) {
-            match t {
-                Some(t) => {
-                    got.push(r.clone());
-                    got_totals.push(t);
-                }
-                None => missed.push(r.clone()),
-            }
-        }
-        self.metrics.store_op(
-            "read",
-            if got.is_empty() { "error" } else { "partial" },
-            secs,
-        );
-        if !got.is_empty() {
-            self.limiter.refreshed(&got, got_totals);
-        }
-        self.limiter.unread(&missed);
-        tracing::warn!(
-            error = %e,
-            read = got.len(),
-            unread = missed.len(),
-            "sync: reading totals back failed in part; the rest is read again next round"
-        );
-    }
-
     /// Deletes what is past retention, a budget at a time, until a call finds less than its
     /// budget due (caught up) or [`JANITOR_MAX_BUSY`] has passed: under a sustained load a
     /// single budget a wake-up could fall behind the buckets written, and the store would grow.
-    async fn janitor(&self) {
-        let busy_since = std::time::Instant::now();
-        loop {
-            let now = self.limiter.clock().now_ms();
-            let started = std::time::Instant::now();
-            let res = tokio::time::timeout(
-                self.cfg.timeout,
-                self.limiter
-                    .store()
-                    .delete_expired(now, self.cfg.janitor_budget),
-            )
-            .await;
-            let secs = started.elapsed().as_secs_f64();
-            let n = match res {
-                Ok(Ok(n)) => {
-                    self.metrics.store_op("delete_expired", "ok", secs);
-                    if n > 0 {
-                        tracing::debug!(deleted = n, "janitor: deleted expired buckets");
+    /// A task beside the rounds: its deletes take seconds on a slow store, and rounds that
+    /// waited on them would leave every counter's view that much staler.
+    fn janitor(&self) -> tokio::task::JoinHandle<()> {
+        let (limiter, metrics) = (self.limiter.clone(), self.metrics.clone());
+        let (timeout, budget) = (self.cfg.timeout, self.cfg.janitor_budget);
+        tokio::spawn(async move {
+            let busy_since = std::time::Instant::now();
+            loop {
+                let now = limiter.clock().now_ms();
+                let started = std::time::Instant::now();
+                let call = limiter.store().delete_expired(now, budget);
+                let res = tokio::time::timeout(timeout, call).await;
+                let secs = started.elapsed().as_secs_f64();
+                let n = match res {
+                    Ok(Ok(n)) => {
+                        metrics.store_op("delete_expired", "ok", secs);
+                        if n > 0 {
+                            tracing::debug!(deleted = n, "janitor: deleted expired buckets");
+                        }
+                        n
                     }
-                    n
-                }
-                Ok(Err(e)) => {
-                    self.metrics.store_op("delete_expired", "error", secs);
-                    tracing::warn!(error = %e, "janitor failed");
+                    Ok(Err(e)) => {
+                        metrics.store_op("delete_expired", "error", secs);
+                        tracing::warn!(error = %e, "janitor failed");
+                        return;
+                    }
+                    Err(_) => {
+                        metrics.store_op("delete_expired", "timeout", secs);
+                        return;
+                    }
+                };
+                if n < budget as u64 || busy_since.elapsed() >= JANITOR_MAX_BUSY {
                     return;
                 }
-                Err(_) => {
-                    self.metrics.store_op("delete_expired", "timeout", secs);
-                    return;
-                }
-            };
-            if n < self.cfg.janitor_budget as u64 || busy_since.elapsed() >= JANITOR_MAX_BUSY {
-                return;
             }
-        }
+        })
     }
 
     /// How long a round's read back waits after its write: the settle time, plus, in a fleet of
@@ -427,6 +384,22 @@ impl Syncer {
         (self.cfg.settle + lag).min(most)
     }
 
+    /// How long a round's read back waits once its write is done, `wrote` after the tick: until
+    /// the other instances' writes of the tick have landed too, then [`Syncer::settle`]. Theirs
+    /// began at the tick as this one did, and are taken to last at most as long as this
+    /// instance's slowest of late (the peak of its recent rounds, falling by a sixteenth a
+    /// round). A read that came before them would count their hits as headroom, and this
+    /// instance would take its share of it on top of what they admitted. At most nine tenths
+    /// of the interval.
+    fn settle_after(&self, wrote: Duration) -> Duration {
+        let old = Duration::from_micros(self.write_peak_us.load(Ordering::Relaxed));
+        let peak = wrote.max(old.mul_f64(15.0 / 16.0));
+        let micros = peak.as_micros().min(u128::from(u64::MAX)) as u64;
+        self.write_peak_us.store(micros, Ordering::Relaxed);
+        let most = self.cfg.interval.mul_f64(0.9).max(self.cfg.settle);
+        (peak.saturating_sub(wrote) + self.settle()).min(most)
+    }
+
     /// Runs rounds every interval (backing off while the store fails) until `shutdown` turns
     /// true, then drains. Returns the hits not known to be in the store: unwritten, or sent
     /// and never answered (0: every admitted hit written).
@@ -435,6 +408,7 @@ impl Syncer {
         let mut next_janitor = tokio::time::Instant::now() + self.cfg.janitor_interval;
         let mut next_history = tokio::time::Instant::now() + self.cfg.history_interval;
         let mut history_task: Option<tokio::task::JoinHandle<()>> = None;
+        let mut janitor_task: Option<tokio::task::JoinHandle<()>> = None;
         loop {
             tokio::select! {
                 _ = tokio::time::sleep(self.until_next_tick(failures)) => {}
@@ -446,20 +420,21 @@ impl Syncer {
             let t = self.traces.as_deref();
             let round = t.map(|t| t.start_span("sync_round", None, None));
             let write = t.zip(round.as_ref()).map(|(t, r)| t.child(r, "sync.write"));
+            let tick = std::time::Instant::now();
             let written = self.write_round(history, false).await;
             if let (Some(t), Some(w)) = (t, write) {
-                let hits = written.as_ref().ok().map(|(_, r, _)| r.written_hits);
+                let hits = written.as_ref().ok().map(|(_, _, r, _)| r.written_hits);
                 t.end_store(w, hits, written.as_ref().err().map(ToString::to_string));
             }
             match written {
-                Ok((ranges, _, answers)) => {
+                Ok((ranges, urgent, _, answers)) => {
                     failures = 0;
                     tokio::select! {
-                        _ = tokio::time::sleep(self.settle()) => {}
+                        _ = tokio::time::sleep(self.settle_after(tick.elapsed())) => {}
                         _ = shutdown.wait_for(|stop| *stop) => {}
                     }
                     let read = t.zip(round.as_ref()).map(|(t, r)| t.child(r, "sync.read"));
-                    self.read_back(&ranges).await;
+                    self.read_back_paced(&ranges, urgent, tick).await;
                     if let (Some(t), Some(r)) = (t, read) {
                         t.end_store(r, Some(ranges.len() as u64), None);
                     }
@@ -484,12 +459,17 @@ impl Syncer {
             if let (Some(t), Some(r)) = (t, round) {
                 t.end_store(r, None, None);
             }
-            if tokio::time::Instant::now() >= next_janitor {
-                self.janitor().await;
+            if tokio::time::Instant::now() >= next_janitor
+                && janitor_task.as_ref().is_none_or(|t| t.is_finished())
+            {
+                janitor_task = Some(self.janitor());
                 next_janitor = tokio::time::Instant::now() + self.cfg.janitor_interval;
             }
         }
         if let Some(t) = history_task {
+            let _ = t.await;
+        }
+        if let Some(t) = janitor_task {
             let _ = t.await;
         }
         // What the process reports at exit: hits not written, and hits whose writes were sent

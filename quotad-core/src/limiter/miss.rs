@@ -172,7 +172,7 @@ impl Limiter {
         Rule(self).store_answered();
         let mut capped = None;
         for (l, (r, t)) in limits.iter().zip(ranges.iter().zip(totals)) {
-            let share = self.shares.share(&t, r, now);
+            let share = self.shares.share(&t, r, now, None);
             let mut part = self.shares.region_part(&t, r, now, None);
             // A state admitted unread (`first`) takes the read in; any other that a racing
             // read installed first stays as it is.
@@ -375,7 +375,7 @@ impl Limiter {
                 s.unread = false;
             });
             if known.is_none() {
-                let share = self.shares.share(&t, r, now);
+                let share = self.shares.share(&t, r, now, None);
                 let part = self.shares.region_part(&t, r, now, None);
                 let state = || self.read_state(l, buckets, share, now);
                 // No room under a cap: nothing remembered, and a failure knows nothing of it.

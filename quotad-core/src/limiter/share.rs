@@ -36,21 +36,30 @@ use crate::store::{BucketTotal, CounterRange};
 /// full but the others' only up to their last write, and would make every instance think its
 /// share larger than it is (the shares would add up to more than 1).
 ///
-/// With nothing settled yet (a fresh key), `eager` takes what the fleet wrote so far instead;
-/// without it, every instance gets 1/N until something settles. Only a fleet that writes
+/// With nothing settled in the window, the share `kept` from an earlier read stands: no new
+/// evidence. Traffic that fills a window in bursts leaves it so between them, and the window's
+/// unsettled bucket holds this instance's newest hits but not yet all of the others' (shares
+/// from it would add up to more than 1, and a burst would take more than the room). A key not
+/// read before (`kept` None) has nothing to keep: `eager` then takes what the fleet wrote so
+/// far; without it, every instance gets 1/N until something settles. Only a fleet that writes
 /// every round may be eager: where others write lazily, what they wrote so far says nothing of
 /// what they hold.
 pub fn share_of(
     totals: &[BucketTotal],
-    grain: Grain,
-    from: i64,
-    settled: i64,
+    (grain, from, settled): (Grain, i64, i64),
     instances: u32,
     eager: bool,
+    kept: Option<f32>,
 ) -> f32 {
-    part_of(totals, grain, from, settled, instances, eager, |t| {
-        (t.mine, t.total)
-    })
+    part_of(
+        totals,
+        grain,
+        from,
+        settled,
+        instances,
+        (eager, kept),
+        |t| (t.mine, t.total),
+    )
 }
 
 /// [`share_of`] of any part of a whole that `parts` takes from each bucket: this instance's
@@ -62,7 +71,7 @@ fn part_of(
     from: i64,
     settled: i64,
     instances: u32,
-    eager: bool,
+    (eager, kept): (bool, Option<f32>),
     parts: impl Fn(&BucketTotal) -> (i64, i64),
 ) -> f32 {
     if instances <= 1 {
@@ -81,6 +90,9 @@ fn part_of(
         (mine, total)
     };
     let (mut mine, mut total) = sum(true);
+    if let Some(k) = kept.filter(|_| total == 0.0) {
+        return k;
+    }
     if total == 0.0 && eager {
         // A fresh key: nothing has settled yet. What the fleet wrote so far is the only sign of
         // who carries it; waiting for a bucket to settle would hold a busy instance at 1/N
@@ -344,14 +356,15 @@ impl Shares {
         }
         let (settled, eager) = self.settled(now);
         let (g, from) = (r.key.grain, r.from);
-        let share = part_of(totals, g, from, settled, m.region_members(), eager, |t| {
+        let ways = (eager, None);
+        let share = part_of(totals, g, from, settled, m.region_members(), ways, |t| {
             (t.mine, t.region)
         });
         let earned = match (m.cut_since(), kept) {
             (Some(_), Some(k)) => k,
             (cut, _) => {
                 let settled = cut.map_or(settled, |c| settled.min(c));
-                part_of(totals, g, from, settled, m.regions(), eager, |t| {
+                part_of(totals, g, from, settled, m.regions(), (eager, None), |t| {
                     (t.region, t.total)
                 })
             }
@@ -408,11 +421,18 @@ impl Shares {
         s.note_reserve(read);
     }
 
-    /// This instance's share of a counter read back over `r`.
-    pub(super) fn share(&self, totals: &[BucketTotal], r: &CounterRange, now: i64) -> f32 {
+    /// This instance's share of a counter read back over `r`; `kept`, the share it has from
+    /// an earlier read (see [`share_of`]).
+    pub(super) fn share(
+        &self,
+        totals: &[BucketTotal],
+        r: &CounterRange,
+        now: i64,
+        kept: Option<f32>,
+    ) -> f32 {
         let (settled, eager) = self.settled(now);
         let n = self.fleet.members();
-        share_of(totals, r.key.grain, r.from, settled, n, eager)
+        share_of(totals, (r.key.grain, r.from, settled), n, eager, kept)
     }
 
     /// Until when every instance has written its hits at `now` (buckets that ended before
@@ -492,6 +512,24 @@ mod tests {
     }
 
     #[test]
+    fn a_window_with_nothing_settled_keeps_the_share_it_had() {
+        // This instance's 300 written, the other's 100 of its burst so far: none settled.
+        let t = [BucketTotal {
+            start: 9_000,
+            total: 400,
+            mine: 300,
+            region: 400,
+        }];
+        let window = (Grain::Fixed(1_000), 0, 9_500);
+        assert_eq!(share_of(&t, window, 2, true, Some(0.5)), 0.5);
+        // Never read before: what the fleet wrote so far (eager).
+        assert!(share_of(&t, window, 2, true, None) > 0.7);
+        // Something settled: the settled buckets decide, whatever was kept.
+        let settled = (Grain::Fixed(1_000), 0, 10_000);
+        assert!(share_of(&t, settled, 2, true, Some(0.5)) > 0.7);
+    }
+
+    #[test]
     fn after_a_reset_no_instance_takes_more_than_an_equal_share() {
         // This instance's shard holds +3, another's -3 (a reset written there): the total is 0.
         let t = [BucketTotal {
@@ -500,10 +538,10 @@ mod tests {
             mine: 3,
             region: 0,
         }];
-        let s = share_of(&t, Grain::Fixed(1_000), 0, 10_000, 2, true);
+        let s = share_of(&t, (Grain::Fixed(1_000), 0, 10_000), 2, true, None);
         assert!((s - 0.5).abs() < 1e-6, "{s}");
         // In the ordinary case the busy instance still gets most of the headroom.
         let busy = [BucketTotal::alone(0, 100)];
-        assert!(share_of(&busy, Grain::Fixed(1_000), 0, 10_000, 3, true) > 0.9);
+        assert!(share_of(&busy, (Grain::Fixed(1_000), 0, 10_000), 3, true, None) > 0.9);
     }
 }

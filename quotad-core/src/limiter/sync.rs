@@ -18,6 +18,7 @@ use super::state::{lock, AnsweredHour, LimitState, Shard};
 use super::table::Table;
 use super::window;
 use super::writes::Writing;
+use crate::domain::LimitKind;
 use crate::history::Recorder;
 use crate::pace::Pacer;
 use crate::store::history::{Counts, UsageDelta};
@@ -31,6 +32,9 @@ pub struct SyncBatch {
     /// ([`super::bucket::Bucket::mine`]): what the store holds there if the write does not land.
     pub bases: Vec<i64>,
     pub ranges: Vec<CounterRange>,
+    /// How many of `ranges`, at its start, are counters near a limit (pressing on a share, or
+    /// admitted before their first read): read those first, and at once.
+    pub urgent: usize,
     /// The admitted checks the client entries summed for the usage history, when taken.
     pub answers: Vec<UsageDelta>,
     /// Hits pending in memory when the snapshot was taken: those of `deltas`, and any the
@@ -146,6 +150,8 @@ impl Table {
         let mut taken: Vec<(Arc<str>, Arc<str>, AnsweredHour)> = Vec::new();
         let mut pace = Pacer::new();
         let mut dropped = 0u64;
+        // The counters to read back that are not near a limit: after the others.
+        let mut rest: Vec<CounterRange> = Vec::new();
         for shard in self.all_shards() {
             let mut g = lock(shard);
             g.retain(|k, e| {
@@ -178,10 +184,16 @@ impl Table {
                 // written or pressed, or used at its write time; otherwise (and alone, where
                 // this instance's own writes keep it exact) every few writes.
                 // A state admitted before its first read (`first`) is read at the next round.
+                let unread = e.states.iter().any(|s| s.unread);
                 let refresh = (fleet && (pressing || (write && (has_pending || e.touched))))
                     || (lazy && turn(slot.rotate_left(32), read_every))
                     || e.stale_rounds >= read_every
-                    || e.states.iter().any(|s| s.unread);
+                    || unread;
+                let reads = if pressing || unread {
+                    &mut batch.ranges
+                } else {
+                    &mut rest
+                };
                 for s in e.states.iter_mut() {
                     let mut key = || CounterKey {
                         tenant: k.tenant.clone(),
@@ -220,7 +232,7 @@ impl Table {
                     }
                     if refresh {
                         s.pressing = false;
-                        batch.ranges.push(CounterRange {
+                        reads.push(CounterRange {
                             key: key(),
                             from: s.oldest_needed(now),
                             to: newest_readable(s.kind, now),
@@ -239,6 +251,8 @@ impl Table {
             pace.step();
         }
         batch.pending = self.evicted(tally).1.saturating_sub(dropped);
+        batch.urgent = batch.ranges.len();
+        batch.ranges.append(&mut rest);
         batch
     }
 
@@ -291,20 +305,23 @@ impl Table {
         now: i64,
         shares: &Shares,
     ) {
-        let read: Vec<(&CounterRange, f32, Vec<BucketTotal>)> = ranges
-            .iter()
-            .zip(totals)
-            .map(|(r, t)| (r, shares.share(&t, r, now), t))
-            .collect();
+        let read: Vec<(&CounterRange, Vec<BucketTotal>)> = ranges.iter().zip(totals).collect();
         let held = self.in_doubt.held();
         self.each_state(
             &read,
             |x| &x.0.key,
             |s, run| {
-                for (r, share, t) in run {
+                for (r, t) in run {
                     let kept = s.region().map(|p| p.earned);
                     s.set_region(shares.region_part(t, r, now, kept));
-                    s.share = *share;
+                    // A sliding window read before keeps its share while nothing has
+                    // settled in it (a calendar period's bucket settles only as it ends).
+                    let sliding = matches!(s.kind, LimitKind::Sliding { .. });
+                    let span = shares.seen_span().unwrap_or(1).max(1);
+                    let settled_before =
+                        |r: &&super::reserve::Reserve| sliding && r.covers(now.div_euclid(span));
+                    let kept = s.seen().filter(settled_before).map(|_| s.share);
+                    s.share = shares.share(t, r, now, kept);
                     s.unread = false;
                     s.read_back(now);
                     // This instance's own written hits the store does not show, as far as
@@ -314,7 +331,10 @@ impl Table {
                     // them. Otherwise the store's count stands.
                     let doubted = |start| held.as_ref().map_or(0, |h| h.hits(&r.key, start));
                     let mut unseen = 0i64;
-                    for b in s.buckets.iter_mut().filter(|b| b.start >= r.from) {
+                    // The read covers its range's buckets alone: newer ones (a range taken
+                    // rounds ago) keep what memory has.
+                    let covered = |b: &&mut window::Bucket| b.start >= r.from && b.start <= r.to;
+                    for b in s.buckets.iter_mut().filter(covered) {
                         if t.binary_search_by_key(&b.start, |bt| bt.start).is_err() {
                             let kept = b.mine.clamp(0, doubted(b.start).max(0));
                             (b.stored, b.mine) = (kept, kept);

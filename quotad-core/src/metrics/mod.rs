@@ -62,6 +62,7 @@ pub struct Metrics {
     store_ops: IntCounterVec,
     store_duration: HistogramVec,
     sync_pending: IntGauge,
+    read_backlog: IntGauge,
     active_counters: IntGauge,
     store_failure_decisions: IntCounterVec,
     uncertain_hits: IntCounter,
@@ -191,6 +192,10 @@ impl Metrics {
                 "quotad_sync_pending_hits",
                 "Admitted hits held in memory, not yet written to the store.",
             ),
+            read_backlog: gauge(
+                "quotad_sync_read_backlog",
+                "Counters far from their limits whose read back waits for a later sync round.",
+            ),
             active_counters: gauge(
                 "quotad_active_counters",
                 "Counters (key x limit) held in memory.",
@@ -317,6 +322,7 @@ impl Metrics {
             Box::new(self.store_ops.clone()),
             Box::new(self.store_duration.clone()),
             Box::new(self.sync_pending.clone()),
+            Box::new(self.read_backlog.clone()),
             Box::new(self.active_counters.clone()),
             Box::new(self.store_failure_decisions.clone()),
             Box::new(self.uncertain_hits.clone()),
@@ -407,6 +413,11 @@ impl Metrics {
 
     pub fn set_pending(&self, hits: u64) {
         self.sync_pending.set(hits.min(i64::MAX as u64) as i64);
+    }
+
+    pub fn set_read_backlog(&self, counters: usize) {
+        self.read_backlog
+            .set(counters.min(i64::MAX as usize) as i64);
     }
 
     pub fn set_active_counters(&self, n: usize) {

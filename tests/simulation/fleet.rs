@@ -14,6 +14,11 @@ pub(crate) enum Event {
     /// The store stops answering in time, or at all (`store::STALLED`, `store::DOWN`), or
     /// answers again (`store::UP`).
     Store(u8),
+    /// Every instance's sync round now takes `k` intervals (a slow store: a round's write and
+    /// read back take that long, and the next round starts after it), staggered by an interval
+    /// from one instance to the next: each reads the others' counts as they were up to `k`
+    /// intervals ago. `SlowRounds(1)` is the usual pace.
+    SlowRounds(i64),
 }
 
 /// One simulated instance: a real limiter and sync, on its own shard of the shared counters.
@@ -199,7 +204,10 @@ pub(crate) async fn simulate_fleet(
     let client = ClientId::parse("k").unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut pending_reads: Vec<Option<Vec<CounterRange>>> = Vec::new();
+    // Intervals a round takes (`Event::SlowRounds`).
+    let mut round_every = 1i64;
     let mut log: Vec<i64> = Vec::new();
+    let mut who: Vec<usize> = Vec::new();
     // The reference: a perfect sliding-log limiter on the same arrivals.
     let mut exact: VecDeque<i64> = VecDeque::new();
     let mut exact_bucket = ExactBucket {
@@ -237,6 +245,7 @@ pub(crate) async fn simulate_fleet(
                         .outage
                         .store(state, std::sync::atomic::Ordering::Relaxed);
                 }
+                Event::SlowRounds(k) => round_every = k.max(1),
                 Event::Leave(i) => {
                     assert_eq!(
                         fleet[i].syncer.drain().await,
@@ -255,20 +264,28 @@ pub(crate) async fn simulate_fleet(
             }
         }
         // Rounds on wall-clock ticks, as `Syncer::run` does: every instance writes at the tick
-        // and reads back a settle time later.
+        // and reads back a settle time later; with slow rounds, instance `i` writes at every
+        // `round_every`-th tick (staggered by `i`) and reads back just before its next write.
+        let tick = t.div_euclid(SYNC_MS);
         if t % SYNC_MS == 0 {
-            pending_reads.clear();
-            for i in &fleet {
-                pending_reads.push(match i.alive {
+            pending_reads.resize(fleet.len(), None);
+            for (k, i) in fleet.iter().enumerate() {
+                if (tick + k as i64) % round_every != 0 {
+                    continue;
+                }
+                pending_reads[k] = match i.alive {
                     true => Some(i.syncer.write().await.unwrap().0),
                     false => None,
-                });
+                };
             }
         }
         if t % SYNC_MS == SETTLE_MS {
-            for (i, ranges) in fleet.iter().zip(&pending_reads) {
-                if let (true, Some(ranges)) = (i.alive, ranges) {
-                    i.syncer.read_back(ranges).await;
+            for (k, i) in fleet.iter().enumerate() {
+                if (tick + k as i64 + 1) % round_every != 0 {
+                    continue;
+                }
+                if let (true, Some(ranges)) = (i.alive, pending_reads[k].take()) {
+                    i.syncer.read_back(&ranges).await;
                 }
             }
         }
@@ -329,6 +346,7 @@ pub(crate) async fn simulate_fleet(
                 let d = check_one(&serving[i].limiter, &policy, &tenant, &client).await;
                 if d.allowed {
                     log.push(now);
+                    who.push(i);
                 }
                 if d.store_failure.is_none() {
                     if let Some(seen) = last_seen.get_mut(i) {
@@ -397,6 +415,29 @@ pub(crate) async fn simulate_fleet(
         };
     }
     let worst = worst_window(&log, WINDOW_MS);
+    if std::env::var("SIM_WORST").is_ok() {
+        let (mut best, mut lo, mut at) = (0usize, 0usize, (0, 0));
+        for hi in 0..log.len() {
+            while log[hi] - log[lo] >= WINDOW_MS {
+                lo += 1;
+            }
+            if hi - lo + 1 > best {
+                best = hi - lo + 1;
+                at = (lo, hi);
+            }
+        }
+        let mut per = vec![0; n];
+        let mut by_s = std::collections::BTreeMap::new();
+        for k in at.0..=at.1 {
+            per[who[k]] += 1;
+            *by_s.entry(((log[k] - T0) / 1000, who[k])).or_insert(0) += 1;
+        }
+        println!(
+            "worst {best} from {} to {} per instance {per:?} by second {by_s:?}",
+            log[at.0] - T0,
+            log[at.1] - T0
+        );
+    }
     // Without the first window's hits, the worst span is the worst window starting at or after
     // W (a span cut at W lies inside the window that starts at W).
     let later: Vec<i64> = log

@@ -124,9 +124,12 @@ def run_traffic(ports, tenants, t0, stop_at):
     seen = {k: {"admitted": 0, "statuses": {}} for k in ("far", "strict", "small", "hot")}
     seen["small"]["per_client"] = {}
     seen["hot"]["times"] = []
+    # Each admitted hot check as (sent, answered, port), in seconds since t0: the instance
+    # decided it in between.
+    seen["hot"]["spans"] = []
     lock = threading.Lock()
 
-    def note(kind, status, client=None, at=None):
+    def note(kind, status, client=None, at=None, span=None):
         with lock:
             s = seen[kind]
             s["statuses"][status] = s["statuses"].get(status, 0) + 1
@@ -136,6 +139,7 @@ def run_traffic(ports, tenants, t0, stop_at):
                     s["per_client"][client] = s["per_client"].get(client, 0) + 1
                 if kind == "hot":
                     s["times"].append(at)
+                    s["spans"].append(span)
 
     def far(i):
         c, k, every = Caller(ports), 0, 4 / FAR_RATE
@@ -165,8 +169,11 @@ def run_traffic(ports, tenants, t0, stop_at):
     def hot(i):
         c, k = Caller(ports), 0
         while time.monotonic() < stop_at:
-            st = c.check(ports[(k + i) % 2], tenants["hot"], "hot")
-            note("hot", st, at=time.monotonic() - t0)
+            port = ports[(k + i) % 2]
+            sent = time.monotonic() - t0
+            st = c.check(port, tenants["hot"], "hot")
+            answered = time.monotonic() - t0
+            note("hot", st, at=answered, span=(sent, answered, port))
             k += 1
 
     threads = ([threading.Thread(target=far, args=(i,)) for i in range(4)]
@@ -227,6 +234,81 @@ def metric(procs, port, name):
     return 0.0
 
 
+def worst_certain_span(spans, span):
+    """The most admitted checks that were certainly decided within one span of `span` seconds
+    (sent at or after its start, answered before its end), when that span began, and how many
+    of them each instance decided."""
+    spans = sorted(spans)
+    longest = max((a - s for s, a, _ in spans), default=0.0)
+    worst, best, hi = 0, None, 0
+    for lo in range(len(spans)):
+        end = spans[lo][0] + span
+        hi = max(hi, lo)
+        while hi < len(spans) and spans[hi][0] < end:
+            hi += 1
+        late, k = 0, hi - 1
+        while k >= lo and spans[k][0] >= end - longest:
+            late += spans[k][1] >= end
+            k -= 1
+        if hi - lo - late > worst:
+            worst, best = hi - lo - late, (lo, hi, end)
+    by_port = {}
+    if best:
+        lo, hi, end = best
+        for _, answered, port in spans[lo:hi]:
+            if answered < end:
+                by_port[port] = by_port.get(port, 0) + 1
+    return worst, (spans[best[0]][0] if best else 0.0), by_port
+
+
+SAMPLED = ("quotad_fleet_members", "quotad_last_units_checks_total", "quotad_sync_pending_hits",
+           "quotad_store_operation_duration_seconds_sum",
+           "quotad_store_operation_duration_seconds_count", "quotad_store_failure_decisions_total")
+
+
+def sample_metrics(procs, ports, t0, stop, out):
+    """Every half second, each instance's metrics named in SAMPLED: (t, port, {line: value})."""
+    while not stop.is_set():
+        for p in ports:
+            try:
+                status, _, text = procs.request(p, "GET", "/metrics", timeout=2)
+            except OSError:
+                continue
+            got = {}
+            for line in (text or "").splitlines():
+                if line.startswith(SAMPLED):
+                    name, _, value = line.rpartition(" ")
+                    got[name] = float(value)
+            out.append((time.monotonic() - t0, p, got))
+        stop.wait(0.5)
+
+
+def around(samples, port, lo, hi):
+    """What the samples of one instance say of [lo, hi]: the fewest members seen, the checks
+    decided at the last units, and each store operation's mean time."""
+    mine = [(t, m) for t, p, m in samples if p == port and lo - 0.5 <= t <= hi + 0.5]
+    if len(mine) < 2:
+        return {}
+    first, last = mine[0][1], mine[-1][1]
+
+    def delta(name):
+        return last.get(name, 0.0) - first.get(name, 0.0)
+
+    members = [m.get("quotad_fleet_members") for _, m in mine if "quotad_fleet_members" in m]
+    ops = {}
+    for name in last:
+        if name.startswith("quotad_store_operation_duration_seconds_sum"):
+            count = delta(name.replace("_sum", "_count", 1))
+            if count:
+                label = name[name.find("{"):]
+                ops[label] = f"{count:.0f} x {1000 * delta(name) / count:.0f} ms"
+    return {
+        "members": (min(members), max(members)) if members else None,
+        "last_units": delta("quotad_last_units_checks_total"),
+        "ops": ops,
+    }
+
+
 def worst_span_at(times, span):
     """The most of the sorted `times` in any span of `span` seconds, and when that span began."""
     worst, at, lo = 0, 0.0, 0
@@ -245,8 +327,9 @@ def least_in_spans(times, lo, hi, span):
     return min(sum(1 for t in times if s <= t < s + span) for s in starts)
 
 
-def trial(fault):
-    ks = f"quotad_loss_{fault.replace('-', '_')}_{os.getpid()}"
+def trial(fault, run):
+    """One fault's run; `run` numbers the runs of one invocation (each its own keyspace)."""
+    ks = f"quotad_loss_{fault.replace('-', '_')}_{os.getpid()}_{run}"
     logs = tempfile.mkdtemp(prefix=f"quotad-loss-{fault}-")
     procs = Procs(BIN, NODES, ks, TOKEN, logs, cpus=CPUS)
     procs.migrate("--datacenters", f"{DC}:3")
@@ -254,7 +337,7 @@ def trial(fault):
     ports = [PORT, PORT + 1]
     for p in fleet:
         procs.wait_ready(p)
-    tag = os.getpid()
+    tag = f"{os.getpid()}-{run}"
     tenants = {k: f"{k}-{tag}" for k in ("far", "strict", "small", "hot")}
     policies = {
         "far": {"limits": [{"id": "hour", "max": 1_000_000, "window": "1h"}]},
@@ -271,13 +354,17 @@ def trial(fault):
     times, ready, stop = {}, {}, threading.Event()
     faulting = threading.Thread(target=inject, args=(fault, t0, times))
     watching = threading.Thread(target=watch_ready, args=(procs, ports, stop, ready))
+    samples = []
+    sampling = threading.Thread(target=sample_metrics, args=(procs, ports, t0, stop, samples))
     faulting.start()
     watching.start()
+    sampling.start()
     seen = run_traffic(ports, tenants, t0, t0 + DUR)
     faulting.join()  # the node answers CQL again
     time.sleep(5)
     stop.set()
     watching.join()
+    sampling.join()
 
     def total(name):
         return sum(metric(procs, p, name) for p in ports)
@@ -320,8 +407,12 @@ def trial(fault):
         with open(os.path.join(logs, f"quotad-{port}.log")) as f:
             words = [ln for ln in f if "every admitted hit written" in ln or "shutdown:" in ln]
         last_words.append(words[-1].strip()[-160:] if words else "(nothing said)")
+    with open(os.path.join(logs, "hot-admitted.json"), "w") as f:
+        json.dump(sorted(seen["hot"]["spans"]), f)
     hot = sorted(seen["hot"]["times"])
-    worst, worst_at = worst_span_at(hot, HOT_SPAN)
+    loose, loose_at = worst_span_at(hot, HOT_SPAN)
+    worst, worst_at, worst_by_port = worst_certain_span(seen["hot"]["spans"], HOT_SPAN)
+    worst_diag = {p: around(samples, p, worst_at, worst_at + HOT_SPAN) for p in ports}
     tens = [sum(1 for t in hot if k * HOT_SPAN <= t < (k + 1) * HOT_SPAN)
             for k in range(int(DUR // HOT_SPAN))]
     # While the node was down, within the traffic's time.
@@ -340,6 +431,9 @@ def trial(fault):
         "small_over": max(seen["small"]["per_client"].values(), default=0),
         "hot": (worst, least, len(hot), sum(seen["hot"]["statuses"].values())),
         "hot_worst_at": round(worst_at, 1),
+        "hot_worst_by_instance": worst_by_port,
+        "hot_worst_diag": worst_diag,
+        "hot_by_answer_time": (loose, round(loose_at, 1)),
         "hot_by_10s": tens,
         "5xx": fivexx,
         "ready": ready,
@@ -367,8 +461,8 @@ def main():
     if any(f != "none" for f in FAULTS) and not (PID_CMD and START_CMD):
         sys.exit("NODE_PID_CMD and NODE_START_CMD are needed for a fault")
     rows = []
-    for fault in FAULTS:
-        r = trial(fault)
+    for run, fault in enumerate(FAULTS):
+        r = trial(fault, run)
         rows.append(r)
         print(json.dumps({k: v for k, v in r.items()}, default=str), flush=True)
     print()

@@ -125,24 +125,34 @@ async fn a_paused_instance_whose_shard_was_taken_claims_another() {
 }
 
 /// A lease that lapses (its renewals stalled) and is claimed again soon after does not shrink
-/// N for the others meanwhile: the lapsed instance still serves, from its own share.
+/// N for the others meanwhile: the lapsed instance still serves, from its own share. A lease of
+/// 3 s, so that each step has most of a second to spare on a loaded machine.
 #[tokio::test]
 async fn a_lease_that_lapses_for_less_than_its_life_leaves_n_as_it_was() {
     let (_dir, inner) = embedded();
     let faulty = FaultyStore::new(inner.clone());
     let through_faulty: DynStore = faulty.clone();
-    let (mut a, _) = join(&through_faulty, None).await;
-    let (mut b, _) = join(&inner, None).await;
+    let long = || FleetConfig {
+        lease_ttl: Duration::from_secs(3),
+        ..cfg(None)
+    };
+    let join_long = |store: DynStore| async move {
+        let metrics = Arc::new(Metrics::new(false));
+        Fleet::join(store, long(), metrics).await.unwrap()
+    };
+    let mut a = join_long(through_faulty).await;
+    let mut b = join_long(inner.clone()).await;
     a.heartbeat().await;
     assert_eq!((a.view.members(), b.view.members()), (2, 2));
+    // a's renewals fail from here: its lease lives until about 3 s from its last renewal.
     faulty.set(Fault::Failing);
-    tokio::time::sleep(Duration::from_millis(900)).await;
+    tokio::time::sleep(Duration::from_millis(2_000)).await;
     b.heartbeat().await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::sleep(Duration::from_millis(1_300)).await;
     // a's lease has lapsed in the store: b's roster shows b alone.
     b.heartbeat().await;
     assert_eq!(b.view.members(), 2, "a lapse shorter than a lease's life");
-    tokio::time::sleep(Duration::from_millis(900)).await;
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
     b.heartbeat().await;
     assert_eq!(b.view.members(), 1, "gone for a lease's life: gone");
     faulty.set(Fault::Healthy);

@@ -11,7 +11,6 @@ mod episodes;
 pub mod fleet;
 pub mod history_writer;
 pub mod holds;
-mod read_back;
 pub mod retention;
 mod settle;
 pub mod sync;

@@ -1,7 +1,7 @@
 //! Behaviour tests of the limiter and the sync task together, on a real embedded store with a
 //! hand-driven clock: the rig and helpers here, the tests beside the idea they test (decision,
-//! sync, store failure, strict mode, memory caps, token buckets). They sit above both, so the
-//! limiter needs nothing of the sync task to be tested with it. They drive the library as its
+//! sync, reads back, store failure, strict mode, memory caps, token buckets). They sit above
+//! both, so the limiter needs nothing of the sync task to be tested with it. They drive the library as its
 //! users do, through its public API (and the `test-support` feature's fault-injecting store), so
 //! no test rig ships in it.
 
@@ -9,6 +9,7 @@ mod caps;
 mod decision;
 mod doubts;
 mod failure;
+mod reads;
 mod strict;
 mod sync;
 mod tokens;

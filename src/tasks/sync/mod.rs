@@ -38,12 +38,14 @@ use tokio::sync::watch;
 use super::doubts::Outcome;
 use super::episodes::{Episodes, Trouble};
 use super::history_writer::HistoryWriter;
-use super::read_back::Backlog;
 use super::settle::Settler;
 use crate::limiter::Limiter;
 use crate::metrics::Metrics;
 use crate::store::history::UsageDelta;
 use crate::store::{CounterRange, Delta, DynHistoryStore, StoreError};
+use read_back::Backlog;
+
+mod read_back;
 
 /// Most counter increments written in one store call (a call sends them as batches of many
 /// partitions, several at once).
@@ -64,7 +66,7 @@ fn chunk_end(deltas: &[Delta], most: usize) -> usize {
 
 /// How long past a round's deadline a store call may run before the sync stops waiting for
 /// it (a store cuts off its own requests at the deadline).
-pub(super) const CUT_OFF_MARGIN: Duration = Duration::from_millis(500);
+const CUT_OFF_MARGIN: Duration = Duration::from_millis(500);
 
 /// The longest the janitor keeps going at one wake-up (beside the rounds).
 const JANITOR_MAX_BUSY: Duration = Duration::from_secs(1);
@@ -115,18 +117,18 @@ pub struct Round {
 }
 
 pub struct Syncer {
-    pub(super) limiter: Arc<Limiter>,
+    limiter: Arc<Limiter>,
     /// Writes the usage history (the counters go through the limiter's store handle).
     history: Arc<HistoryWriter>,
-    pub(super) metrics: Arc<Metrics>,
-    pub(super) cfg: SyncConfig,
+    metrics: Arc<Metrics>,
+    cfg: SyncConfig,
     /// OpenTelemetry traces of the rounds, when on.
     traces: Option<Arc<crate::traces::Traces>>,
     episodes: Episodes,
     /// Writes in doubt, until settled.
     settler: Settler,
     /// Counters far from their limits that earlier rounds had no time to read back.
-    pub(super) backlog: Backlog,
+    backlog: Backlog,
     /// How long after its tick a round's write was done, at the peak of the recent rounds
     /// (µs; [`Syncer::settle_after`]).
     write_peak_us: AtomicU64,

@@ -13,7 +13,7 @@ use std::collections::{HashSet, VecDeque};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use super::sync::{Syncer, CUT_OFF_MARGIN};
+use super::{Syncer, CUT_OFF_MARGIN};
 use crate::store::{CounterKey, CounterRange};
 
 /// Most counters read back in one store call of the paced part of a round: a round reads at

@@ -24,7 +24,7 @@ use super::reserve::Reserve;
 use super::state::{LimitState, RegionPart};
 use super::window::Bucket;
 use super::{window, LimiterConfig};
-use crate::domain::{Consistency, Grain, Limit, Policy};
+use crate::domain::{Consistency, Grain, Limit, LimitKind, Policy};
 use crate::store::{BucketTotal, CounterRange};
 
 /// An instance's demand-weighted share of a counter's headroom, from the store's per-shard
@@ -419,6 +419,26 @@ impl Shares {
                 (now.div_euclid(span), est)
             });
         s.note_reserve(read);
+    }
+
+    /// A state's share once a read back over `r` comes in: a sliding window whose reads have
+    /// covered a seen span keeps the share it has while nothing has settled in it (see
+    /// [`share_of`]); a calendar period's one bucket settles only as it ends, and a state read
+    /// lately for the first time has no share of its own to keep.
+    pub(super) fn reshare(
+        &self,
+        s: &LimitState,
+        totals: &[BucketTotal],
+        r: &CounterRange,
+        now: i64,
+    ) -> f32 {
+        let sliding = matches!(s.kind, LimitKind::Sliding { .. });
+        let span = self.seen_span().unwrap_or(1).max(1);
+        let kept = s
+            .seen()
+            .filter(|seen| sliding && seen.covers(now.div_euclid(span)))
+            .map(|_| s.share);
+        self.share(totals, r, now, kept)
     }
 
     /// This instance's share of a counter read back over `r`; `kept`, the share it has from

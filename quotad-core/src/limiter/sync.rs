@@ -18,7 +18,6 @@ use super::state::{lock, AnsweredHour, LimitState, Shard};
 use super::table::Table;
 use super::window;
 use super::writes::Writing;
-use crate::domain::LimitKind;
 use crate::history::Recorder;
 use crate::pace::Pacer;
 use crate::store::history::{Counts, UsageDelta};
@@ -314,14 +313,7 @@ impl Table {
                 for (r, t) in run {
                     let kept = s.region().map(|p| p.earned);
                     s.set_region(shares.region_part(t, r, now, kept));
-                    // A sliding window read before keeps its share while nothing has
-                    // settled in it (a calendar period's bucket settles only as it ends).
-                    let sliding = matches!(s.kind, LimitKind::Sliding { .. });
-                    let span = shares.seen_span().unwrap_or(1).max(1);
-                    let settled_before =
-                        |r: &&super::reserve::Reserve| sliding && r.covers(now.div_euclid(span));
-                    let kept = s.seen().filter(settled_before).map(|_| s.share);
-                    s.share = shares.share(t, r, now, kept);
+                    s.share = shares.reshare(s, t, r, now);
                     s.unread = false;
                     s.read_back(now);
                     // This instance's own written hits the store does not show, as far as

@@ -8,18 +8,8 @@ use super::*;
 /// interval since its tick have passed; the rest wait, oldest first, for the next rounds.
 #[tokio::test]
 async fn a_slow_store_reads_the_counters_near_a_limit_first_and_paces_the_rest() {
-    let r = rig_syncing(
-        LimiterConfig {
-            shards: 8,
-            idle_ms: 60_000,
-            store_timeout: Duration::from_secs(10),
-            ..LimiterConfig::default()
-        },
-        SyncConfig {
-            interval: Duration::from_millis(250),
-            ..SyncConfig::default()
-        },
-    );
+    // The default interval: 250 ms.
+    let r = rig();
     let range = |subject: String| CounterRange {
         key: CounterKey {
             tenant: "acme".into(),

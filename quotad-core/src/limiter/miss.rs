@@ -181,7 +181,7 @@ impl Limiter {
                     s.first_read_in(&t, r.from);
                     s.share = share;
                     s.set_region(part.take());
-                    self.shares.note_read(s, now);
+                    self.shares.note_read(s, now, None);
                 }
             });
             let state = || self.read_state(l, buckets_from(&t), share, now);

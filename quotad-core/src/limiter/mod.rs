@@ -509,7 +509,7 @@ impl Limiter {
         now: i64,
     ) -> LimitState {
         let mut s = LimitState::new(l, buckets, share, now);
-        self.shares.note_read(&mut s, now);
+        self.shares.note_read(&mut s, now, None);
         s
     }
 

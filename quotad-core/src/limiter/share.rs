@@ -20,7 +20,7 @@
 use std::sync::Arc;
 
 use super::membership::Membership;
-use super::reserve::Reserve;
+use super::reserve::{Pace, Reserve};
 use super::state::{LimitState, RegionPart};
 use super::window::Bucket;
 use super::{window, LimiterConfig};
@@ -228,7 +228,9 @@ pub(super) fn share_use(l: &Limit, s: &LimitState, now: i64, cost: u64, fleet: F
         0
     };
     let shared = (headroom - zone as i128).max(0);
-    let mut allowance = (s.share as f64 * shared as f64).floor() as i128;
+    // No more than the read before left, less what this instance took since (`Pace`).
+    let lag = s.pace().map_or(0, |p| p.lag(l.max, zone));
+    let mut allowance = (s.share as f64 * shared as f64).floor() as i128 - lag;
     let others = others_hold(l, s, now, fleet);
     let mut held = others;
     if let Some(r) = s.reserve() {
@@ -293,6 +295,20 @@ impl LimitState {
     /// The reads this instance made of the counter lately (in a fleet).
     pub(super) fn seen(&self) -> Option<&Reserve> {
         self.aux.as_ref().and_then(|a| a.seen.as_ref())
+    }
+
+    /// How the last read back compared with the one before (in a fleet; windows only).
+    pub(super) fn pace(&self) -> Option<&Pace> {
+        self.aux.as_ref().and_then(|a| a.pace.as_ref())
+    }
+
+    /// The share, the count as the store last showed it and the hits written since, at
+    /// `now`: what a read back compares with the one before ([`Pace`]). None for a token
+    /// bucket, whose level is not a sum of shares.
+    pub(super) fn view(&self, now: i64) -> Option<(f32, i64, u64)> {
+        let est = window::estimate_by(self.kind, &self.buckets, self.carry(), now, |b| b.stored);
+        let read = est.saturating_sub(self.settling.min(i64::MAX as u64) as i64);
+        (!self.kind.is_tokens()).then_some((self.share, read, self.settling))
     }
 
     /// Notes a read's count `est` at `period` of `Shares::seen_span` (in a fleet).
@@ -406,10 +422,18 @@ impl Shares {
 
     /// Notes a read's count in a state's reserve (windows only: a token bucket's level is not
     /// a sum of shares), and in a fleet in the reads seen lately (`share::others_hold`).
-    pub(super) fn note_read(&self, s: &mut LimitState, now: i64) {
+    /// `before`, [`LimitState::view`] before a sync's read back came in: how the read compares
+    /// with the one before ([`Pace`]); None for a read that leaves that as it was.
+    pub(super) fn note_read(&self, s: &mut LimitState, now: i64, before: Option<(f32, i64, u64)>) {
         if let Some(span) = self.seen_span() {
             let est = window::estimate_by(s.kind, &s.buckets, s.carry(), now, |b| b.stored);
             s.note_seen(now.div_euclid(span), est);
+            if let Some(b) = before {
+                let pace = s.view(now).map(|after| Pace::new(b, after));
+                if let Some(a) = s.aux.as_mut() {
+                    a.pace = pace;
+                }
+            }
         }
         let read = self
             .reserve_span()
@@ -421,10 +445,10 @@ impl Shares {
         s.note_reserve(read);
     }
 
-    /// A state's share once a read back over `r` comes in: a sliding window whose reads have
-    /// covered a seen span keeps the share it has while nothing has settled in it (see
-    /// [`share_of`]); a calendar period's one bucket settles only as it ends, and a state read
-    /// lately for the first time has no share of its own to keep.
+    /// A state's share once a read back over `r` comes in: a sliding window read in this seen
+    /// span or the last keeps the share it has while nothing has settled in it (see
+    /// [`share_of`]); a calendar period's one bucket settles only as it ends, and a state not
+    /// read for longer has no share of its own to keep.
     pub(super) fn reshare(
         &self,
         s: &LimitState,
@@ -436,7 +460,7 @@ impl Shares {
         let span = self.seen_span().unwrap_or(1).max(1);
         let kept = s
             .seen()
-            .filter(|seen| sliding && seen.covers(now.div_euclid(span)))
+            .filter(|seen| sliding && seen.recent(now.div_euclid(span)))
             .map(|_| s.share);
         self.share(totals, r, now, kept)
     }

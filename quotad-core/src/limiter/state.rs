@@ -18,7 +18,7 @@ use hashbrown::{Equivalent, HashTable};
 use smallvec::SmallVec;
 
 use super::key::{EntryKey, EntryRef};
-use super::reserve::Reserve;
+use super::reserve::{Pace, Reserve};
 use super::tokens::{self, Carry};
 use super::window::{self, Bucket};
 use crate::domain::{Limit, LimitKind};
@@ -59,6 +59,8 @@ pub(super) struct Aux {
     pub(super) seen: Option<Reserve>,
     /// In a fleet of several regions: this region's part of the count (`share`).
     pub(super) region: Option<RegionPart>,
+    /// In a fleet: the last read back against the one before it (windows).
+    pub(super) pace: Option<Pace>,
 }
 
 /// This region's part of a counter, as the last read showed it (a fleet of several regions).
@@ -111,9 +113,7 @@ impl LimitState {
                         },
                         read_at: now,
                     }),
-                    reserve: None,
-                    seen: None,
-                    region: None,
+                    ..Aux::default()
                 })
             }),
         }
@@ -164,11 +164,7 @@ impl LimitState {
     pub(super) fn set_region(&mut self, part: Option<RegionPart>) {
         match part {
             Some(p) => self.aux.get_or_insert_with(Box::default).region = Some(p),
-            None => {
-                if let Some(a) = self.aux.as_mut() {
-                    a.region = None;
-                }
-            }
+            None => self.aux.iter_mut().for_each(|a| a.region = None),
         }
     }
 
@@ -230,6 +226,7 @@ impl LimitState {
                     reserve,
                     seen,
                     region,
+                    pace: None,
                 })
             });
             self.kind = kind;

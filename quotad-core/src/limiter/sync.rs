@@ -311,6 +311,7 @@ impl Table {
             |x| &x.0.key,
             |s, run| {
                 for (r, t) in run {
+                    let before = s.view(now);
                     let kept = s.region().map(|p| p.earned);
                     s.set_region(shares.region_part(t, r, now, kept));
                     s.share = shares.reshare(s, t, r, now);
@@ -341,7 +342,7 @@ impl Table {
                         unseen = unseen.saturating_add(missing);
                     }
                     s.settling = unseen.max(0) as u64;
-                    shares.note_read(s, now);
+                    shares.note_read(s, now, before);
                 }
             },
         );

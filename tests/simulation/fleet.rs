@@ -19,6 +19,10 @@ pub(crate) enum Event {
     /// from one instance to the next: each reads the others' counts as they were up to `k`
     /// intervals ago. `SlowRounds(1)` is the usual pace.
     SlowRounds(i64),
+    /// The odd instances' round writes now land this many ms after the tick (0: at it), and
+    /// their reads back a settle time after that: the even ones read before the odd ones'
+    /// writes of the same round land (a loaded instance, or a store slow for some callers).
+    LateWrites(i64),
 }
 
 /// One simulated instance: a real limiter and sync, on its own shard of the shared counters.
@@ -206,6 +210,8 @@ pub(crate) async fn simulate_fleet(
     let mut pending_reads: Vec<Option<Vec<CounterRange>>> = Vec::new();
     // Intervals a round takes (`Event::SlowRounds`).
     let mut round_every = 1i64;
+    // How late the odd instances' writes land (`Event::LateWrites`).
+    let mut late_ms = 0i64;
     let mut log: Vec<i64> = Vec::new();
     let mut who: Vec<usize> = Vec::new();
     // The reference: a perfect sliding-log limiter on the same arrivals.
@@ -246,6 +252,7 @@ pub(crate) async fn simulate_fleet(
                         .store(state, std::sync::atomic::Ordering::Relaxed);
                 }
                 Event::SlowRounds(k) => round_every = k.max(1),
+                Event::LateWrites(ms) => late_ms = ms.clamp(0, SYNC_MS - SETTLE_MS - 1),
                 Event::Leave(i) => {
                     assert_eq!(
                         fleet[i].syncer.drain().await,
@@ -265,25 +272,21 @@ pub(crate) async fn simulate_fleet(
         }
         // Rounds on wall-clock ticks, as `Syncer::run` does: every instance writes at the tick
         // and reads back a settle time later; with slow rounds, instance `i` writes at every
-        // `round_every`-th tick (staggered by `i`) and reads back just before its next write.
-        let tick = t.div_euclid(SYNC_MS);
-        if t % SYNC_MS == 0 {
+        // `round_every`-th tick (staggered by `i`) and reads back just before its next write;
+        // with late writes, the odd instances write `late_ms` after the tick.
+        let (tick, phase) = (t.div_euclid(SYNC_MS), t.rem_euclid(SYNC_MS));
+        if phase == 0 {
             pending_reads.resize(fleet.len(), None);
-            for (k, i) in fleet.iter().enumerate() {
-                if (tick + k as i64) % round_every != 0 {
-                    continue;
-                }
+        }
+        for (k, i) in fleet.iter().enumerate() {
+            let at = if k % 2 == 1 { late_ms } else { 0 };
+            if phase == at && (tick + k as i64) % round_every == 0 {
                 pending_reads[k] = match i.alive {
                     true => Some(i.syncer.write().await.unwrap().0),
                     false => None,
                 };
             }
-        }
-        if t % SYNC_MS == SETTLE_MS {
-            for (k, i) in fleet.iter().enumerate() {
-                if (tick + k as i64 + 1) % round_every != 0 {
-                    continue;
-                }
+            if phase == at + SETTLE_MS && (tick + k as i64 + 1) % round_every == 0 {
                 if let (true, Some(ranges)) = (i.alive, pending_reads[k].take()) {
                     i.syncer.read_back(&ranges).await;
                 }
@@ -426,11 +429,20 @@ pub(crate) async fn simulate_fleet(
                 at = (lo, hi);
             }
         }
-        let mut per = vec![0; n];
+        let mut per = vec![0; who.iter().max().map_or(n, |w| n.max(w + 1))];
         let mut by_s = std::collections::BTreeMap::new();
         for k in at.0..=at.1 {
             per[who[k]] += 1;
-            *by_s.entry(((log[k] - T0) / 1000, who[k])).or_insert(0) += 1;
+            *by_s
+                .entry((
+                    (log[k] - T0)
+                        / std::env::var("SIM_BIN")
+                            .ok()
+                            .and_then(|v| v.parse().ok())
+                            .unwrap_or(1000),
+                    who[k],
+                ))
+                .or_insert(0) += 1;
         }
         println!(
             "worst {best} from {} to {} per instance {per:?} by second {by_s:?}",

@@ -11,7 +11,8 @@ one data centre. 16 callers send four kinds of traffic for DUR seconds, half to 
 - strict: one client of 200 an hour, `"consistency": "strict"` (2 callers);
 - small:  SMALL_CLIENTS clients of 5 an hour (2 callers, turn about): none may get a 6th;
 - hot:    one client of 1000 per sliding 10 s, as fast as 8 callers go (about 10x): within
-          1% of 1000 in every 10 s span, and admitted all the while.
+          1% of 1000 in every 10 s span, and admitted all the while (at least 500 in every
+          12 s span while the node is down: see HOT_WAIT).
 
 A fault, at FAULT_AT seconds: `kill` (SIGKILL the node NODE, start it again DOWN_FOR seconds
 later), `kill-first` (the same to the first contact point), `pause` (SIGSTOP the node NODE for
@@ -22,7 +23,7 @@ waits (up to SETTLE_WAIT, 120 s) until no hit is in doubt, reads what the store 
 through a fresh instance (`GET /v1/usage`). It prints a table:
 
     fault | far admitted/stored | strict admitted/stored | small 4/5/6/7/8 | hot worst span;
-    least while down | 5xx | /readyz not ready/degraded | hits in doubt: settled | exits
+    least in 12 s while down | 5xx | /readyz not ready/degraded | hits in doubt: settled | exits
 
 It talks only to 127.0.0.x. Usage (needs the cluster and a built binary):
 
@@ -70,6 +71,11 @@ START_CMD = os.environ.get("NODE_START_CMD", "")
 FAULTS = [f for f in os.environ.get("FAULTS", os.environ.get("FAULT", "kill")).split(",") if f]
 TOKEN = secrets.token_hex(16)
 HOT_MAX, HOT_SPAN = 1000, 10.0
+# Kept admitted while the node is down: at least half of HOT_MAX in every span of the window
+# and two of its 1 s buckets. A window that a burst fills reopens once the burst's bucket has
+# left it, up to a bucket after the burst's hits have (a bucket after an empty one counts in
+# full: docs/accuracy.md), so with no fault at all a 10 s span can fall between two bursts.
+HOT_WAIT = HOT_SPAN + 2.0
 STRICT_MAX, SMALL_MAX = 200, 5
 
 
@@ -418,7 +424,7 @@ def trial(fault, run):
     # While the node was down, within the traffic's time.
     lo = times.get("down", FAULT_AT)
     hi = min(times.get("back", FAULT_AT + HOT_SPAN), DUR)
-    least = least_in_spans(hot, lo, hi, HOT_SPAN) if fault != "none" else None
+    least = least_in_spans(hot, lo, hi, HOT_WAIT) if fault != "none" else None
     small_hist = [sum(1 for n in seen["small"]["per_client"].values() if n == k)
                   for k in range(4, 9)]
     fivexx = sum(n for s in seen.values() for st, n in s["statuses"].items()
@@ -467,7 +473,7 @@ def main():
         print(json.dumps({k: v for k, v in r.items()}, default=str), flush=True)
     print()
     head = ("| fault | far admitted / stored | strict admitted / stored | small 4/5/6/7/8 "
-            "| hot worst 10 s; least while down (admitted of sent) | 5xx | /readyz "
+            "| hot worst 10 s; least in 12 s while down (admitted of sent) | 5xx | /readyz "
             "| hits in doubt: settled | exits | checks |")
     print(head)
     print("|" + "---|" * 10)

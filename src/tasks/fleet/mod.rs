@@ -186,10 +186,16 @@ impl Fleet {
                 _ = tick.tick() => true,
                 _ = region_tick.tick(), if regions => false,
             };
+            // A region round never holds up the lease: a heartbeat that falls due meanwhile
+            // drops it. Its calls may each wait the store's request timeout (a paused
+            // replica), longer than a lease lives.
+            let lease = lease
+                || tokio::select! {
+                    _ = self.region_round() => false,
+                    _ = tick.tick() => true,
+                };
             if lease {
                 self.heartbeat().await;
-            } else {
-                self.region_round().await;
             }
         }
         self.release().await;

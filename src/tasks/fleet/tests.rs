@@ -160,3 +160,71 @@ async fn a_lease_that_lapses_for_less_than_its_life_leaves_n_as_it_was() {
     b.heartbeat().await;
     assert_eq!((a.view.members(), b.view.members()), (2, 2));
 }
+
+/// A store of regions whose heartbeat reads stop answering once told to (a replica paused),
+/// over a real embedded store for the leases.
+struct SilentRegions(DynStore, std::sync::atomic::AtomicBool);
+
+#[async_trait::async_trait]
+impl LeaseStore for SilentRegions {
+    async fn claim(
+        &self,
+        owner: &str,
+        pin: Option<i16>,
+        prefer: Option<i16>,
+        ttl: Duration,
+    ) -> crate::store::StoreResult<Claim> {
+        self.0.claim(owner, pin, prefer, ttl).await
+    }
+    async fn renew(
+        &self,
+        shard: i16,
+        owner: &str,
+        ttl: Duration,
+    ) -> crate::store::StoreResult<bool> {
+        self.0.renew(shard, owner, ttl).await
+    }
+    async fn release(&self, shard: i16, owner: &str) -> crate::store::StoreResult<bool> {
+        self.0.release(shard, owner).await
+    }
+    async fn roster(&self) -> crate::store::StoreResult<Roster> {
+        self.0.roster().await
+    }
+    fn adopt(&self, write: Option<i16>, read: &[i16]) {
+        self.0.adopt(write, read)
+    }
+    async fn local_region(&self) -> crate::store::StoreResult<Option<String>> {
+        Ok(Some("dc1".into()))
+    }
+    async fn regions(&self) -> crate::store::StoreResult<Vec<crate::store::lease::RegionBeat>> {
+        if self.1.load(std::sync::atomic::Ordering::Relaxed) {
+            std::future::pending::<()>().await;
+        }
+        Ok(Vec::new())
+    }
+}
+
+/// A region round whose reads hang up to the store's timeout (2 s here, twice a lease's life)
+/// does not hold up the lease's renewals: the lease lives in the store all along.
+#[tokio::test]
+async fn a_region_round_that_hangs_does_not_let_the_lease_lapse() {
+    let (_dir, inner) = embedded();
+    let silent = Arc::new(SilentRegions(inner.clone(), false.into()));
+    let store: Arc<dyn LeaseStore> = silent.clone();
+    let metrics = Arc::new(Metrics::new(false));
+    let fleet = Fleet::join(store, cfg(None), metrics).await.unwrap();
+    silent.1.store(true, std::sync::atomic::Ordering::Relaxed);
+    let owner = fleet.owner.clone();
+    let (leave, rx) = watch::channel(false);
+    let task = tokio::spawn(fleet.run(rx));
+    for _ in 0..30 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let roster = inner.roster().await.unwrap();
+        assert!(
+            roster.members.iter().any(|m| m.owner == owner),
+            "the lease lapsed: {roster:?}"
+        );
+    }
+    leave.send(true).unwrap();
+    task.await.unwrap();
+}

@@ -306,9 +306,12 @@ impl LimitState {
     /// `now`: what a read back compares with the one before ([`Pace`]). None for a token
     /// bucket, whose level is not a sum of shares.
     pub(super) fn view(&self, now: i64) -> Option<(f32, i64, u64)> {
+        if self.kind.is_tokens() {
+            return None;
+        }
         let est = window::estimate_by(self.kind, &self.buckets, self.carry(), now, |b| b.stored);
         let read = est.saturating_sub(self.settling.min(i64::MAX as u64) as i64);
-        (!self.kind.is_tokens()).then_some((self.share, read, self.settling))
+        Some((self.share, read, self.settling))
     }
 
     /// Notes a read's count `est` at `period` of `Shares::seen_span` (in a fleet).

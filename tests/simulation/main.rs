@@ -103,6 +103,7 @@ async fn fleet_over_admission_is_measured_against_an_exact_sliding_log() {
         Pattern::EvenOverload,
         Pattern::SkewedOverload,
         Pattern::EdgeBursts,
+        Pattern::Flood,
     ];
     println!(
         "max {MAX} per {WINDOW_MS} ms sliding window, sync every {SYNC_MS} ms, {DURATION_MS} ms simulated"
@@ -313,8 +314,9 @@ async fn lazy_sync_keeps_the_bound_and_writes_what_needs_counting() {
         Pattern::EvenOverload,
         Pattern::SkewedOverload,
         Pattern::EdgeBursts,
+        Pattern::Flood,
     ] {
-        for n in [1usize, 3, 10] {
+        for n in [1usize, 2, 3, 10] {
             let o = simulate_fleet(n, &[], pattern, seed(), "cached", Shape::Window, lazy).await;
             // What writing every quiet client every round would have cost, had each been
             // checked on every instance in every round; the bound: one write per client and

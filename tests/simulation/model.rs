@@ -55,6 +55,9 @@ pub(crate) enum Pattern {
     SkewedOverload,
     /// 10x the limit's rate, all of it in the last 10% of every bucket width of the window.
     EdgeBursts,
+    /// 50x the limit's rate, spread evenly: a window that opens is full again within a sync
+    /// round, before any instance has written its part (a client as fast as its callers go).
+    Flood,
 }
 
 /// Arrivals at instant `t` (ms since start), one entry per instance.
@@ -62,6 +65,7 @@ pub(crate) fn arrivals(p: Pattern, t: i64, n: usize, rng: &mut rand::rngs::StdRn
     let per_ms = MAX as f64 / WINDOW_MS as f64; // the limit's long-run rate
     let rate = match p {
         Pattern::EvenUnderLimit => 0.5 * per_ms,
+        Pattern::Flood => 50.0 * per_ms,
         _ => 10.0 * per_ms,
     };
     let mut out = vec![0u32; n];
@@ -70,7 +74,7 @@ pub(crate) fn arrivals(p: Pattern, t: i64, n: usize, rng: &mut rand::rngs::StdRn
         rate.floor() as u32 + (rng.random::<f64>() < rate.fract()) as u32
     };
     match p {
-        Pattern::EvenUnderLimit | Pattern::EvenOverload => {
+        Pattern::EvenUnderLimit | Pattern::EvenOverload | Pattern::Flood => {
             for a in out.iter_mut() {
                 *a = draw(rate / n as f64);
             }

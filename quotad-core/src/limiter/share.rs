@@ -177,12 +177,21 @@ pub fn last_units(max: u64) -> u64 {
 /// it (`Shares::seen_span`), at the lowest count and with the least share it saw. Before its
 /// reads cover that span, as though the count had been 0. Nothing of a small limit. Each
 /// share's allowance is rounded down, and so is their sum.
+///
+/// A count read while the window was full says nothing of the room its hits leave as they
+/// leave the window: every instance sees that room at once, and takes its share of it without
+/// a read. So a window's count is the lower of the lowest read and the last read weighed now.
 pub(super) fn others_hold(l: &Limit, s: &LimitState, now: i64, fleet: Fleet) -> i128 {
     if fleet.seen_span <= 0 {
         return 0;
     }
     let (lowest, share) = match s.seen() {
-        Some(r) if r.covers(now.div_euclid(fleet.seen_span)) => (r.lowest(), r.least_share()),
+        Some(r) if r.covers(now.div_euclid(fleet.seen_span)) => {
+            let lowest = s
+                .view(now)
+                .map_or(r.lowest(), |(_, read, _)| r.lowest().min(read));
+            (lowest, r.least_share())
+        }
         Some(r) => (0, r.least_share()),
         None => (0, s.share),
     };

@@ -2,7 +2,7 @@
 //!
 //! A counter increment that was sent and not answered in time (a replica that led it died
 //! or stopped answering) may have landed or not, and may still land: counter increments are
-//! not idempotent, so it is never resent blindly. Each instance writes only its own shard's
+//! not idempotent, so it is not resent blindly. Each instance writes only its own shard's
 //! cells, so it can tell what happened: it knows what its own cell held before the write
 //! (`base`: the bucket's `mine` in the limiter when the round took it) and
 //! what it wrote there since with an answer (`acked`), and a read at consistency `ALL` of its
@@ -17,6 +17,12 @@
 //! before the first read has applied or been dropped. A read that fails starts the count
 //! again. What did not land is sent again (directly, since its entry may have left memory)
 //! and is in doubt again until that write is answered.
+//!
+//! A counter near its limit cannot wait for that: while a replica is down the read at `ALL`
+//! waits for it, and until then the other instances cannot count hits they do not see, so
+//! they would take them again. A write in doubt of such a counter is sent again at once, with
+//! the next round (the round's caller says which: `again` in [`Doubts::note`]); the count
+//! errs high if the first landed too, and the settling read takes back what landed twice.
 //!
 //! Bounded: at most `most` cells are held; a doubt beyond that is given up on at once and
 //! counted as `unknown`, as is what is still in doubt at exit.
@@ -54,20 +60,47 @@ impl Outcome {
 struct Doubt {
     /// What the cell held before the first write in doubt.
     base: i64,
-    /// Hits written in doubt since.
-    sent: i64,
-    /// Hits written with an answer since.
+    /// What this instance meant the cell to gain since: each hit it admitted there once.
+    intended: i64,
+    /// Write deltas answered since.
     acked: i64,
+    /// Write deltas sent in doubt since (some may be sent again: see [`Doubts::note`]).
+    doubtful: i64,
+    /// Hits of writes in doubt sent again since (or a taking back in doubt): what the cell
+    /// may hold twice, and all a settling read takes back. Other writers of the cell (this
+    /// instance's checks decided through the store) can make it hold more than was intended
+    /// here, which is theirs.
+    again: i64,
     /// When the last write in doubt went out.
     last_sent: Instant,
     /// When a read at `ALL` of the cell first succeeded, with every replica up since.
     witnessed: Option<Instant>,
 }
 
+impl Doubt {
+    fn new(base: i64, now: Instant) -> Self {
+        Doubt {
+            base,
+            intended: 0,
+            acked: 0,
+            doubtful: 0,
+            again: 0,
+            last_sent: now,
+            witnessed: None,
+        }
+    }
+
+    /// Hits the cell may lack: intended and not written with an answer.
+    fn owed(&self) -> u64 {
+        self.intended.saturating_sub(self.acked).max(0) as u64
+    }
+}
+
 /// What a settling read found.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Settled {
-    /// Increments that did not land, to be sent again.
+    /// Increments that did not land, to be sent again, and takings back of hits that landed
+    /// twice (negative).
     pub resend: Vec<Delta>,
     /// Hits found in the store.
     pub landed: u64,
@@ -79,7 +112,7 @@ pub struct Doubts {
     cells: HashMap<(CounterKey, i64), Doubt>,
     wait: Duration,
     most: usize,
-    /// Hits in doubt now (the sum of `sent`).
+    /// Hits in doubt now (the sum of the cells' `owed`).
     hits: u64,
 }
 
@@ -98,18 +131,32 @@ impl Doubts {
         self.hits
     }
 
+    /// Runs `f` on a cell, keeping `hits` the sum of what the cells owe.
+    fn change(&mut self, cell: &(CounterKey, i64), f: impl FnOnce(&mut Doubt)) {
+        if let Some(c) = self.cells.get_mut(cell) {
+            let before = c.owed();
+            f(c);
+            self.hits = self.hits.saturating_sub(before).saturating_add(c.owed());
+        }
+    }
+
     /// Takes a round's writes: `bases[i]` is what `deltas[i]`'s own cell held before it, and
-    /// `outcomes[i]` what became of it. Returns the hits given up on at once (more cells in
-    /// doubt than it holds).
+    /// `outcomes[i]` what became of it. A write in doubt whose `again[i]` is set is to be sent
+    /// again at once, with the next round's writes (a counter near its limit: the other
+    /// instances cannot count hits they cannot see): it may then land twice, and the settling
+    /// read takes back what did. Returns the hits given up on at once (more cells in doubt than
+    /// it holds), and which of those to send again it holds (the others are in doubt as any).
     pub fn note(
         &mut self,
         deltas: &[Delta],
         bases: &[i64],
         outcomes: &[Outcome],
+        again: &[bool],
         now: Instant,
-    ) -> u64 {
+    ) -> (u64, Vec<usize>) {
         let mut given_up = 0;
-        for ((d, &base), &o) in deltas.iter().zip(bases).zip(outcomes) {
+        let mut resend = Vec::new();
+        for (i, ((d, &base), &o)) in deltas.iter().zip(bases).zip(outcomes).enumerate() {
             let n = d.delta;
             match o {
                 Outcome::Unsent => {}
@@ -117,9 +164,10 @@ impl Doubts {
                     if self.cells.is_empty() {
                         continue;
                     }
-                    if let Some(c) = self.cells.get_mut(&(d.key.clone(), d.start)) {
+                    self.change(&(d.key.clone(), d.start), |c| {
                         c.acked = c.acked.saturating_add(n);
-                    }
+                        c.intended = c.intended.saturating_add(n);
+                    });
                 }
                 Outcome::Doubtful => {
                     let cell = (d.key.clone(), d.start);
@@ -128,21 +176,28 @@ impl Doubts {
                         given_up += n.max(0) as u64;
                         continue;
                     }
-                    let c = self.cells.entry(cell).or_insert(Doubt {
-                        base,
-                        sent: 0,
-                        acked: 0,
-                        last_sent: now,
-                        witnessed: None,
+                    let sent_again = again.get(i).copied().unwrap_or(false) && n > 0;
+                    self.cells
+                        .entry(cell.clone())
+                        .or_insert_with(|| Doubt::new(base, now));
+                    self.change(&cell, |c| {
+                        c.doubtful = c.doubtful.saturating_add(n);
+                        // Hits sent again are intended by the write that carries them.
+                        if sent_again {
+                            c.again = c.again.saturating_add(n);
+                        } else {
+                            c.intended = c.intended.saturating_add(n);
+                        }
+                        c.last_sent = now;
+                        c.witnessed = None;
                     });
-                    c.sent = c.sent.saturating_add(n);
-                    c.last_sent = now;
-                    c.witnessed = None;
-                    self.hits = self.hits.saturating_add(n.max(0) as u64);
+                    if sent_again {
+                        resend.push(i);
+                    }
                 }
             }
         }
-        given_up
+        (given_up, resend)
     }
 
     /// The cells whose next read is due at `now`, at most `most` of them, as one-bucket ranges.
@@ -169,7 +224,9 @@ impl Doubts {
     }
 
     /// Takes what a read at `ALL` (made at `at`) got for `ranges` (from [`Doubts::due`]):
-    /// a first read witnesses the replicas up; a read `wait` after that settles the cell.
+    /// a first read witnesses the replicas up; a read `wait` after that settles the cell: what
+    /// it lacks of what was intended is sent again, and what it holds beyond (hits sent again
+    /// that had landed the first time too) is taken back.
     pub fn read(
         &mut self,
         ranges: &[CounterRange],
@@ -195,36 +252,31 @@ impl Doubts {
                 }
             }
             let mine = t.iter().find(|b| b.start == r.from).map_or(0, |b| b.mine);
-            let landed = mine
-                .saturating_sub(c.base)
-                .saturating_sub(c.acked)
-                .clamp(0, c.sent.max(0));
-            let missing = c.sent.max(0) - landed;
-            self.hits = self.hits.saturating_sub(c.sent.max(0) as u64);
-            out.landed += landed as u64;
-            if missing == 0 {
+            let owed = c.owed();
+            let fix = c
+                .intended
+                .saturating_sub(mine.saturating_sub(c.base))
+                .clamp(-c.again.max(0), owed as i64);
+            self.hits = self.hits.saturating_sub(owed);
+            out.landed += owed.saturating_sub(fix.max(0) as u64);
+            if fix == 0 {
                 self.cells.remove(&cell);
                 continue;
             }
-            // Sent again, and in doubt until that write is answered ([`Doubts::resent`]).
-            *c = Doubt {
-                base: mine,
-                sent: 0,
-                acked: 0,
-                last_sent: at,
-                witnessed: None,
-            };
+            // Sent again (or taken back), and in doubt until that write is answered
+            // ([`Doubts::resent`]).
+            *c = Doubt::new(mine, at);
             out.resend.push(Delta {
                 key: r.key.clone(),
                 start: r.from,
-                delta: missing,
+                delta: fix,
             });
         }
         out
     }
 
-    /// What became of the increments [`Doubts::read`] asked to send again: one that landed
-    /// is settled; any other is in doubt again against the base that read found.
+    /// What became of the increments [`Doubts::read`] asked to send: one that landed is
+    /// settled; any other is in doubt again against the base that read found.
     pub fn resent(&mut self, resend: &[Delta], outcomes: &[Outcome], now: Instant) {
         for (d, &o) in resend.iter().zip(outcomes) {
             let cell = (d.key.clone(), d.start);
@@ -232,20 +284,23 @@ impl Doubts {
                 self.cells.remove(&cell);
                 continue;
             }
-            if let Some(c) = self.cells.get_mut(&cell) {
-                c.sent = c.sent.saturating_add(d.delta);
+            self.change(&cell, |c| {
+                c.doubtful = c.doubtful.saturating_add(d.delta);
+                c.intended = c.intended.saturating_add(d.delta);
+                if d.delta < 0 {
+                    c.again = c.again.saturating_sub(d.delta);
+                }
                 c.last_sent = now;
                 c.witnessed = None;
-                self.hits = self.hits.saturating_add(d.delta.max(0) as u64);
-            }
+            });
         }
     }
 
-    /// Hits in doubt in `key`'s bucket at `start` now (0: none).
-    pub fn sent(&self, key: &CounterKey, start: i64) -> i64 {
+    /// Hits in doubt in `key`'s bucket at `start` now (0: none): what the store may lack.
+    pub fn owed(&self, key: &CounterKey, start: i64) -> i64 {
         self.cells
             .get(&(key.clone(), start))
-            .map_or(0, |c| c.sent.max(0))
+            .map_or(0, |c| c.owed() as i64)
     }
 
     /// Gives up on every doubt (shutdown): returns the hits that stay unknown.
@@ -288,8 +343,8 @@ mod tests {
         let mut d = Doubts::new(wait, 10);
         let t0 = Instant::now();
         // The cell held 10; 5 went out in doubt, then 3 landed with an answer.
-        d.note(&[delta("a", 5)], &[10], &[Outcome::Doubtful], t0);
-        d.note(&[delta("a", 3)], &[15], &[Outcome::Landed], t0);
+        d.note(&[delta("a", 5)], &[10], &[Outcome::Doubtful], &[false], t0);
+        d.note(&[delta("a", 3)], &[15], &[Outcome::Landed], &[false], t0);
         assert_eq!(d.hits(), 5);
         assert!(d.due(t0 + wait / 2, 100).is_empty(), "too early");
         let due = d.due(t0 + wait, 100);
@@ -313,7 +368,7 @@ mod tests {
         let wait = Duration::from_millis(10);
         let mut d = Doubts::new(wait, 10);
         let t0 = Instant::now();
-        d.note(&[delta("a", 4)], &[0], &[Outcome::Doubtful], t0);
+        d.note(&[delta("a", 4)], &[0], &[Outcome::Doubtful], &[false], t0);
         let due = d.due(t0 + wait, 100);
         d.read(&due, read_as(4), t0 + wait);
         // A replica stops answering: the witness is gone.
@@ -329,7 +384,7 @@ mod tests {
         let wait = Duration::from_millis(10);
         let mut d = Doubts::new(wait, 10);
         let t0 = Instant::now();
-        d.note(&[delta("a", 4)], &[0], &[Outcome::Doubtful], t0);
+        d.note(&[delta("a", 4)], &[0], &[Outcome::Doubtful], &[false], t0);
         let due = d.due(t0 + wait, 100);
         d.read(&due, read_as(0), t0 + wait);
         let s = d.read(&due, read_as(0), t0 + wait * 2);
@@ -347,14 +402,61 @@ mod tests {
     fn doubts_past_the_bound_are_given_up_on() {
         let mut d = Doubts::new(Duration::ZERO, 1);
         let t0 = Instant::now();
-        let given_up = d.note(
+        let (given_up, _) = d.note(
             &[delta("a", 2), delta("b", 3)],
             &[0, 0],
             &[Outcome::Doubtful, Outcome::Doubtful],
+            &[false, false],
             t0,
         );
         assert_eq!((given_up, d.hits()), (3, 2));
         assert_eq!(d.give_up(), 2);
         assert_eq!(d.hits(), 0);
+    }
+
+    #[test]
+    fn a_write_sent_again_at_once_is_taken_back_where_it_landed_twice() {
+        let wait = Duration::from_millis(10);
+        let mut d = Doubts::new(wait, 10);
+        let t0 = Instant::now();
+        // The cell held 10; 5 went out in doubt, to be sent again at once.
+        let (_, again) = d.note(&[delta("a", 5)], &[10], &[Outcome::Doubtful], &[true], t0);
+        assert_eq!(again, vec![0]);
+        assert_eq!(d.hits(), 0, "not missing: on their way again");
+        assert_eq!(d.owed(&delta("a", 0).key, 0), 0);
+        // The next round carries them with 2 new hits, and is answered.
+        d.note(&[delta("a", 7)], &[10], &[Outcome::Landed], &[true], t0);
+        assert_eq!(d.hits(), 0);
+        let due = d.due(t0 + wait, 100);
+        d.read(&due, read_as(22), t0 + wait);
+        // Final: 22 = 10 + 7 + the first 5 too: those are taken back.
+        let at = t0 + wait * 2;
+        let s = d.read(&d.due(at, 100), read_as(22), at);
+        assert_eq!(s.resend, vec![delta("a", -5)]);
+        d.resent(&s.resend, &[Outcome::Landed], at);
+        assert!(d.due(at + wait * 3, 100).is_empty(), "settled");
+    }
+
+    #[test]
+    fn a_write_sent_again_at_once_that_landed_once_is_left_alone() {
+        let wait = Duration::from_millis(10);
+        let mut d = Doubts::new(wait, 10);
+        let t0 = Instant::now();
+        d.note(&[delta("a", 5)], &[10], &[Outcome::Doubtful], &[true], t0);
+        d.note(&[delta("a", 5)], &[10], &[Outcome::Landed], &[true], t0);
+        let due = d.due(t0 + wait, 100);
+        d.read(&due, read_as(15), t0 + wait);
+        let at = t0 + wait * 2;
+        let s = d.read(&d.due(at, 100), read_as(15), at);
+        assert_eq!(s, Settled::default());
+        assert!(d.due(at + wait * 3, 100).is_empty(), "settled");
+        // Another writer of the cell (a check decided through the store) adds to it: what
+        // is taken back is at most what was sent twice.
+        d.note(&[delta("a", 3)], &[15], &[Outcome::Doubtful], &[true], at);
+        d.note(&[delta("a", 3)], &[15], &[Outcome::Landed], &[true], at);
+        let at = at + wait;
+        d.read(&d.due(at, 100), read_as(30), at);
+        let s = d.read(&d.due(at + wait, 100), read_as(30), at + wait);
+        assert_eq!(s.resend, vec![delta("a", -3)]);
     }
 }

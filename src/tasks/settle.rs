@@ -71,20 +71,22 @@ impl Settler {
     }
 
     /// Holds a round's writes in doubt ([`Doubts::note`]; `doubtful` hits of them); one past
-    /// the bound is given up on.
+    /// the bound is given up on. Returns the writes in doubt to send again at once, of those
+    /// `near` marks (counters near a limit).
     pub(super) fn note(
         &self,
         deltas: &[Delta],
         bases: &[i64],
         outcomes: &[Outcome],
+        near: &[bool],
         doubtful: u64,
-    ) {
+    ) -> Vec<Delta> {
         self.doubted.fetch_add(doubtful, Ordering::Relaxed);
         let now = std::time::Instant::now();
-        let (given_up, hits) = {
+        let (given_up, again, hits) = {
             let mut d = self.doubts();
-            let given_up = d.note(deltas, bases, outcomes, now);
-            (given_up, d.hits())
+            let (given_up, again) = d.note(deltas, bases, outcomes, near, now);
+            (given_up, again, d.hits())
         };
         let doubtful = deltas.iter().zip(outcomes);
         self.mirror(
@@ -100,6 +102,10 @@ impl Settler {
                 "sync: too many writes in doubt to settle; these hits stay unknown"
             );
         }
+        let again: Vec<Delta> = again.into_iter().map(|i| deltas[i].clone()).collect();
+        let sent_again = again.iter().map(|d| d.delta.max(0) as u64).sum();
+        self.metrics.doubts().settled(0, sent_again, 0);
+        again
     }
 
     /// Reads back the cells whose writes are in doubt and due ([`Doubts::due`]) at consistency
@@ -136,7 +142,7 @@ impl Settler {
         }
         let settled = self.doubts().read(&due, totals, std::time::Instant::now());
         self.mirror(due.iter().map(|r| (&r.key, r.from)));
-        let mut resent = 0;
+        let (mut resent, mut taken_back) = (0, 0);
         if !settled.resend.is_empty() {
             // Sent directly: the counters may have left the limiter's memory meanwhile.
             // With a deadline of its own: the read may have used up most of the last one.
@@ -152,14 +158,21 @@ impl Settler {
                 .resent(&settled.resend, &outcomes, std::time::Instant::now());
             self.mirror(settled.resend.iter().map(|d| (&d.key, d.start)));
             resent = settled.resend.iter().map(|d| d.delta.max(0) as u64).sum();
+            taken_back = settled
+                .resend
+                .iter()
+                .map(|d| (-d.delta).max(0) as u64)
+                .sum();
         }
         let left = self.doubts().hits();
         self.metrics.doubts().set_in_doubt(left);
-        if settled.landed + resent > 0 {
+        if settled.landed + resent + taken_back > 0 {
             self.metrics.doubts().settled(settled.landed, resent, 0);
+            self.metrics.doubts().taken_back(taken_back);
             tracing::info!(
                 landed_hits = settled.landed,
                 resent_hits = resent,
+                landed_twice_taken_back = taken_back,
                 still_in_doubt = left,
                 consistency = match heard {
                     Heard::Every => "ALL",
@@ -176,7 +189,7 @@ impl Settler {
     fn mirror<'a>(&self, cells: impl Iterator<Item = (&'a CounterKey, i64)>) {
         let d = self.doubts();
         for (key, start) in cells {
-            self.limiter.in_doubt(key, start, d.sent(key, start));
+            self.limiter.in_doubt(key, start, d.owed(key, start));
         }
     }
 

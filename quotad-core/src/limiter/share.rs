@@ -261,7 +261,8 @@ pub(super) fn share_use(l: &Limit, s: &LimitState, now: i64, cost: u64, fleet: F
         within: used <= allowance,
         pressing: used * PRESSURE_DIVISOR > allowance,
         held,
-        others_hold_none: others == 0,
+        // A read held back by the one before it may lack the others' latest writes.
+        others_hold_none: others == 0 && lag == 0,
     }
 }
 

@@ -30,6 +30,9 @@ pub struct SyncBatch {
     /// For each of `deltas`, this instance's own shard of its bucket before it
     /// ([`super::bucket::Bucket::mine`]): what the store holds there if the write does not land.
     pub bases: Vec<i64>,
+    /// For each of `deltas`, whether its counter pressed on its share (near a limit): its
+    /// write, if in doubt, is sent again at once (the server's `tasks::doubts`).
+    pub near: Vec<bool>,
     pub ranges: Vec<CounterRange>,
     /// How many of `ranges`, at its start, are counters near a limit (pressing on a share, or
     /// admitted before their first read): read those first, and at once.
@@ -202,6 +205,7 @@ impl Table {
                     };
                     if write {
                         let mut moved = 0;
+                        let near = s.pressing;
                         // A window's bucket that no estimate will read again need not be
                         // written (a token bucket's old buckets feed its carry: they are).
                         let needed = if s.kind.is_tokens() {
@@ -222,6 +226,7 @@ impl Table {
                                 delta: n as i64,
                             });
                             batch.bases.push(b.mine);
+                            batch.near.push(near);
                             b.mine = b.mine.saturating_add(n as i64);
                             b.pending -= n;
                             b.stored = b.stored.saturating_add(n as i64);

@@ -6,8 +6,9 @@ use prometheus::{IntCounterVec, IntGauge, Opts, Registry};
 /// Hits whose writes had no answer, until they are settled by reading them back.
 pub struct DoubtMetrics {
     in_doubt: IntGauge,
-    /// By outcome: `landed` (in the store, not resent), `resent` (missing, sent again),
-    /// `unknown` (given up: too many doubts held, or shutdown came first).
+    /// By outcome: `landed` (in the store, not resent), `resent` (missing, or a counter near
+    /// its limit: sent again), `unknown` (given up: too many doubts held, or shutdown came
+    /// first), `taken_back` (sent again and found to have landed twice).
     settled: IntCounterVec,
 }
 
@@ -24,12 +25,13 @@ impl DoubtMetrics {
             Opts::new(
                 "quotad_store_doubtful_hits_settled_total",
                 "Hits in doubt that were settled, by outcome: landed (found in the store), \
-                 resent (missing, sent again), unknown (given up on, never resent).",
+                 resent (missing, or of a counter near its limit: sent again), unknown (given \
+                 up on, never resent), taken_back (sent again, had landed twice).",
             ),
             &["outcome"],
         )
         .expect("valid metric");
-        for outcome in ["landed", "resent", "unknown"] {
+        for outcome in ["landed", "resent", "unknown", "taken_back"] {
             settled.with_label_values(&[outcome]);
         }
         registry
@@ -56,6 +58,13 @@ impl DoubtMetrics {
             if n > 0 {
                 self.settled.with_label_values(&[outcome]).inc_by(n);
             }
+        }
+    }
+
+    /// Hits sent again that had landed the first time too, taken back.
+    pub fn taken_back(&self, hits: u64) {
+        if hits > 0 {
+            self.settled.with_label_values(&["taken_back"]).inc_by(hits);
         }
     }
 

@@ -204,7 +204,9 @@ impl Syncer {
             .collect(self.limiter.clock().now_ms(), history, all);
         let answers = std::mem::take(&mut batch.answers);
         let hits = batch.hits();
-        let (refused, given_back) = self.write_counters(&batch.deltas, &batch.bases).await;
+        let (refused, given_back) = self
+            .write_counters(&batch.deltas, &batch.bases, &batch.near)
+            .await;
         // The store has answered: the snapshot is written, or back in pending, or uncertain.
         drop(batch.writing.take());
         // What stays pending of the snapshot: what was refused or not sent in time, and the
@@ -234,8 +236,14 @@ impl Syncer {
     /// store tells the increments it never sent (back to pending) from those in doubt
     /// (`CounterStore::increment_parts`): a cluster that refuses some partitions (no quorum
     /// for them) takes the others. A call refused whole gives back it and the rest and is
-    /// returned. Also returns the hits given back.
-    async fn write_counters(&self, deltas: &[Delta], bases: &[i64]) -> (Option<StoreError>, u64) {
+    /// returned. An increment in doubt of a counter near its limit (`near`) is pending again
+    /// too, sent at the next round ([`Settler::note`]). Also returns the hits given back.
+    async fn write_counters(
+        &self,
+        deltas: &[Delta],
+        bases: &[i64],
+        near: &[bool],
+    ) -> (Option<StoreError>, u64) {
         let store = self.limiter.store();
         let hits = |d: &[Delta]| d.iter().map(|d| d.delta.max(0) as u64).sum::<u64>();
         let started = std::time::Instant::now();
@@ -304,9 +312,14 @@ impl Syncer {
         if trouble.doubtful > 0 {
             self.metrics.uncertain_hits(trouble.doubtful);
         }
-        self.settler
-            .note(deltas, bases, &outcomes, trouble.doubtful);
+        let again = self
+            .settler
+            .note(deltas, bases, &outcomes, near, trouble.doubtful);
         let mut given_back = 0;
+        if !again.is_empty() {
+            given_back += hits(&again);
+            self.limiter.unwritten(&again);
+        }
         if !unsent.is_empty() {
             given_back += hits(&unsent);
             self.limiter.unwritten(&unsent);

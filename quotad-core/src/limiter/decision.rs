@@ -10,8 +10,8 @@
 use smallvec::SmallVec;
 use smol_str::SmolStr;
 
+use super::allowance::{self, share_use, Fleet};
 use super::first;
-use super::share::{self, share_use, Fleet};
 use super::state::{Answered, Entry, LimitState, TOKEN_SETTLE_ROUNDS};
 use super::window;
 use crate::domain::{Limit, LimitKind, Mode, OnStoreFailure, Policy, Scope, MAX_LIMITS};
@@ -82,13 +82,13 @@ const UNJUDGED: Verdict = Verdict {
 struct Verdict {
     /// The limit's count now, before this check (negative when credits exceed the hits).
     est: i64,
-    /// What other instances may hold admitted beyond `est` (`share::others_hold`): not
+    /// What other instances may hold admitted beyond `est` (`allowance::others_hold`): not
     /// remaining in the answer.
     held: i64,
     admit: bool,
     /// The wait until the same check could pass: 0 when admitted, None if never.
     retry: Option<i64>,
-    /// The counter should be synced at the next round (see `share::ShareUse`).
+    /// The counter should be synced at the next round (see `allowance::ShareUse`).
     pressing: bool,
     /// The window has room that this instance's share cannot hold: the store decides.
     store: bool,
@@ -147,7 +147,7 @@ fn judge(l: &Limit, s: &LimitState, now: i64, cost: u64, fleet: Fleet) -> Verdic
         let over = fleet
             .budget
             .filter(|_| cost > 0 && !l.kind.is_tokens())
-            .is_some_and(|b| (cost as i128) > share::regional_allowance(l, s, now, b, true));
+            .is_some_and(|b| (cost as i128) > allowance::regional_allowance(l, s, now, b, true));
         if over {
             return verdict(false, Some(fleet.sync_interval_ms), false);
         }

@@ -42,6 +42,7 @@
 //! One log line marks the start of an episode (the first check decided so) and one its end
 //! (the first store call of a check that succeeds after it), with the checks it decided.
 
+use super::allowance::{self, Fleet};
 use super::decision::{decide, Decision};
 use super::failure::Rule;
 use super::first;
@@ -49,7 +50,6 @@ use super::key::{counter_key, range_of};
 use super::late::{undo, Counting, Late};
 use super::loads::Turn;
 use super::room::Cap;
-use super::share::{self, Fleet};
 use super::state::{buckets_from, LimitState};
 use super::{window, Applicable, CheckInput, Limiter, Locked};
 use crate::domain::{Consistency, Limit, Policy};
@@ -294,7 +294,7 @@ impl Limiter {
         }
         let mut refs: Vec<&mut LimitState> = states.iter_mut().collect();
         // The store counted this hit against everyone's: no share to keep to, but while
-        // another region is unheard, this region's budget (`share::Budget`).
+        // another region is unheard, this region's budget (`allowance::Budget`).
         let fleet = Fleet {
             shares: false,
             ..self.shares.fleet(policy)
@@ -326,7 +326,7 @@ impl Limiter {
     }
 
     /// What the other instances may hold admitted and unwritten of `l`
-    /// (`share::others_hold`) as this instance has read its counter, for the answer's
+    /// (`allowance::others_hold`) as this instance has read its counter, for the answer's
     /// `remaining`: nothing in a strict policy, whose hits are all in the store, nor alone, nor
     /// of a small limit, which no instance holds a share of.
     fn others_hold(&self, policy: &Policy, l: &Limit, r: &CounterRange, now: i64) -> u64 {
@@ -335,7 +335,7 @@ impl Limiter {
         }
         let fleet = self.shares.fleet(policy);
         self.table
-            .with_state(&r.key, |s| share::others_hold(l, s, now, fleet))
+            .with_state(&r.key, |s| allowance::others_hold(l, s, now, fleet))
             .map_or(0, |h| h.clamp(0, i64::MAX as i128) as u64)
     }
 

@@ -40,6 +40,7 @@
 //! `config` holds the tuning.
 
 mod admin;
+mod allowance;
 mod bucket;
 mod config;
 mod decision;
@@ -534,21 +535,8 @@ impl Limiter {
     pub fn collect(&self, now: i64, answers: bool, all: bool) -> SyncBatch {
         // Strict answers that came late: what they say counts in this round's snapshot.
         self.late.learn(&self.table);
-        let (write_every, read_every) = self.shares.round_spans();
-        let interval_ms = self.cfg.sync_interval_ms.max(1);
         let since = self.last_round.swap(now, Ordering::Relaxed);
-        let round = sync::Round {
-            // The first pass covers one interval.
-            since: if since == i64::MIN {
-                now - interval_ms
-            } else {
-                since
-            },
-            interval_ms,
-            write_every,
-            read_every,
-            fleet: self.shares.fleet.members() > 1,
-        };
+        let round = sync::Round::new(&self.shares, (since != i64::MIN).then_some(since), now);
         let writing = self.writes.begin();
         self.table
             .collect(now, (answers, all), round, writing, &self.history)

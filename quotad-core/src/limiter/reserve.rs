@@ -1,5 +1,5 @@
 //! What an instance of a fleet that writes lazily holds back for the others' unwritten hits,
-//! the reads an instance of any fleet made of a counter lately (`share::others_hold`), and
+//! the reads an instance of any fleet made of a counter lately (`allowance::others_hold`), and
 //! how its last read compares with the one before ([`Pace`]).
 
 /// The lowest count the store showed for a counter over the last two periods of

@@ -55,7 +55,7 @@ pub(super) struct Aux {
     pub(super) tokens: Option<TokenLevel>,
     pub(super) reserve: Option<Reserve>,
     /// In a fleet: the reads of the last spans of `Shares::seen_span`, for what the other
-    /// instances may hold unwritten (`share::others_hold`).
+    /// instances may hold unwritten (`allowance::others_hold`).
     pub(super) seen: Option<Reserve>,
     /// In a fleet of several regions: this region's part of the count (`share`).
     pub(super) region: Option<RegionPart>,

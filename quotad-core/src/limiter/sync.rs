@@ -85,6 +85,22 @@ pub(super) struct Round {
     pub(super) fleet: bool,
 }
 
+impl Round {
+    /// The round at `now` of a fleet timed by `shares`, the pass before it at `since` (None:
+    /// this is the first pass, which covers one interval).
+    pub(super) fn new(shares: &Shares, since: Option<i64>, now: i64) -> Self {
+        let (write_every, read_every) = shares.round_spans();
+        let interval_ms = shares.interval_ms();
+        Round {
+            since: since.unwrap_or(now - interval_ms),
+            interval_ms,
+            write_every,
+            read_every,
+            fleet: shares.fleet.members() > 1,
+        }
+    }
+}
+
 /// A key's place in the rounds: FNV-1a over the tenant and the subject, stable across
 /// processes and versions.
 fn slot_of(tenant: &str, subject: &[u8]) -> u64 {

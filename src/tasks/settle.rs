@@ -1,5 +1,5 @@
 //! The sync task's settling of its writes in doubt: holds them ([`Doubts`]), reads the due
-//! ones back at `ALL` between rounds, and sends again what did not land.
+//! ones back at `ALL` beside the rounds, and sends again what did not land.
 //!
 //! At exit a replica may still be down, and a read at `ALL` cannot succeed before the process
 //! ends: the drain then reads what it holds in doubt at `LOCAL_QUORUM` ([`Heard::LiveQuorum`],
@@ -23,10 +23,6 @@ const MOST_DOUBTS: usize = 100_000;
 /// Most cells one settling read asks for.
 const DOUBTS_PER_READ: usize = 1_024;
 
-/// Deadline of a settling read: it runs between rounds, and a replica that is down makes it
-/// wait for its whole deadline.
-const READ_DEADLINE: Duration = Duration::from_secs(1);
-
 /// How long past a deadline a store call may run before the settler stops waiting for it.
 const CUT_OFF_MARGIN: Duration = Duration::from_millis(500);
 
@@ -38,7 +34,8 @@ pub(super) struct Settler {
     doubted: AtomicU64,
     limiter: Arc<Limiter>,
     metrics: Arc<Metrics>,
-    /// Deadline of one write.
+    /// Deadline of one write, and of a settling read: it runs beside the rounds, which it
+    /// does not hold up, and a replica just back, or slow, answers a read at `ALL` late.
     timeout: Duration,
     /// No settling read before this: one that failed waits a `wait` before the next.
     next_read: Mutex<std::time::Instant>,
@@ -121,14 +118,14 @@ impl Settler {
             return self.doubts().hits();
         }
         let heard = *self.heard.lock().unwrap_or_else(|p| p.into_inner());
-        let deadline = std::time::Instant::now() + READ_DEADLINE;
+        let deadline = std::time::Instant::now() + self.timeout;
         let read = self.limiter.store().read_final(&due, Some(deadline), heard);
-        let totals = match tokio::time::timeout(READ_DEADLINE + CUT_OFF_MARGIN, read).await {
+        let totals = match tokio::time::timeout(self.timeout + CUT_OFF_MARGIN, read).await {
             Ok(r) => r.totals,
             Err(_) => vec![None; due.len()],
         };
         if totals.iter().any(Option::is_none) {
-            // A replica is down or slow: the rounds are not held up by a read a round.
+            // A replica is down or slow: the next read waits a `wait`.
             *self.next_read.lock().unwrap_or_else(|p| p.into_inner()) =
                 std::time::Instant::now() + self.wait;
             if at_exit && heard == Heard::Every {

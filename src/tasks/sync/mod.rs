@@ -125,8 +125,8 @@ pub struct Syncer {
     /// OpenTelemetry traces of the rounds, when on.
     traces: Option<Arc<crate::traces::Traces>>,
     episodes: Episodes,
-    /// Writes in doubt, until settled.
-    settler: Settler,
+    /// Writes in doubt, until settled; shared with the settling task beside the rounds.
+    settler: Arc<Settler>,
     /// Counters far from their limits that earlier rounds had no time to read back.
     backlog: Backlog,
     /// How long after its tick a round's write was done, at the peak of the recent rounds
@@ -141,12 +141,12 @@ impl Syncer {
         metrics: Arc<Metrics>,
         cfg: SyncConfig,
     ) -> Self {
-        let settler = Settler::new(
+        let settler = Arc::new(Settler::new(
             limiter.clone(),
             metrics.clone(),
             cfg.timeout,
             cfg.doubt_wait,
-        );
+        ));
         Self {
             history: Arc::new(HistoryWriter::new(
                 limiter.clone(),
@@ -424,6 +424,7 @@ impl Syncer {
         let mut next_history = tokio::time::Instant::now() + self.cfg.history_interval;
         let mut history_task: Option<tokio::task::JoinHandle<()>> = None;
         let mut janitor_task: Option<tokio::task::JoinHandle<()>> = None;
+        let mut settle_task: Option<tokio::task::JoinHandle<u64>> = None;
         loop {
             tokio::select! {
                 _ = tokio::time::sleep(self.until_next_tick(failures)) => {}
@@ -453,10 +454,12 @@ impl Syncer {
                     if let (Some(t), Some(r)) = (t, read) {
                         t.end_store(r, Some(ranges.len() as u64), None);
                     }
-                    // Not while the store refuses or leaves writes in doubt: a read at ALL
-                    // would fail and hold up the next round.
-                    if !self.metrics.store_degraded() {
-                        self.settle_doubts().await;
+                    // Beside the rounds, the last one done: a read at ALL waits for every
+                    // replica, up to the sync timeout when one is slow or just back.
+                    if settle_task.as_ref().is_none_or(|t| t.is_finished()) {
+                        let settler = self.settler.clone();
+                        settle_task =
+                            Some(tokio::spawn(async move { settler.settle(false).await }));
                     }
                     // Beside the rounds, after this one's read back: a history write takes
                     // a row per active client, seconds on a slow store, and a read back that
@@ -485,6 +488,9 @@ impl Syncer {
             let _ = t.await;
         }
         if let Some(t) = janitor_task {
+            let _ = t.await;
+        }
+        if let Some(t) = settle_task {
             let _ = t.await;
         }
         // What the process reports at exit: hits not written, and hits whose writes were sent

@@ -86,31 +86,40 @@ pub struct Fleet {
 
 /// The fleet's size as the shares take it ([`Membership::set_members`]): the live leases,
 /// this instance counted whether or not it holds one now (it serves checks either way), and
-/// no smaller than the most seen within the last lease's life. A lease lapses when a renewal
-/// stalls on a slow or paused node, and is claimed again a heartbeat later; meanwhile the
-/// roster shows one instance fewer, and an instance that took that for the fleet shrinking
-/// would take the lapsed one's share while that one still serves. An instance that is gone
-/// for good leaves N one lease's life after its lease ended.
+/// no smaller than before until roster reads have shown fewer for a lease's life. A lease
+/// lapses when a renewal stalls on a slow or paused node, and is claimed again a heartbeat
+/// later; meanwhile the roster shows one instance fewer, and an instance that took that for
+/// the fleet shrinking would take the lapsed one's share while that one still serves, on
+/// counts that lack its latest hits (the same stall holds up the reads back). Roster reads
+/// that fail in between prove nothing: the wait starts at the first read that shows fewer. An
+/// instance that is gone for good leaves N one lease's life after a read first misses it.
 #[derive(Debug)]
 struct Members {
     most: u32,
-    /// When `most` was last seen.
-    seen: Instant,
+    /// Since when roster reads have shown fewer than `most`.
+    fewer_since: Option<Instant>,
 }
 
 impl Members {
     fn new() -> Self {
         Members {
             most: 1,
-            seen: Instant::now(),
+            fewer_since: None,
         }
     }
 
     /// Takes a roster read's count at `now`; returns N.
     fn observe(&mut self, n: u32, now: Instant, hold: Duration) -> u32 {
-        if n >= self.most || now.saturating_duration_since(self.seen) > hold {
-            self.most = n.max(1);
-            self.seen = now;
+        let n = n.max(1);
+        if n >= self.most {
+            self.most = n;
+            self.fewer_since = None;
+        } else {
+            let since = *self.fewer_since.get_or_insert(now);
+            if now.saturating_duration_since(since) > hold {
+                self.most = n;
+                self.fewer_since = None;
+            }
         }
         self.most
     }

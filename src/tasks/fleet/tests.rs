@@ -152,7 +152,8 @@ async fn a_lease_that_lapses_for_less_than_its_life_leaves_n_as_it_was() {
     // a's lease has lapsed in the store: b's roster shows b alone.
     b.heartbeat().await;
     assert_eq!(b.view.members(), 2, "a lapse shorter than a lease's life");
-    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    // Missed by b's reads for a lease's life: gone.
+    tokio::time::sleep(Duration::from_millis(3_200)).await;
     b.heartbeat().await;
     assert_eq!(b.view.members(), 1, "gone for a lease's life: gone");
     faulty.set(Fault::Healthy);
@@ -227,4 +228,25 @@ async fn a_region_round_that_hangs_does_not_let_the_lease_lapse() {
     }
     leave.send(true).unwrap();
     task.await.unwrap();
+}
+
+#[test]
+fn the_fleet_shrinks_only_after_reads_show_fewer_for_a_lease_life() {
+    let hold = Duration::from_secs(5);
+    let t0 = Instant::now();
+    let at = |s: u64| t0 + Duration::from_secs(s);
+    let mut m = Members::new();
+    assert_eq!(m.observe(2, at(0), hold), 2);
+    // Roster reads fail for 8 s (a paused node), then one shows the other's lease lapsed:
+    // N stays, the other may still serve on hits this one has not read.
+    assert_eq!(m.observe(1, at(8), hold), 2);
+    assert_eq!(m.observe(1, at(12), hold), 2);
+    // It claims again: the wait starts over.
+    assert_eq!(m.observe(2, at(13), hold), 2);
+    assert_eq!(m.observe(1, at(14), hold), 2);
+    // Gone for good: N shrinks a lease's life after the first read that missed it.
+    assert_eq!(m.observe(1, at(19), hold), 2);
+    assert_eq!(m.observe(1, at(20), hold), 1);
+    // A newcomer counts at once.
+    assert_eq!(m.observe(3, at(21), hold), 3);
 }

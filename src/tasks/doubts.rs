@@ -24,6 +24,11 @@
 //! the next round (the round's caller says which: `again` in [`Doubts::note`]); the count
 //! errs high if the first landed too, and the settling read takes back what landed twice.
 //!
+//! A settling read runs beside the rounds, and a cell's count is only worth comparing with what
+//! was written there if no write of the cell was in flight while it was read: a round's write
+//! of a cell that is being read waits for the next round ([`Doubts::begin_write`]), and a cell
+//! whose write is in flight is not read ([`Doubts::due`]).
+//!
 //! Bounded: at most `most` cells are held; a doubt beyond that is given up on at once and
 //! counted as `unknown`, as is what is still in doubt at exit.
 
@@ -75,6 +80,10 @@ struct Doubt {
     last_sent: Instant,
     /// When a read at `ALL` of the cell first succeeded, with every replica up since.
     witnessed: Option<Instant>,
+    /// Round writes of the cell in flight (begun, not yet noted).
+    writing: u32,
+    /// A settling read of the cell is in flight.
+    reading: bool,
 }
 
 impl Doubt {
@@ -87,6 +96,8 @@ impl Doubt {
             again: 0,
             last_sent: now,
             witnessed: None,
+            writing: 0,
+            reading: false,
         }
     }
 
@@ -140,6 +151,27 @@ impl Doubts {
         }
     }
 
+    /// A round is about to send `deltas`: marks the cells in doubt among them as being written,
+    /// and returns which of them a settling read is reading now (those are not to be sent
+    /// this round: held back, they are pending again). Every delta sent must then be noted
+    /// ([`Doubts::note`]).
+    pub fn begin_write(&mut self, deltas: &[Delta]) -> Vec<bool> {
+        let mut held = vec![false; deltas.len()];
+        if self.cells.is_empty() {
+            return held;
+        }
+        for (d, held) in deltas.iter().zip(&mut held) {
+            if let Some(c) = self.cells.get_mut(&(d.key.clone(), d.start)) {
+                if c.reading {
+                    *held = true;
+                } else {
+                    c.writing += 1;
+                }
+            }
+        }
+        held
+    }
+
     /// Takes a round's writes: `bases[i]` is what `deltas[i]`'s own cell held before it, and
     /// `outcomes[i]` what became of it. A write in doubt whose `again[i]` is set is to be sent
     /// again at once, with the next round's writes (a counter near its limit: the other
@@ -158,6 +190,9 @@ impl Doubts {
         let mut resend = Vec::new();
         for (i, ((d, &base), &o)) in deltas.iter().zip(bases).zip(outcomes).enumerate() {
             let n = d.delta;
+            if let Some(c) = self.cells.get_mut(&(d.key.clone(), d.start)) {
+                c.writing = c.writing.saturating_sub(1);
+            }
             match o {
                 Outcome::Unsent => {}
                 Outcome::Landed => {
@@ -200,22 +235,30 @@ impl Doubts {
         (given_up, resend)
     }
 
-    /// The cells whose next read is due at `now`, at most `most` of them, as one-bucket ranges.
-    pub fn due(&self, now: Instant, most: usize) -> Vec<CounterRange> {
+    /// The cells whose next read is due at `now`, at most `most` of them, as one-bucket ranges,
+    /// none with a round's write in flight; each is being read until [`Doubts::read`] takes
+    /// what the read got.
+    pub fn due(&mut self, now: Instant, most: usize) -> Vec<CounterRange> {
+        let wait = self.wait;
         let ready = |c: &Doubt| {
-            now.saturating_duration_since(c.last_sent) >= self.wait
+            c.writing == 0
+                && !c.reading
+                && now.saturating_duration_since(c.last_sent) >= wait
                 && c.witnessed
-                    .is_none_or(|w| now.saturating_duration_since(w) >= self.wait)
+                    .is_none_or(|w| now.saturating_duration_since(w) >= wait)
         };
         let mut due: Vec<CounterRange> = self
             .cells
-            .iter()
+            .iter_mut()
             .filter(|(_, c)| ready(c))
             .take(most)
-            .map(|((key, start), _)| CounterRange {
-                key: key.clone(),
-                from: *start,
-                to: *start,
+            .map(|((key, start), c)| {
+                c.reading = true;
+                CounterRange {
+                    key: key.clone(),
+                    from: *start,
+                    to: *start,
+                }
             })
             .collect();
         // A store reads one partition's ranges together.
@@ -239,6 +282,7 @@ impl Doubts {
             let Some(c) = self.cells.get_mut(&cell) else {
                 continue;
             };
+            c.reading = false;
             let Some(t) = t else {
                 // A replica did not answer: the count starts again.
                 c.witnessed = None;
@@ -337,6 +381,12 @@ mod tests {
         }])]
     }
 
+    /// A settling read at `at` of the cells due then, answered with `totals`.
+    fn read_due(d: &mut Doubts, at: Instant, totals: Vec<Option<Vec<BucketTotal>>>) -> Settled {
+        let due = d.due(at, 100);
+        d.read(&due, totals, at)
+    }
+
     #[test]
     fn a_doubt_is_settled_by_two_reads_a_wait_apart_and_resends_what_did_not_land() {
         let wait = Duration::from_secs(6);
@@ -355,7 +405,7 @@ mod tests {
         assert!(d.due(t0 + wait + wait / 2, 100).is_empty());
         // Final: 15 = 10 + 3 acked + 2 of the 5 in doubt.
         let at = t0 + wait * 2;
-        let s = d.read(&d.due(at, 100), read_as(15), at);
+        let s = read_due(&mut d, at, read_as(15));
         assert_eq!(s.landed, 2);
         assert_eq!(s.resend, vec![delta("a", 3)]);
         assert_eq!(d.hits(), 0);
@@ -392,9 +442,9 @@ mod tests {
         d.resent(&s.resend, &[Outcome::Doubtful], t0 + wait * 2);
         assert_eq!(d.hits(), 4);
         let at = t0 + wait * 3;
-        d.read(&d.due(at, 100), read_as(4), at);
+        read_due(&mut d, at, read_as(4));
         let at = t0 + wait * 4;
-        let s = d.read(&d.due(at, 100), read_as(4), at);
+        let s = read_due(&mut d, at, read_as(4));
         assert_eq!((s.landed, s.resend.len(), d.hits()), (4, 0, 0));
     }
 
@@ -431,7 +481,7 @@ mod tests {
         d.read(&due, read_as(22), t0 + wait);
         // Final: 22 = 10 + 7 + the first 5 too: those are taken back.
         let at = t0 + wait * 2;
-        let s = d.read(&d.due(at, 100), read_as(22), at);
+        let s = read_due(&mut d, at, read_as(22));
         assert_eq!(s.resend, vec![delta("a", -5)]);
         d.resent(&s.resend, &[Outcome::Landed], at);
         assert!(d.due(at + wait * 3, 100).is_empty(), "settled");
@@ -447,7 +497,7 @@ mod tests {
         let due = d.due(t0 + wait, 100);
         d.read(&due, read_as(15), t0 + wait);
         let at = t0 + wait * 2;
-        let s = d.read(&d.due(at, 100), read_as(15), at);
+        let s = read_due(&mut d, at, read_as(15));
         assert_eq!(s, Settled::default());
         assert!(d.due(at + wait * 3, 100).is_empty(), "settled");
         // Another writer of the cell (a check decided through the store) adds to it: what
@@ -455,8 +505,35 @@ mod tests {
         d.note(&[delta("a", 3)], &[15], &[Outcome::Doubtful], &[true], at);
         d.note(&[delta("a", 3)], &[15], &[Outcome::Landed], &[true], at);
         let at = at + wait;
-        d.read(&d.due(at, 100), read_as(30), at);
-        let s = d.read(&d.due(at + wait, 100), read_as(30), at + wait);
+        read_due(&mut d, at, read_as(30));
+        let s = read_due(&mut d, at + wait, read_as(30));
         assert_eq!(s.resend, vec![delta("a", -3)]);
+    }
+
+    #[test]
+    fn a_cell_is_never_read_and_written_at_once() {
+        let wait = Duration::from_millis(10);
+        let mut d = Doubts::new(wait, 10);
+        let t0 = Instant::now();
+        d.note(&[delta("a", 5)], &[10], &[Outcome::Doubtful], &[false], t0);
+        // A round's write of the cell in flight: the cell is not read meanwhile.
+        assert_eq!(d.begin_write(&[delta("a", 2)]), vec![false]);
+        assert!(d.due(t0 + wait, 100).is_empty(), "written now");
+        d.note(&[delta("a", 2)], &[15], &[Outcome::Landed], &[false], t0);
+        // Being read: the next round's write of it waits; other cells go out.
+        let due = d.due(t0 + wait, 100);
+        assert_eq!(due.len(), 1);
+        assert_eq!(
+            d.begin_write(&[delta("b", 1), delta("a", 3)]),
+            vec![false, true]
+        );
+        d.note(&[delta("b", 1)], &[0], &[Outcome::Landed], &[false], t0);
+        d.read(&due, read_as(17), t0 + wait);
+        // Read: written again as any.
+        assert_eq!(d.begin_write(&[delta("a", 3)]), vec![false]);
+        d.note(&[delta("a", 3)], &[17], &[Outcome::Landed], &[false], t0);
+        // Final: 20 = 10 + 2 + 3 acked + the 5 in doubt.
+        let s = read_due(&mut d, t0 + wait * 2, read_as(20));
+        assert_eq!((s.landed, s.resend.len(), d.hits()), (5, 0, 0));
     }
 }

@@ -67,6 +67,31 @@ impl Settler {
         self.doubts.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Takes out of a round's snapshot, before it is sent, the writes of cells a settling read
+    /// is reading now ([`Doubts::begin_write`]), and returns them: they are pending again,
+    /// for the next round. What is left must be noted ([`Settler::note`]) once answered.
+    pub(super) fn hold_back(
+        &self,
+        deltas: &mut Vec<Delta>,
+        bases: &mut Vec<i64>,
+        near: &mut Vec<bool>,
+    ) -> Vec<Delta> {
+        let held = self.doubts().begin_write(deltas);
+        if !held.contains(&true) {
+            return Vec::new();
+        }
+        let out = deltas
+            .iter()
+            .zip(&held)
+            .filter(|(_, &h)| h)
+            .map(|(d, _)| d.clone())
+            .collect();
+        drop_held(deltas, &held);
+        drop_held(bases, &held);
+        drop_held(near, &held);
+        out
+    }
+
     /// Holds a round's writes in doubt ([`Doubts::note`]; `doubtful` hits of them); one past
     /// the bound is given up on. Returns the writes in doubt to send again at once, of those
     /// `near` marks (counters near a limit).
@@ -110,11 +135,15 @@ impl Settler {
     /// (the drain): no round waits on the reads, and once one at `ALL` fails, the rest are
     /// at `LOCAL_QUORUM` (see the module comment).
     pub(super) async fn settle(&self, at_exit: bool) -> u64 {
+        let next_read = *self.next_read.lock().unwrap_or_else(|p| p.into_inner());
+        if !at_exit && std::time::Instant::now() < next_read {
+            return self.doubts().hits();
+        }
+        // Each due cell is being read until `Doubts::read` takes the answer, below.
         let due = self
             .doubts()
             .due(std::time::Instant::now(), DOUBTS_PER_READ);
-        let next_read = *self.next_read.lock().unwrap_or_else(|p| p.into_inner());
-        if due.is_empty() || (!at_exit && std::time::Instant::now() < next_read) {
+        if due.is_empty() {
             return self.doubts().hits();
         }
         let heard = *self.heard.lock().unwrap_or_else(|p| p.into_inner());
@@ -199,4 +228,10 @@ impl Settler {
             .saturating_add(self.metrics.doubts().unknown())
             .saturating_add(self.doubts().hits())
     }
+}
+
+/// Drops the items of `v` that `held` marks.
+fn drop_held<T>(v: &mut Vec<T>, held: &[bool]) {
+    let mut it = held.iter();
+    v.retain(|_| !it.next().copied().unwrap_or(false));
 }

@@ -204,9 +204,18 @@ impl Syncer {
             .collect(self.limiter.clock().now_ms(), history, all);
         let answers = std::mem::take(&mut batch.answers);
         let hits = batch.hits();
-        let (refused, given_back) = self
+        // Cells a settling read is reading now wait for the next round.
+        let held = self
+            .settler
+            .hold_back(&mut batch.deltas, &mut batch.bases, &mut batch.near);
+        let mut given_back: u64 = held.iter().map(|d| d.delta.max(0) as u64).sum();
+        if !held.is_empty() {
+            self.limiter.unwritten(&held);
+        }
+        let (refused, gave) = self
             .write_counters(&batch.deltas, &batch.bases, &batch.near)
             .await;
+        given_back += gave;
         // The store has answered: the snapshot is written, or back in pending, or uncertain.
         drop(batch.writing.take());
         // What stays pending of the snapshot: what was refused or not sent in time, and the

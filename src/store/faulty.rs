@@ -292,6 +292,18 @@ impl LeaseStore for FaultyStore {
         self.gate().await?;
         self.inner.release(shard, owner).await
     }
+    async fn report_written(
+        &self,
+        shard: i16,
+        owner: &str,
+        written_ms: i64,
+        ttl: std::time::Duration,
+    ) -> StoreResult<()> {
+        self.gate().await?;
+        self.inner
+            .report_written(shard, owner, written_ms, ttl)
+            .await
+    }
     async fn roster(&self) -> StoreResult<Roster> {
         self.gate().await?;
         self.inner.roster().await

@@ -190,3 +190,72 @@ async fn own_hits_a_read_back_does_not_show_stay_counted() {
     let remaining = d.binding.map(|b| b.remaining);
     assert_eq!(remaining, Some(499 - 1 - 6), "the 6 in doubt still count");
 }
+
+/// What the fleet task reports to the others: before when every hit this instance admitted
+/// was written with an answer. A round with a write in doubt holds it back; in a fleet that
+/// writes lazily, only rounds in a row for as long as a counter may wait move it, and then to
+/// that long before the last of them.
+#[tokio::test]
+async fn only_rounds_whose_writes_were_all_answered_move_the_report_of_what_is_written() {
+    use quotad::store::faulty::PartFault;
+    let fleet = Arc::new(Membership::alone());
+    let cfg = |max_sync_delay_ms| LimiterConfig {
+        fleet: fleet.clone(),
+        sync_interval_ms: 250,
+        max_sync_delay_ms,
+        ..LimiterConfig::default()
+    };
+    let r = rig_syncing(cfg(250), SyncConfig::default());
+    let p = policy(serde_json::json!({"limits": [{"id": "d", "max": 1000, "period": "day"}]}));
+    let (t, k1) = ids("acme", "k1");
+    assert_eq!(fleet.written_ms(), None, "no round yet");
+    check(&r, &p, &t, &k1, 1).await;
+    r.syncer.round().await.unwrap();
+    assert_eq!(fleet.written_ms(), Some(T0));
+    // A round whose write is in doubt: the report stays.
+    r.clock.advance(1_000);
+    check(&r, &p, &t, &k1, 1).await;
+    r.faulty.fail_part("k1", Some(PartFault::Doubtful));
+    r.syncer.write().await.unwrap();
+    assert_eq!(fleet.written_ms(), Some(T0));
+    // Answered again: every hit before this round's tick is written.
+    r.faulty.fail_part("k1", None);
+    r.clock.advance(250);
+    r.syncer.write().await.unwrap();
+    assert_eq!(fleet.written_ms(), Some(T0 + 1_250));
+
+    // Lazily (a counter waits up to 2 s): a round's answered writes say nothing of the
+    // counters it did not take until rounds have been answered for that long.
+    let fleet = Arc::new(Membership::alone());
+    let r = rig_syncing(
+        LimiterConfig {
+            fleet: fleet.clone(),
+            ..cfg(2_000)
+        },
+        SyncConfig::default(),
+    );
+    check(&r, &p, &t, &k1, 1).await;
+    r.syncer.write().await.unwrap();
+    assert_eq!(fleet.written_ms(), None, "answered since only now");
+    for _ in 0..7 {
+        r.clock.advance(250);
+        r.syncer.write().await.unwrap();
+    }
+    assert_eq!(
+        fleet.written_ms(),
+        Some(T0),
+        "7 rounds of 250 ms: 1,750 ms of delay covered"
+    );
+    r.clock.advance(250);
+    r.syncer.write().await.unwrap();
+    assert_eq!(fleet.written_ms(), Some(T0 + 250));
+    // A round refused whole starts the count again.
+    r.faulty.set(quotad::store::faulty::Fault::Failing);
+    check(&r, &p, &t, &k1, 1).await;
+    r.clock.advance(250);
+    assert!(r.syncer.round().await.is_err());
+    r.faulty.set(quotad::store::faulty::Fault::Healthy);
+    r.clock.advance(250);
+    r.syncer.write().await.unwrap();
+    assert_eq!(fleet.written_ms(), Some(T0 + 250));
+}

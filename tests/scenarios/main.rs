@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use quotad::clock::{Clock, ManualClock};
 use quotad::domain::{ClientId, OnStoreFailure, Policy, PolicyDoc, TenantId};
-use quotad::limiter::{CheckInput, Decision, Limiter, LimiterConfig};
+use quotad::limiter::{CheckInput, Decision, Limiter, LimiterConfig, Membership};
 use quotad::metrics::Metrics;
 use quotad::store::embedded::EmbeddedStore;
 use quotad::store::faulty::{Fault, FaultyStore};

@@ -345,10 +345,7 @@ pub(crate) async fn simulate_regions(
                 let members: Vec<Member> = (0..regions)
                     .filter(|&q| q == *r || now - beats[*r][q] <= LEASE_TTL_MS)
                     .flat_map(|q| (0..PER_REGION).map(move |k| q * MAX_SHARDS as usize + k))
-                    .map(|shard| Member {
-                        shard: shard as i16,
-                        owner: format!("o{shard}"),
-                    })
+                    .map(|shard| Member::new(shard as i16, format!("o{shard}")))
                     .collect();
                 let j = watches[i].judge(
                     &rows,

@@ -59,6 +59,60 @@ pub async fn leases_hand_out_one_shard_per_instance(store: &dyn Store) {
     assert!(!store.renew(a, "owner-a", ttl).await.unwrap());
 }
 
+/// How far each instance's writes reached the store: the roster shows a member's last report
+/// beside its lease, only the lease holder's, and nothing for a member that has not reported.
+/// Needs a fresh store.
+pub async fn reports_of_writes_show_with_their_lease(store: &dyn Store) {
+    let ttl = Duration::from_secs(30);
+    let (Claim::Held(a), Claim::Held(b)) = (
+        store.claim("writer-a", None, None, ttl).await.unwrap(),
+        store.claim("writer-b", None, None, ttl).await.unwrap(),
+    ) else {
+        panic!("two free shards");
+    };
+    let written = |r: quotad::store::lease::Roster| {
+        r.members
+            .into_iter()
+            .map(|m| (m.shard, m.written_ms))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        written(store.roster().await.unwrap()),
+        vec![(a, None), (b, None)]
+    );
+    store
+        .report_written(a, "writer-a", 1_700_000_000_123, ttl)
+        .await
+        .unwrap();
+    store
+        .report_written(a, "writer-a", 1_700_000_000_456, ttl)
+        .await
+        .unwrap();
+    // A report under another owner's name (one whose lease lapsed) is not b's.
+    store
+        .report_written(b, "writer-a", 1_700_000_000_999, ttl)
+        .await
+        .unwrap();
+    assert_eq!(
+        written(store.roster().await.unwrap()),
+        vec![(a, Some(1_700_000_000_456)), (b, None)]
+    );
+    store
+        .report_written(b, "writer-b", 1_700_000_000_777, ttl)
+        .await
+        .unwrap();
+    assert_eq!(
+        written(store.roster().await.unwrap()),
+        vec![(a, Some(1_700_000_000_456)), (b, Some(1_700_000_000_777))]
+    );
+    // A lease given back takes its member, and its report, out of the roster.
+    assert!(store.release(a, "writer-a").await.unwrap());
+    assert_eq!(
+        written(store.roster().await.unwrap()),
+        vec![(b, Some(1_700_000_000_777))]
+    );
+}
+
 /// Every shard held: a claim says so. (Embedded only: on a cluster it would leave 256 used
 /// shards for every later read of the run to sum.)
 pub(crate) async fn a_full_shard_space_refuses_one_more(store: &dyn Store) {

@@ -53,6 +53,7 @@
 macro_rules! every_store {
     ($case:ident) => {
         $case!(leases_hand_out_one_shard_per_instance, Fresh);
+        $case!(reports_of_writes_show_with_their_lease, Fresh);
         $case!(increments_add_up, Joined);
         $case!(the_clock_is_the_stores_own, Joined);
         $case!(ranges_hold_only_their_buckets_in_order, Joined);

@@ -51,6 +51,14 @@ pub struct Membership {
     clock_uncertainty_ms: AtomicI64,
     region: OnceLock<Arc<str>>,
     seen: ArcSwap<Vec<RegionSeen>>,
+    /// Before when (Unix ms, the limiter's clock) every hit this instance admitted was
+    /// acknowledged by the store, as the sync task found it; `i64::MIN` until a round has.
+    written_ms: AtomicI64,
+    /// The least of the others' reports of the same, as the roster last showed them;
+    /// `i64::MAX` while no other instance has reported.
+    others_written_ms: AtomicI64,
+    /// How often the reports are written and read (the lease heartbeat), ms.
+    report_every_ms: AtomicI64,
 }
 
 impl Membership {
@@ -77,6 +85,9 @@ impl Membership {
             clock_uncertainty_ms: AtomicI64::new(0),
             region: OnceLock::new(),
             seen: ArcSwap::from_pointee(Vec::new()),
+            written_ms: AtomicI64::new(i64::MIN),
+            others_written_ms: AtomicI64::new(i64::MAX),
+            report_every_ms: AtomicI64::new(0),
         }
     }
 
@@ -193,5 +204,35 @@ impl Membership {
     /// The regions for `/readyz` and the console.
     pub fn set_seen(&self, seen: Vec<RegionSeen>) {
         self.seen.store(Arc::new(seen));
+    }
+
+    /// Before when every hit this instance admitted was acknowledged by the store (`None`
+    /// until a round found so).
+    pub fn written_ms(&self) -> Option<i64> {
+        let w = self.written_ms.load(Ordering::Relaxed);
+        (w != i64::MIN).then_some(w)
+    }
+
+    /// A sync round found every hit admitted before `ms` acknowledged; never moves back.
+    pub fn note_written(&self, ms: i64) {
+        self.written_ms.fetch_max(ms, Ordering::Relaxed);
+    }
+
+    /// The least of the other instances' reports of their writes, and how often reports are
+    /// made (ms): `None` while no other instance has reported.
+    #[inline]
+    pub fn others_written(&self) -> Option<(i64, i64)> {
+        let w = self.others_written_ms.load(Ordering::Relaxed);
+        let every = self.report_every_ms.load(Ordering::Relaxed);
+        (w != i64::MAX).then_some((w, every))
+    }
+
+    /// What the roster showed of the others' reports (`None`: no other has reported), made
+    /// every `every_ms`.
+    pub fn set_others_written(&self, least: Option<i64>, every_ms: i64) {
+        self.others_written_ms
+            .store(least.unwrap_or(i64::MAX), Ordering::Relaxed);
+        self.report_every_ms
+            .store(every_ms.max(0), Ordering::Relaxed);
     }
 }

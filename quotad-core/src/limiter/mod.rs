@@ -581,6 +581,12 @@ impl Limiter {
         self.table.pending_hits()
     }
 
+    /// Sync rounds at every tick from `since` to `tick` wrote every hit they took with an
+    /// answer (`None`: one round took every pending hit): [`Membership::note_written`].
+    pub fn note_written(&self, since: Option<i64>, tick: i64) {
+        self.shares.note_written(since, tick);
+    }
+
     /// The replication lag between regions the fleet task measured (0 in one region).
     pub fn replication_lag_ms(&self) -> i64 {
         self.shares.fleet.replication_lag_ms()

@@ -28,7 +28,8 @@ use crate::store::{BucketTotal, CounterRange};
 ///
 /// Only settled buckets count: those that closed before `settled`, which every instance has
 /// written by now (two sync intervals ago when every instance writes every round; with
-/// `sync.max_delay_ms`, that delay more). A fresher bucket holds this instance's own hits in
+/// `sync.max_delay_ms`, that delay more; no later than an instance's last report of its
+/// writes while its writes fail: `Shares::settled`). A fresher bucket holds this instance's own hits in
 /// full but the others' only up to their last write, and would make every instance think its
 /// share larger than it is (the shares would add up to more than 1).
 ///
@@ -156,6 +157,24 @@ impl Shares {
             idle_ms: cfg.idle_ms,
             sync_interval_ms: cfg.sync_interval_ms,
             max_sync_delay_ms: cfg.max_sync_delay_ms,
+        }
+    }
+
+    /// How long a counter that nothing presses waits to be written beyond a round (ms):
+    /// `sync.max_delay_ms` less the interval, 0 in a fleet that writes every round.
+    pub(super) fn write_lag_ms(&self) -> i64 {
+        let interval = self.sync_interval_ms;
+        self.max_sync_delay_ms.max(interval) - interval
+    }
+
+    /// Sync rounds at every tick from `since` to `tick` (fleet clock, ms) wrote every hit
+    /// they took with an answer (`None`: one round took every pending hit). Every hit admitted
+    /// before `tick`, less the delay a counter that nothing presses waits, is in the store:
+    /// what the fleet task reports to the others ([`Membership::written_ms`]).
+    pub(super) fn note_written(&self, since: Option<i64>, tick: i64) {
+        let through = since.map_or(tick, |_| tick - self.write_lag_ms());
+        if since.is_none_or(|s| through >= s) {
+            self.fleet.note_written(through);
         }
     }
 
@@ -301,10 +320,28 @@ impl Shares {
 
     /// Until when every instance has written its hits at `now` (buckets that ended before
     /// count in shares: see [`share_of`]), and whether the fleet writes every round (eager).
+    ///
+    /// Two intervals ago (and `sync.max_delay_ms` more where the fleet writes lazily), while
+    /// every other instance's writes are answered. One whose report of its writes
+    /// ([`Membership::others_written`]) is older than a healthy one can be (its rounds' writes
+    /// fail or go unanswered) has hits after it that the store may not show: no bucket after
+    /// its report is settled until it reports again. Taken as settled, such a bucket would
+    /// show that instance idle, and the others' shares would grow into the room its unseen
+    /// hits already took.
     fn settled(&self, now: i64) -> (i64, bool) {
         let interval = self.sync_interval_ms;
-        let lag = self.max_sync_delay_ms.max(interval) - interval;
-        (now - 2 * interval - lag, lag == 0)
+        let lag = self.write_lag_ms();
+        let settled = now - 2 * interval - lag;
+        let behind = self.fleet.others_written().filter(|&(written, every)| {
+            // A report made within a round of its tick, written and read a heartbeat each.
+            let fresh = lag
+                .saturating_add(2 * interval)
+                .saturating_add(2 * every)
+                .saturating_add(self.fleet.clock_uncertainty_ms());
+            now.saturating_sub(written) > fresh
+        });
+        let settled = behind.map_or(settled, |(written, _)| settled.min(written));
+        (settled, lag == 0)
     }
 
     pub(super) fn fleet(&self, policy: &Policy) -> Fleet {
@@ -391,6 +428,45 @@ mod tests {
         // Something settled: the settled buckets decide, whatever was kept.
         let settled = (Grain::Fixed(1_000), 0, 10_000);
         assert!(share_of(&t, settled, 2, true, Some(0.5)) > 0.7);
+    }
+
+    #[test]
+    fn no_bucket_after_a_stalled_instances_report_is_settled() {
+        let fleet = Arc::new(Membership::alone());
+        fleet.set_members(2);
+        let shares = Shares::new(&LimiterConfig {
+            sync_interval_ms: 250,
+            max_sync_delay_ms: 250,
+            fleet: fleet.clone(),
+            ..LimiterConfig::default()
+        });
+        // The last second shows this instance's 400 alone: the other's writes are not seen.
+        let t = [BucketTotal::alone(9_000, 400)];
+        let r = CounterRange {
+            key: crate::store::CounterKey {
+                tenant: "acme".into(),
+                subject: "k".into(),
+                limit: "l".into(),
+                grain: Grain::Fixed(1_000),
+            },
+            from: 0,
+            to: 10_000,
+        };
+        let now = 10_600;
+        // The other reports its writes answered until a round ago: the second has settled.
+        fleet.set_others_written(Some(10_250), 1_000);
+        assert!(shares.share(&t, &r, now, Some(0.5)) > 0.9);
+        // Its report is older than a healthy one can be (two heartbeats, two intervals): its
+        // writes fail, and the second after it is not settled, so the share kept stands.
+        fleet.set_others_written(Some(8_000), 1_000);
+        assert_eq!(shares.share(&t, &r, now, Some(0.5)), 0.5);
+        // As old as a healthy report may be: taken as current.
+        fleet.set_others_written(Some(now - 2_500), 1_000);
+        assert!(shares.share(&t, &r, now, Some(0.5)) > 0.9);
+        // Its clock read uncertainly: that much older still passes.
+        fleet.set_others_written(Some(now - 2_700), 1_000);
+        fleet.set_clock_uncertainty(300);
+        assert!(shares.share(&t, &r, now, Some(0.5)) > 0.9);
     }
 
     #[test]

@@ -62,6 +62,21 @@ pub enum Claim {
 pub struct Member {
     pub shard: i16,
     pub owner: String,
+    /// Before when (Unix ms, the writer's fleet clock) every hit it admitted was acknowledged
+    /// by the store, as it last reported ([`LeaseStore::report_written`]); `None` before its
+    /// first report.
+    pub written_ms: Option<i64>,
+}
+
+impl Member {
+    /// A lease with no report of its writes yet.
+    pub fn new(shard: i16, owner: impl Into<String>) -> Self {
+        Member {
+            shard,
+            owner: owner.into(),
+            written_ms: None,
+        }
+    }
 }
 
 /// The fleet as the store sees it now.
@@ -90,6 +105,18 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// Extends `owner`'s lease on `shard` by `ttl` from now. `Ok(false)`: the owner does not
     /// hold it any more (it expired, and perhaps another instance holds it now).
     async fn renew(&self, shard: i16, owner: &str, ttl: Duration) -> StoreResult<bool>;
+
+    /// Records, for `ttl` (the lease's), that every hit `owner` admitted before `written_ms`
+    /// (Unix ms) was acknowledged by the store: the roster shows it in `owner`'s
+    /// [`Member::written_ms`]. An instance whose report stays old has writes failing or
+    /// unanswered; the others take no bucket after it as complete (`limiter::share`).
+    async fn report_written(
+        &self,
+        shard: i16,
+        owner: &str,
+        written_ms: i64,
+        ttl: Duration,
+    ) -> StoreResult<()>;
 
     /// Gives the lease back; `Ok(false)` if `owner` did not hold it.
     async fn release(&self, shard: i16, owner: &str) -> StoreResult<bool>;

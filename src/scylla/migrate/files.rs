@@ -45,6 +45,10 @@ pub const MIGRATION_FILES: &[(&str, &str)] = &[
         "0008_holds.cql",
         include_str!("../../../migrations/0008_holds.cql"),
     ),
+    (
+        "0009_members_written.cql",
+        include_str!("../../../migrations/0009_members_written.cql"),
+    ),
 ];
 
 /// One migration file.

@@ -224,6 +224,17 @@ impl LeaseStore for ScyllaStore {
         self.leases.release(shard, owner).await
     }
 
+    async fn report_written(
+        &self,
+        shard: i16,
+        owner: &str,
+        written_ms: i64,
+        ttl: Duration,
+    ) -> StoreResult<()> {
+        self.leases
+            .report_written(shard, owner, written_ms, ttl)
+            .await
+    }
     async fn roster(&self) -> StoreResult<Roster> {
         self.leases.roster().await
     }

@@ -21,8 +21,9 @@ use super::connection::Cql;
 use super::errors::{internal, map_exec, Op};
 use super::statements::{
     BeatRegionValues, ClaimRegionSlotValues, ClaimShardValues, ListUsedValues, LogRegionBeatValues,
-    MarkUsedValues, MemberRow, ReadRegionBeatsValues, RegionBeatAtRow, RegionBeatRow,
-    RegionSlotRow, ReleaseShardValues, RenewShardValues, UsedRow, USED_PART,
+    MarkUsedValues, MemberRow, PutWrittenValues, ReadRegionBeatsValues, RegionBeatAtRow,
+    RegionBeatRow, RegionSlotRow, ReleaseShardValues, RenewShardValues, UsedRow, WrittenRow,
+    USED_PART,
 };
 use crate::store::lease::{pick_shard, ttl_secs, Claim, Member, RegionBeat, Roster, MAX_REGIONS};
 use crate::store::{StoreError, StoreResult};
@@ -92,7 +93,7 @@ impl Leases {
             let (shard, owner) = row.map_err(internal)?;
             // A row whose owner cell expired but whose key is still visible is no lease.
             if let Some(owner) = owner {
-                out.push(Member { shard, owner });
+                out.push(Member::new(shard, owner));
             }
         }
         out.sort_by_key(|m| m.shard);
@@ -160,8 +161,55 @@ impl Leases {
         self.cql.lwt(&self.cql.st.release_shard, values).await
     }
 
+    pub(super) async fn report_written(
+        &self,
+        shard: i16,
+        owner: &str,
+        written_ms: i64,
+        ttl: Duration,
+    ) -> StoreResult<()> {
+        let values: PutWrittenValues<'_> = (
+            USED_PART,
+            shard,
+            owner,
+            CqlTimestamp(written_ms),
+            ttl_secs(ttl),
+        );
+        self.cql
+            .session
+            .execute_unpaged(&self.cql.st.put_written, values)
+            .await
+            .map_err(|e| map_exec(e, Op::Write))?;
+        Ok(())
+    }
+
+    /// What each live member last reported of its writes, into `members`.
+    async fn read_written(&self, members: &mut [Member]) -> StoreResult<()> {
+        let res = self
+            .cql
+            .session
+            .execute_unpaged(
+                &self.cql.st.list_written,
+                ListUsedValues::from((USED_PART,)),
+            )
+            .await
+            .map_err(|e| map_exec(e, Op::Read))?;
+        let rows = res.into_rows_result().map_err(internal)?;
+        for row in rows.rows::<WrittenRow>().map_err(internal)? {
+            let (shard, owner, at) = row.map_err(internal)?;
+            let m = members.iter_mut().find(|m| m.shard == shard);
+            if let (Some(m), Some(owner), Some(at)) = (m, owner, at) {
+                if m.owner == owner {
+                    m.written_ms = Some(at.0);
+                }
+            }
+        }
+        Ok(())
+    }
+
     pub(super) async fn roster(&self) -> StoreResult<Roster> {
-        let members = self.members().await?;
+        let mut members = self.members().await?;
+        self.read_written(&mut members).await?;
         let res = self
             .cql
             .session

@@ -208,6 +208,15 @@ pub(crate) type ListUsedValues = (i8,);
 pub(crate) type UsedRow = (i16,);
 pub(crate) const USED_PART: i8 = 0;
 
+/// How far each live instance's writes reached the store (`migrations/0009_members_written.cql`),
+/// in one partition ([`USED_PART`]), with the lease's TTL.
+pub(crate) const PUT_WRITTEN_CQL: &str = "INSERT INTO members_written (part, shard, owner, \
+     written_at) VALUES (?, ?, ?, ?) USING TTL ?";
+pub(crate) type PutWrittenValues<'a> = (i8, i16, &'a str, CqlTimestamp, i32);
+pub(crate) const LIST_WRITTEN_CQL: &str =
+    "SELECT shard, owner, written_at FROM members_written WHERE part = ?";
+pub(crate) type WrittenRow = (i16, Option<String>, Option<CqlTimestamp>);
+
 /// Regions (`store::lease`, `migrations/0007_regions.cql`). A slot is claimed at SERIAL: the
 /// one write every region's quorum must agree on, once per region.
 pub(crate) const LIST_REGION_SLOTS_CQL: &str = "SELECT slot, region FROM region_slots";
@@ -494,6 +503,8 @@ statements! {
     due_holds: DUE_HOLDS_CQL, idempotent: true, binds: DueHoldsValues, row: DueHoldRow;
     mark_used: MARK_USED_CQL, idempotent: true, binds: MarkUsedValues;
     list_used: LIST_USED_CQL, idempotent: true, binds: ListUsedValues, row: UsedRow;
+    put_written: PUT_WRITTEN_CQL, idempotent: true, binds: PutWrittenValues<'static>;
+    list_written: LIST_WRITTEN_CQL, idempotent: true, binds: ListUsedValues, row: WrittenRow;
     list_region_slots: LIST_REGION_SLOTS_CQL, idempotent: true, binds: (), row: RegionSlotRow;
     claim_region_slot: CLAIM_REGION_SLOT_CQL, idempotent: false,
         binds: ClaimRegionSlotValues<'static>, setup: at_serial;

@@ -16,10 +16,14 @@ use crate::store::StoreResult;
 /// shard -> (owner, lease end in ms since the epoch).
 const MEMBERS: TableDefinition<i16, (&str, i64)> = TableDefinition::new("members");
 const SHARDS_USED: TableDefinition<i16, ()> = TableDefinition::new("shards_used");
+/// shard -> (owner, written before this ms, report end in ms since the epoch).
+const MEMBERS_WRITTEN: TableDefinition<i16, (&str, i64, i64)> =
+    TableDefinition::new("members_written");
 
 pub(super) fn create_tables(tx: &redb::WriteTransaction) -> StoreResult<()> {
     tx.open_table(MEMBERS).map_err(err)?;
     tx.open_table(SHARDS_USED).map_err(err)?;
+    tx.open_table(MEMBERS_WRITTEN).map_err(err)?;
     Ok(())
 }
 
@@ -38,10 +42,7 @@ fn live<T: ReadableTable<i16, (&'static str, i64)>>(t: &T, now: i64) -> StoreRes
         let (k, v) = row.map_err(err)?;
         let (owner, end) = v.value();
         if end > now {
-            out.push(Member {
-                shard: k.value(),
-                owner: owner.to_owned(),
-            });
+            out.push(Member::new(k.value(), owner));
         }
     }
     Ok(out)
@@ -147,11 +148,42 @@ impl Leases {
             .await
     }
 
+    pub(super) async fn report_written(
+        &self,
+        shard: i16,
+        owner: &str,
+        written_ms: i64,
+        ttl: Duration,
+    ) -> StoreResult<()> {
+        let owner = owner.to_owned();
+        self.db
+            .blocking(move |db| {
+                let tx = db.begin_write().map_err(err)?;
+                tx.open_table(MEMBERS_WRITTEN)
+                    .map_err(err)?
+                    .insert(shard, (owner.as_str(), written_ms, until(ttl)))
+                    .map_err(err)?;
+                tx.commit().map_err(err)?;
+                Ok(())
+            })
+            .await
+    }
+
     pub(super) async fn roster(&self) -> StoreResult<Roster> {
         self.db
             .blocking(|db| {
                 let tx = redb::ReadableDatabase::begin_read(db).map_err(err)?;
-                let members = live(&tx.open_table(MEMBERS).map_err(err)?, now_ms())?;
+                let now = now_ms();
+                let mut members = live(&tx.open_table(MEMBERS).map_err(err)?, now)?;
+                let written = tx.open_table(MEMBERS_WRITTEN).map_err(err)?;
+                for m in &mut members {
+                    if let Some(v) = written.get(m.shard).map_err(err)? {
+                        let (owner, at, end) = v.value();
+                        if owner == m.owner && end > now {
+                            m.written_ms = Some(at);
+                        }
+                    }
+                }
                 let mut used = Vec::new();
                 for row in tx
                     .open_table(SHARDS_USED)

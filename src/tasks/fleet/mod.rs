@@ -81,7 +81,66 @@ pub struct Fleet {
     live: Vec<crate::store::lease::Member>,
     /// N as the shares take it, from the roster reads.
     members: Members,
+    /// What the others reported of their writes.
+    reports: Reports,
     watch: regions::Watch,
+}
+
+/// The other instances' reports of their writes ([`crate::store::lease::Member::written_ms`]),
+/// as the roster reads showed them. A member that leaves the roster (its lease lapsed on a
+/// stalled renewal) may still hold hits the store lacks: its last report is kept as long as it
+/// still counts in N (a lease's life after a read first missed it), so that the shares keep
+/// taking its buckets after the report as unsettled.
+#[derive(Debug, Default)]
+struct Reports {
+    seen: Vec<Report>,
+}
+
+#[derive(Debug)]
+struct Report {
+    shard: i16,
+    written_ms: i64,
+    /// When a roster read last showed it.
+    at: Instant,
+}
+
+impl Reports {
+    /// Takes a roster read's `members` at `now`, but `me`; returns the least report of those
+    /// shown or kept.
+    fn observe(
+        &mut self,
+        members: &[crate::store::lease::Member],
+        me: &str,
+        now: Instant,
+        keep: Duration,
+    ) -> Option<i64> {
+        for m in members.iter().filter(|m| m.owner != me) {
+            let i = self.seen.iter().position(|r| r.shard == m.shard);
+            match (i, m.written_ms) {
+                (Some(i), Some(w)) => {
+                    self.seen[i].written_ms = w;
+                    self.seen[i].at = now;
+                }
+                (None, Some(w)) => self.seen.push(Report {
+                    shard: m.shard,
+                    written_ms: w,
+                    at: now,
+                }),
+                // Not reporting (yet): nothing to wait for.
+                (Some(i), None) => {
+                    self.seen.swap_remove(i);
+                }
+                (None, None) => {}
+            }
+        }
+        self.seen
+            .retain(|r| now.saturating_duration_since(r.at) <= keep);
+        self.least()
+    }
+
+    fn least(&self) -> Option<i64> {
+        self.seen.iter().map(|r| r.written_ms).min()
+    }
 }
 
 /// The fleet's size as the shares take it ([`Membership::set_members`]): the live leases,
@@ -143,6 +202,7 @@ impl Fleet {
             region: None,
             live: Vec::new(),
             members: Members::new(),
+            reports: Reports::default(),
             watch: regions::Watch::default(),
             cfg,
         };
@@ -210,14 +270,32 @@ impl Fleet {
         self.release().await;
     }
 
-    /// One heartbeat: renew (or claim again), then read the roster.
+    /// One heartbeat: renew (or claim again), report how far this instance's writes have
+    /// reached the store, then read the roster.
     pub async fn heartbeat(&mut self) {
         let started = Instant::now();
         match self.lease {
             Some(lease) => self.renew(lease, started).await,
             None => self.claim_again(started).await,
         }
+        self.report_written().await;
         self.refresh_roster().await;
+    }
+
+    /// Writes [`Membership::written_ms`] for the others, while the lease is held.
+    async fn report_written(&mut self) {
+        let (Some(lease), Some(written)) = (self.lease, self.view.written_ms()) else {
+            return;
+        };
+        if !self.view.holds_lease() {
+            return;
+        }
+        let report =
+            self.store
+                .report_written(lease.shard, &self.owner, written, self.cfg.lease_ttl);
+        if let Err(e) = self.call(report).await {
+            tracing::warn!(shard = lease.shard, error = %e, "reporting this instance's writes failed");
+        }
     }
 
     async fn renew(&mut self, lease: Lease, started: Instant) {
@@ -340,6 +418,11 @@ impl Fleet {
                 .members
                 .observe(seen, Instant::now(), self.cfg.lease_ttl);
             self.view.set_members(n);
+            let least =
+                self.reports
+                    .observe(&r.members, &self.owner, Instant::now(), self.cfg.lease_ttl);
+            let every = self.cfg.heartbeat.as_millis().min(i64::MAX as u128) as i64;
+            self.view.set_others_written(least, every);
             let slot = self.region.as_ref().map_or(0, |r| r.1);
             let here = r
                 .members

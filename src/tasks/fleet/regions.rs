@@ -235,10 +235,7 @@ mod tests {
     }
 
     fn member(shard: i16) -> Member {
-        Member {
-            shard,
-            owner: format!("o{shard}"),
-        }
+        Member::new(shard, format!("o{shard}"))
     }
 
     #[test]

@@ -188,6 +188,15 @@ impl LeaseStore for SilentRegions {
     async fn release(&self, shard: i16, owner: &str) -> crate::store::StoreResult<bool> {
         self.0.release(shard, owner).await
     }
+    async fn report_written(
+        &self,
+        shard: i16,
+        owner: &str,
+        written_ms: i64,
+        ttl: Duration,
+    ) -> crate::store::StoreResult<()> {
+        self.0.report_written(shard, owner, written_ms, ttl).await
+    }
     async fn roster(&self) -> crate::store::StoreResult<Roster> {
         self.0.roster().await
     }
@@ -249,4 +258,67 @@ fn the_fleet_shrinks_only_after_reads_show_fewer_for_a_lease_life() {
     assert_eq!(m.observe(1, at(20), hold), 1);
     // A newcomer counts at once.
     assert_eq!(m.observe(3, at(21), hold), 3);
+}
+
+#[tokio::test]
+async fn each_instance_learns_how_far_the_others_writes_reached_and_keeps_a_lapsed_ones() {
+    let (_dir, store) = embedded();
+    let (mut a, _) = join(&store, None).await;
+    let (mut b, _) = join(&store, None).await;
+    // Nothing reported yet: nothing to wait for.
+    a.heartbeat().await;
+    assert_eq!(a.view.others_written(), None);
+    // b's rounds wrote everything up to 5_000; a learns it at its next roster read.
+    b.view.note_written(5_000);
+    b.heartbeat().await;
+    a.heartbeat().await;
+    assert_eq!(a.view.others_written(), Some((5_000, 100)));
+    // A report never moves back.
+    b.view.note_written(4_000);
+    b.heartbeat().await;
+    a.heartbeat().await;
+    assert_eq!(a.view.others_written(), Some((5_000, 100)));
+    // b stalls (no renewal, no report): its lease lapses a lease's life (1 s) after its last
+    // renewal, and its last report stays a lease's life after the roster last showed it.
+    let stalled = Instant::now();
+    while stalled.elapsed() < Duration::from_millis(1_500) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        a.heartbeat().await;
+    }
+    assert!(
+        a.live.iter().all(|m| m.owner != b.owner),
+        "b's lease lapsed"
+    );
+    assert_eq!(a.view.others_written(), Some((5_000, 100)));
+    while stalled.elapsed() < Duration::from_millis(2_300) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        a.heartbeat().await;
+    }
+    assert_eq!(a.view.others_written(), None);
+    // Its own report is not among the others'.
+    a.view.note_written(9_000);
+    a.heartbeat().await;
+    assert_eq!(a.view.others_written(), None);
+}
+
+#[tokio::test]
+async fn a_roster_read_that_fails_keeps_the_last_reports() {
+    let (_dir, inner) = embedded();
+    let faulty = FaultyStore::new(inner.clone());
+    let store: DynStore = faulty.clone();
+    let (mut a, _) = join(&store, None).await;
+    let (mut b, _) = join(&inner, None).await;
+    b.view.note_written(7_000);
+    b.heartbeat().await;
+    a.heartbeat().await;
+    assert_eq!(a.view.others_written(), Some((7_000, 100)));
+    // a's store calls fail: it cannot see b's newer report, and keeps the old one.
+    faulty.set(Fault::Failing);
+    b.view.note_written(8_000);
+    b.heartbeat().await;
+    a.heartbeat().await;
+    assert_eq!(a.view.others_written(), Some((7_000, 100)));
+    faulty.set(Fault::Healthy);
+    a.heartbeat().await;
+    assert_eq!(a.view.others_written(), Some((8_000, 100)));
 }

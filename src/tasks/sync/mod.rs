@@ -43,8 +43,10 @@ use crate::limiter::Limiter;
 use crate::metrics::Metrics;
 use crate::store::history::UsageDelta;
 use crate::store::{CounterRange, Delta, DynHistoryStore, StoreError};
+use answered::Answered;
 use read_back::Backlog;
 
+mod answered;
 mod read_back;
 
 /// Most counter increments written in one store call (a call sends them as batches of many
@@ -132,6 +134,8 @@ pub struct Syncer {
     /// How long after its tick a round's write was done, at the peak of the recent rounds
     /// (µs; [`Syncer::settle_after`]).
     write_peak_us: AtomicU64,
+    /// Which rounds wrote everything they took with an answer: what the fleet task reports.
+    answered: Answered,
 }
 
 impl Syncer {
@@ -162,6 +166,7 @@ impl Syncer {
             settler,
             backlog: Backlog::default(),
             write_peak_us: AtomicU64::new(0),
+            answered: Answered::default(),
         }
     }
 
@@ -199,9 +204,8 @@ impl Syncer {
         history: bool,
         all: bool,
     ) -> Result<(Vec<CounterRange>, usize, Round, Vec<UsageDelta>), StoreError> {
-        let mut batch = self
-            .limiter
-            .collect(self.limiter.clock().now_ms(), history, all);
+        let tick = self.limiter.clock().now_ms();
+        let mut batch = self.limiter.collect(tick, history, all);
         let answers = std::mem::take(&mut batch.answers);
         let hits = batch.hits();
         // Cells a settling read is reading now wait for the next round.
@@ -212,7 +216,7 @@ impl Syncer {
         if !held.is_empty() {
             self.limiter.unwritten(&held);
         }
-        let (refused, gave) = self
+        let (refused, gave, doubtful) = self
             .write_counters(&batch.deltas, &batch.bases, &batch.near)
             .await;
         given_back += gave;
@@ -224,6 +228,8 @@ impl Syncer {
         self.metrics
             .set_pending(batch.pending.saturating_sub(written));
         crate::pace::drop_paced(std::mem::take(&mut batch.deltas));
+        let answered = given_back == 0 && doubtful == 0 && refused.is_none();
+        self.answered.round(&self.limiter, tick, all, answered);
         if let Some(e) = refused {
             // The usage history waits for the next round too.
             self.limiter.history().restore(answers);
@@ -246,13 +252,14 @@ impl Syncer {
     /// (`CounterStore::increment_parts`): a cluster that refuses some partitions (no quorum
     /// for them) takes the others. A call refused whole gives back it and the rest and is
     /// returned. An increment in doubt of a counter near its limit (`near`) is pending again
-    /// too, sent at the next round ([`Settler::note`]). Also returns the hits given back.
+    /// too, sent at the next round ([`Settler::note`]). Also returns the hits given back, and
+    /// the hits in doubt.
     async fn write_counters(
         &self,
         deltas: &[Delta],
         bases: &[i64],
         near: &[bool],
-    ) -> (Option<StoreError>, u64) {
+    ) -> (Option<StoreError>, u64, u64) {
         let store = self.limiter.store();
         let hits = |d: &[Delta]| d.iter().map(|d| d.delta.max(0) as u64).sum::<u64>();
         let started = std::time::Instant::now();
@@ -337,7 +344,7 @@ impl Syncer {
         self.episodes.round(degraded, &trouble, refused.as_ref());
         self.metrics.set_store_degraded(degraded);
         if rest.is_empty() {
-            return (refused, given_back);
+            return (refused, given_back, trouble.doubtful);
         }
         let left = hits(rest);
         if refused.is_none() {
@@ -348,7 +355,7 @@ impl Syncer {
             );
         }
         self.limiter.unwritten(rest);
-        (refused, given_back + left)
+        (refused, given_back + left, trouble.doubtful)
     }
 
     /// Settles the writes in doubt that are due ([`Settler::settle`]); returns the hits

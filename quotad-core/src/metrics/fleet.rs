@@ -10,6 +10,7 @@ pub struct FleetMetrics {
     instance: IntGaugeVec,
     renewals_failed: IntCounter,
     conflicts: IntCounter,
+    writes_stalled: IntGauge,
     /// Per region: its members, how far behind its writes are here, whether it is cut off.
     region_members: IntGaugeVec,
     region_lag: prometheus::GaugeVec,
@@ -43,6 +44,12 @@ impl FleetMetrics {
              one shard: counts stay exact, shares are off until one claims another shard).",
         )
         .expect("valid metric");
+        let writes_stalled = IntGauge::new(
+            "quotad_fleet_writes_stalled",
+            "Other instances whose report of their answered writes has not moved for two \
+             heartbeats (their sync writes fail or go unanswered): shares hold still meanwhile.",
+        )
+        .expect("valid metric");
         let region_members = IntGaugeVec::new(
             Opts::new(
                 "quotad_region_members",
@@ -72,6 +79,7 @@ impl FleetMetrics {
             Box::new(instance.clone()),
             Box::new(renewals_failed.clone()),
             Box::new(conflicts.clone()),
+            Box::new(writes_stalled.clone()),
             Box::new(region_members.clone()),
             Box::new(region_lag.clone()),
             Box::new(region_cut_off.clone()),
@@ -85,6 +93,7 @@ impl FleetMetrics {
             instance,
             renewals_failed,
             conflicts,
+            writes_stalled,
             region_members,
             region_lag,
             region_cut_off,
@@ -115,6 +124,13 @@ impl FleetMetrics {
                 .with_label_values(&l)
                 .set(i64::from(cut_off));
         }
+    }
+
+    /// Sets the other instances whose writes stalled; returns the number before.
+    pub fn writes_stalled(&self, n: u32) -> u32 {
+        let was = self.writes_stalled.get();
+        self.writes_stalled.set(i64::from(n));
+        was.clamp(0, i64::from(u32::MAX)) as u32
     }
 
     pub fn renewal_failed(&self) {

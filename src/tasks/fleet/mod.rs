@@ -102,6 +102,8 @@ struct Report {
     written_ms: i64,
     /// When a roster read last showed it.
     at: Instant,
+    /// When a roster read first showed its `written_ms`.
+    moved: Instant,
 }
 
 impl Reports {
@@ -118,13 +120,18 @@ impl Reports {
             let i = self.seen.iter().position(|r| r.shard == m.shard);
             match (i, m.written_ms) {
                 (Some(i), Some(w)) => {
-                    self.seen[i].written_ms = w;
-                    self.seen[i].at = now;
+                    let r = &mut self.seen[i];
+                    if r.written_ms != w {
+                        r.moved = now;
+                    }
+                    r.written_ms = w;
+                    r.at = now;
                 }
                 (None, Some(w)) => self.seen.push(Report {
                     shard: m.shard,
                     written_ms: w,
                     at: now,
+                    moved: now,
                 }),
                 // Not reporting (yet): nothing to wait for.
                 (Some(i), None) => {
@@ -140,6 +147,16 @@ impl Reports {
 
     fn least(&self) -> Option<i64> {
         self.seen.iter().map(|r| r.written_ms).min()
+    }
+
+    /// The others whose report has not moved for `after`: a healthy instance's moves every
+    /// sync round it writes with an answer, idle or not.
+    fn stalled(&self, now: Instant, after: Duration) -> u32 {
+        let n = self
+            .seen
+            .iter()
+            .filter(|r| now.saturating_duration_since(r.moved) > after);
+        n.count() as u32
     }
 }
 
@@ -423,6 +440,16 @@ impl Fleet {
                     .observe(&r.members, &self.owner, Instant::now(), self.cfg.lease_ttl);
             let every = self.cfg.heartbeat.as_millis().min(i64::MAX as u128) as i64;
             self.view.set_others_written(least, every);
+            let stalled = self.reports.stalled(Instant::now(), 2 * self.cfg.heartbeat);
+            let was = self.metrics.fleet().writes_stalled(stalled);
+            if stalled > was {
+                tracing::warn!(members = stalled, written_before_ms = least, "another instance's writes have gone unanswered for two heartbeats: shares hold still until it reports again");
+            } else if stalled < was {
+                tracing::info!(
+                    members = stalled,
+                    "instances whose writes went unanswered report again"
+                );
+            }
             let slot = self.region.as_ref().map_or(0, |r| r.1);
             let here = r
                 .members

@@ -263,7 +263,7 @@ fn the_fleet_shrinks_only_after_reads_show_fewer_for_a_lease_life() {
 #[tokio::test]
 async fn each_instance_learns_how_far_the_others_writes_reached_and_keeps_a_lapsed_ones() {
     let (_dir, store) = embedded();
-    let (mut a, _) = join(&store, None).await;
+    let (mut a, ma) = join(&store, None).await;
     let (mut b, _) = join(&store, None).await;
     // Nothing reported yet: nothing to wait for.
     a.heartbeat().await;
@@ -273,6 +273,11 @@ async fn each_instance_learns_how_far_the_others_writes_reached_and_keeps_a_laps
     b.heartbeat().await;
     a.heartbeat().await;
     assert_eq!(a.view.others_written(), Some((5_000, 100)));
+    assert_eq!(
+        metric(&ma, "quotad_fleet_writes_stalled"),
+        0.0,
+        "it just moved"
+    );
     // A report never moves back.
     b.view.note_written(4_000);
     b.heartbeat().await;
@@ -290,11 +295,13 @@ async fn each_instance_learns_how_far_the_others_writes_reached_and_keeps_a_laps
         "b's lease lapsed"
     );
     assert_eq!(a.view.others_written(), Some((5_000, 100)));
+    assert_eq!(metric(&ma, "quotad_fleet_writes_stalled"), 1.0);
     while stalled.elapsed() < Duration::from_millis(2_300) {
         tokio::time::sleep(Duration::from_millis(100)).await;
         a.heartbeat().await;
     }
     assert_eq!(a.view.others_written(), None);
+    assert_eq!(metric(&ma, "quotad_fleet_writes_stalled"), 0.0);
     // Its own report is not among the others'.
     a.view.note_written(9_000);
     a.heartbeat().await;

@@ -412,7 +412,7 @@ async fn strict_fleets_keep_the_failure_bound_through_stalls() {
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
-/// One limit across regions (docs/accuracy.md, "Regions"): 2 and 3 regions of two instances
+/// One limit across regions (docs/regions.md): 2 and 3 regions of two instances
 /// each, syncing as on Cassandra, a client at 10x its limit spread over all of them, writes
 /// reaching the other regions 50 ms later. Connected, the fleet keeps within 1% of `max`. With
 /// the link cut for 30 s and healed, the over-admission stays within the written partition
@@ -483,7 +483,7 @@ async fn regions_keep_one_limit_and_the_partition_bound() {
                 }
                 // After the heal, regions that earned their budgets are a connected fleet again;
                 // a fixed split that did not match the traffic leaves a shift to even out
-                // (docs/accuracy.md: up to 4.6% with seeds 1 to 3).
+                // (docs/regions.md: up to 5.1% with seeds 1 to 3).
                 let after = if split.is_some() { 0.05 } else { 0.01 };
                 if o.phases[2] > after {
                     fail(format!("{:.2}% over after the heal", o.phases[2] * 100.0));

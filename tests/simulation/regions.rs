@@ -479,7 +479,7 @@ pub(crate) async fn simulate_regions(
     }
 }
 
-/// The written bound of a partition (docs/accuracy.md), in hits, before the regions' parts
+/// The written bound of a partition (docs/regions.md), in hits, before the regions' parts
 /// beyond their fixed budgets: `max + R x H_D`, where `H_D` is the headroom the window had at
 /// the cut (`max` less what it held) plus what left it while the regions did not yet know
 /// (`detected`).
